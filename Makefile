@@ -1,0 +1,44 @@
+# Everything a fresh machine needs: `make test`, `make demo`.
+# Creates .venv (Python 3.11) if missing and installs the project with its dev extras.
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: test demo bench check-java venv clean
+
+check-java:
+	@command -v java >/dev/null 2>&1 || { \
+	  echo "error: Java 17 or newer is required by PySpark 4.3, and 'java' is not on PATH." >&2; \
+	  echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless" >&2; \
+	  echo "  macOS:         brew install openjdk@17 (then follow brew's PATH hint)" >&2; \
+	  echo "  or set JAVA_HOME and put \$$JAVA_HOME/bin on PATH." >&2; exit 1; }
+	@v=$$(java -version 2>&1 | head -n1 | sed -E 's/.*version "(1\.)?([0-9]+).*/\2/'); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ] 2>/dev/null; then \
+	  echo "error: Java 17 or newer is required by PySpark 4.3; found: $$(java -version 2>&1 | head -n1)" >&2; \
+	  echo "  Debian/Ubuntu: sudo apt-get install -y openjdk-17-jre-headless; macOS: brew install openjdk@17" >&2; \
+	  exit 1; fi
+
+$(STAMP): pyproject.toml
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 (or python3) on PATH" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), \
+	  f"Python 3.11 is required, {sys.executable} is {sys.version.split()[0]}"'
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+test: check-java $(STAMP)
+	$(PY) -m pytest
+
+demo: check-java $(STAMP)
+	$(PY) -m pipelines.demo
+
+bench: check-java $(STAMP)
+	$(PY) benchmarks/rollback.py
+
+clean:
+	rm -rf $(VENV) demo_data .pytest_cache
