@@ -1,0 +1,45 @@
+"""Errors every operation raises, each naming the file, what is wrong and what to do."""
+
+from __future__ import annotations
+
+# Exit codes shared by every CLI command.
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # fsck found problems, or an operation was refused
+EXIT_BAD_INPUT = 2  # the input cannot be used at all
+
+
+class CheckpointOpsError(Exception):
+    """Base error: carries the path, the problem and a concrete next step."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, problem: str, *, path: str | None = None, fix: str | None = None):
+        self.problem = problem
+        self.path = path
+        self.fix = fix
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        head = f"{self.path}: {self.problem}" if self.path else self.problem
+        return f"{head}\n  fix: {self.fix}" if self.fix else head
+
+    def to_dict(self) -> dict:
+        return {"error": type(self).__name__, "path": self.path, "problem": self.problem, "fix": self.fix}
+
+
+class BadInputError(CheckpointOpsError):
+    """The input is unusable: not a checkpoint, unreadable, malformed."""
+
+
+class UnsupportedVersionError(BadInputError):
+    """A file uses a format version newer than this tool understands."""
+
+
+class StorageError(BadInputError):
+    """The storage backend failed or is misconfigured."""
+
+
+class RefusedError(CheckpointOpsError):
+    """The operation is possible in principle but refused for safety (exit 1)."""
+
+    exit_code = EXIT_FINDINGS

@@ -1,0 +1,17 @@
+"""Storage: the atomic checkpoint file manager and its strategies."""
+
+from .manager import AtomicWriter, CheckpointFileManager, FileInfo, OpCounter
+from .paths import Location, parse_url
+from .registry import open_file_manager, register_strategy, strategies
+
+__all__ = [
+    "AtomicWriter",
+    "CheckpointFileManager",
+    "FileInfo",
+    "Location",
+    "OpCounter",
+    "open_file_manager",
+    "parse_url",
+    "register_strategy",
+    "strategies",
+]

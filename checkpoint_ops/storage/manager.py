@@ -1,0 +1,192 @@
+"""The checkpoint file manager: the single path through which every operation touches storage.
+
+Modelled on Spark's ``CheckpointFileManager`` (SPARK-23966): one small interface, one strategy
+per kind of file system, chosen by URL scheme.
+
+* ``create_atomic(path, overwrite=False)`` returns a writer whose ``close()`` publishes the whole
+  file at once and whose ``cancel()`` (or an exception inside ``with``) leaves nothing visible.
+  With ``overwrite=False`` an existing file is never replaced, even when writers race: the loser
+  gets ``FileExistsError``.
+* Everything else (``read_bytes``, ``exists``, ``list``, ``walk``, ``delete``, ``rename``...) is
+  plain, and every call is counted so benchmarks and tests can see the requests we make.
+"""
+
+from __future__ import annotations
+
+import abc
+import collections
+import threading
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from .paths import Location
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One file (or directory) as listed: full fsspec path, size in bytes, mtime in seconds."""
+
+    path: str
+    size: int
+    mtime: float | None = None
+    is_dir: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+@dataclass
+class OpCounter:
+    """Requests (object stores) or file-system calls (local) a manager has issued, by kind."""
+
+    counts: collections.Counter = field(default_factory=collections.Counter)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[kind] += n
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(sorted(self.counts.items()))
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
+
+
+class AtomicWriter(abc.ABC):
+    """A writable binary stream: ``close()`` publishes, ``cancel()`` discards."""
+
+    def __init__(self, path: str, overwrite: bool):
+        self.path = path
+        self.overwrite = overwrite
+        self._done = False
+
+    @abc.abstractmethod
+    def write(self, data: bytes) -> int: ...
+
+    @abc.abstractmethod
+    def _publish(self) -> None: ...
+
+    @abc.abstractmethod
+    def _discard(self) -> None: ...
+
+    def close(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._publish()
+        except BaseException:
+            self._discard()
+            raise
+
+    def cancel(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._discard()
+
+    def __enter__(self) -> "AtomicWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
+
+
+class CheckpointFileManager(abc.ABC):
+    """Storage strategy for one file system. Paths are fsspec paths (see ``paths.Location``)."""
+
+    #: the strategy name shown to users and accepted by ``strategy=`` overrides
+    strategy: str = ""
+    #: Hadoop ChecksumFs sidecars (``.<name>.crc``) are maintained on this file system
+    hadoop_crc: bool = False
+    #: ``rename`` is a metadata operation (cheap, atomic), not copy + delete
+    atomic_rename: bool = False
+
+    def __init__(self, location: Location):
+        self.location = location
+        self.counter = OpCounter()
+
+    # -- writing ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def create_atomic(self, path: str, overwrite: bool = False) -> AtomicWriter: ...
+
+    def write_bytes(self, path: str, data: bytes, overwrite: bool = False) -> None:
+        with self.create_atomic(path, overwrite=overwrite) as out:
+            out.write(data)
+
+    # -- reading ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def read_bytes(self, path: str) -> bytes:
+        """Whole file; raises FileNotFoundError."""
+
+    def read_prefix(self, path: str, n: int) -> bytes:
+        """The first ``n`` bytes (fewer if the file is shorter)."""
+        return self.read_bytes(path)[:n]
+
+    def read_many(self, paths: Iterable[str]) -> dict[str, bytes | None]:
+        """Several files (concurrently where the backend can); missing ones map to None."""
+        out: dict[str, bytes | None] = {}
+        for p in paths:
+            try:
+                out[p] = self.read_bytes(p)
+            except FileNotFoundError:
+                out[p] = None
+        return out
+
+    @abc.abstractmethod
+    def info(self, path: str) -> FileInfo | None:
+        """Size/mtime of one file, or None if it does not exist."""
+
+    def exists(self, path: str) -> bool:
+        return self.info(path) is not None
+
+    @abc.abstractmethod
+    def list(self, path: str) -> list[FileInfo]:
+        """Direct children (files and directories); empty if ``path`` does not exist."""
+
+    @abc.abstractmethod
+    def walk(self, path: str) -> list[FileInfo]:
+        """Every file below ``path`` (recursively), in as few requests as the backend allows."""
+
+    # -- deleting and moving ---------------------------------------------------------------
+    @abc.abstractmethod
+    def delete_many(self, paths: Iterable[str]) -> None:
+        """Delete exactly these files (batched where possible); missing files are ignored."""
+
+    def delete(self, path: str) -> None:
+        """Delete one file and its checksum sidecars; a missing file is ignored."""
+        from .checksums import sidecar_names
+        from .paths import basename, dirname, join
+
+        parent, name = dirname(path), basename(path)
+        extra = [join(parent, n) for n in sidecar_names(name)]
+        present = [p for p in extra if self.exists(p)]
+        # Sidecars first: a checksum without its file is harmless, the reverse can be stale.
+        self.delete_many(present)
+        self.delete_many([path])
+
+    @abc.abstractmethod
+    def rename(self, src: str, dst: str, overwrite: bool = False) -> None:
+        """Move a file; with ``overwrite=False`` an existing ``dst`` raises FileExistsError."""
+
+    @abc.abstractmethod
+    def copy(self, src: str, dst: str) -> None: ...
+
+    @abc.abstractmethod
+    def mkdirs(self, path: str) -> None: ...
+
+    # -- helpers ---------------------------------------------------------------------------
+    def url(self, path: str) -> str:
+        """How to show ``path`` to a user (with the scheme they typed)."""
+        return self.location.url(path)

@@ -1,0 +1,83 @@
+"""URLs and paths: what the user types, what fsspec wants, what Spark writes into its logs."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+
+LOCAL_SCHEMES = {"", "file", "local"}
+# Hadoop spells S3 as s3a/s3n; fsspec's s3fs answers to all of them.
+SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfss": "abfs", "local": "file"}
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed URL: fsspec protocol plus the path fsspec uses (no protocol for remote stores)."""
+
+    scheme: str  # canonical fsspec protocol: "file", "s3", "gs", "abfs", "hdfs", ...
+    path: str  # absolute local path, or "bucket/key" for object stores
+    original_scheme: str = ""  # as typed (s3a stays s3a when we echo it back)
+
+    @property
+    def is_local(self) -> bool:
+        return self.scheme == "file"
+
+    def url(self, path: str | None = None) -> str:
+        p = self.path if path is None else path
+        if self.is_local:
+            return p
+        return f"{self.original_scheme or self.scheme}://{p}"
+
+
+def parse_url(url: str) -> Location:
+    """Parse a user-supplied location (local path, file://, s3://, s3a://, gs://, hdfs://...)."""
+    if not url:
+        raise ValueError("empty path")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if len(scheme) == 1:  # a Windows drive letter, not a scheme
+        scheme = ""
+    if scheme in LOCAL_SCHEMES:
+        raw = unquote(parts.path) if scheme else url
+        return Location("file", normalize_local(raw), scheme or "")
+    canonical = SCHEME_ALIASES.get(scheme, scheme)
+    path = (parts.netloc + parts.path).rstrip("/")
+    return Location(canonical, path, scheme)
+
+
+def normalize_local(path: str) -> str:
+    return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
+
+
+def join(base: str, *parts: str) -> str:
+    return posixpath.join(base, *parts) if parts else base
+
+
+def relpath(path: str, root: str) -> str:
+    """``path`` relative to ``root``, both in fsspec form; raises if outside."""
+    root = root.rstrip("/")
+    if path == root:
+        return ""
+    if not path.startswith(root + "/"):
+        raise ValueError(f"{path} is not under {root}")
+    return path[len(root) + 1 :]
+
+
+def basename(path: str) -> str:
+    return posixpath.basename(path.rstrip("/"))
+
+
+def dirname(path: str) -> str:
+    return posixpath.dirname(path.rstrip("/"))
+
+
+def spark_url_to_location(url: str) -> Location:
+    """A path as Spark writes it into source/sink logs (URL-encoded, qualified)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in LOCAL_SCHEMES:
+        return Location("file", unquote(parts.path) or "/", scheme)
+    canonical = SCHEME_ALIASES.get(scheme, scheme)
+    return Location(canonical, unquote(parts.netloc + parts.path), scheme)

@@ -1,0 +1,66 @@
+"""Small test helpers: snapshots of a directory tree, and running the CLI."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import threading
+
+from checkpoint_ops.cli import main
+
+
+def tree_snapshot(*roots: str) -> dict[str, tuple[str, int]]:
+    """path -> (sha256, mtime_ns) for every file under the roots (to prove nothing changed)."""
+    out = {}
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                p = os.path.join(dirpath, name)
+                with open(p, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+                out[p] = (digest, os.stat(p).st_mtime_ns)
+    return out
+
+
+def cli(*args: str) -> tuple[int, str, str]:
+    """Run ``checkpoint-ops`` in process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_json(*args: str) -> tuple[int, dict]:
+    code, out, err = cli(*args, "--json")
+    try:
+        return code, json.loads(out)
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {code}):\n{out}\n{err}") from None
+
+
+def race_create_atomic(managers, target: str) -> list[str]:
+    """Writers on ``managers`` (one each) open ``create_atomic(target)`` and publish at the same
+    moment; returns "won"/"lost" per writer. Writer i writes b"writer i"."""
+    n = len(managers)
+    barrier = threading.Barrier(n)
+    results = [None] * n
+
+    def writer(i):
+        try:
+            w = managers[i].create_atomic(target)  # every writer passes the early existence check...
+            w.write(f"writer {i}".encode())
+            barrier.wait()  # ...and they publish together
+            w.close()
+            results[i] = "won"
+        except FileExistsError:
+            results[i] = "lost"
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

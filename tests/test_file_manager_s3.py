@@ -1,0 +1,65 @@
+"""The atomic file manager against a real S3 server (moto, over HTTP): conditional puts."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+
+from checkpoint_ops.storage import open_file_manager
+from tests.helpers import race_create_atomic
+
+
+def _keys(endpoint, bucket):
+    resp = boto3.client("s3", endpoint_url=endpoint).list_objects_v2(Bucket=bucket)
+    return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+def test_exception_inside_with_leaves_nothing(s3_server, bucket):
+    fm, root = open_file_manager(f"s3://{bucket}/ckpt")
+    assert fm.strategy == "direct-put"
+    with pytest.raises(RuntimeError):
+        with fm.create_atomic(f"{root}/offsets/1") as out:
+            out.write(b"v1\npartial")
+            raise RuntimeError("writer died")
+    assert _keys(s3_server, bucket) == []
+    w = fm.create_atomic(f"{root}/offsets/2")
+    w.write(b"v1")
+    w.cancel()
+    assert _keys(s3_server, bucket) == []
+
+
+def test_overwrite_false_is_conditional(s3_server, bucket):
+    fm, root = open_file_manager(f"s3://{bucket}/ckpt")
+    fm.write_bytes(f"{root}/commits/0", b"first")
+    fm.counter.reset()
+    with pytest.raises(FileExistsError):
+        fm.write_bytes(f"{root}/commits/0", b"second")
+    # one PUT, refused by the server (If-None-Match: *), no HEAD-then-PUT
+    assert fm.counter.snapshot() == {"PutObject": 1}
+    assert fm.read_bytes(f"{root}/commits/0") == b"first"
+    fm.write_bytes(f"{root}/commits/0", b"third", overwrite=True)
+    assert fm.read_bytes(f"{root}/commits/0") == b"third"
+
+
+@pytest.mark.parametrize("round_", range(5))
+def test_racing_writers_exactly_one_winner(s3_server, bucket, round_):
+    fms = [open_file_manager(f"s3://{bucket}/ckpt")[0] for _ in range(4)]  # separate clients
+    target = f"{bucket}/ckpt/offsets/9"
+    results = race_create_atomic(fms, target)
+    assert results.count("won") == 1, results
+    assert fms[0].read_bytes(target) == f"writer {results.index('won')}".encode()
+    assert _keys(s3_server, bucket) == ["ckpt/offsets/9"]
+
+
+def test_batched_delete_and_single_list(s3_server, bucket):
+    fm, root = open_file_manager(f"s3://{bucket}/ckpt")
+    paths = [f"{root}/state/0/{i}/{v}.delta" for i in range(3) for v in range(400)]
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    for p in paths:
+        s3.put_object(Bucket=bucket, Key=p.split("/", 1)[1], Body=b"x")
+    fm.counter.reset()
+    assert len(fm.walk(root)) == 1200
+    fm.delete_many(paths + [f"{root}/missing"])
+    counts = fm.counter.snapshot()
+    assert counts == {"ListObjectsV2": 2, "DeleteObjects": 2}, counts
+    assert _keys(s3_server, bucket) == []
