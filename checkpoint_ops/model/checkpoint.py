@@ -1,0 +1,228 @@
+"""The checkpoint model: everything a Structured Streaming query keeps in its checkpoint.
+
+Built from one listing; file contents are read lazily and at most once. Read-only: every change
+goes through a plan and the file manager.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cached_property
+
+from ..errors import BadInputError
+from ..storage import CheckpointFileManager, open_file_manager
+from .commits import CommitMetadata, parse_commit
+from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL
+from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
+from .listing import Listing
+from .logfile import LogFile, LogFormatError, log_files
+from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
+from .sink import SinkOutput
+from .sources import SourceDir, classify_sources
+from .state import StateModel
+
+STRUCTURED_DIRS = ("offsets", "commits", "sources", "state")
+
+
+class Checkpoint:
+    """A Structured Streaming checkpoint directory (or a legacy DStream one, see ``kind``)."""
+
+    def __init__(
+        self,
+        fm: CheckpointFileManager,
+        root: str,
+        *,
+        source_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL,
+        listing: Listing | None = None,
+    ):
+        self.fm = fm
+        self.root = root.rstrip("/")
+        self.source_compact_interval = source_compact_interval
+        self.listing = listing or Listing.scan(fm, self.root)
+        self._offsets: dict[int, OffsetSeq] = {}
+        self._commits: dict[int, CommitMetadata] = {}
+
+    @classmethod
+    def open(cls, url: str, storage_options: dict | None = None, **kw) -> "Checkpoint":
+        fm, root = open_file_manager(url, storage_options)
+        ckpt = cls(fm, root, **kw)
+        ckpt.require_checkpoint(url)
+        return ckpt
+
+    @property
+    def url(self) -> str:
+        return self.fm.url(self.root)
+
+    def require_checkpoint(self, url: str) -> None:
+        if len(self.listing) == 0:
+            raise BadInputError(
+                "no such checkpoint (nothing found at this location)",
+                path=url,
+                fix="check the path (and --storage-options / AWS_ENDPOINT_URL for object stores)",
+            )
+        if self.kind == "unknown":
+            raise BadInputError(
+                "not a Spark checkpoint: no metadata, offsets/, commits/ or checkpoint-<time> files",
+                path=url,
+                fix="point at the directory given as checkpointLocation (the one holding offsets/ and commits/)",
+            )
+
+    @cached_property
+    def kind(self) -> str:
+        """``structured`` | ``dstream`` | ``unknown``."""
+        L = self.listing
+        if "metadata" in L or any(L.has_dir(d) for d in STRUCTURED_DIRS):
+            return "structured"
+        if is_dstream_checkpoint(L):
+            return "dstream"
+        return "unknown"
+
+    @cached_property
+    def dstream(self) -> DStreamModel:
+        return scan_dstream(self.listing)
+
+    # -- metadata ---------------------------------------------------------------------------
+    @cached_property
+    def metadata_raw(self) -> bytes | None:
+        if "metadata" not in self.listing:
+            return None
+        return self.fm.read_bytes(self.listing.abs("metadata"))
+
+    @cached_property
+    def query_id(self) -> str | None:
+        raw = self.metadata_raw
+        if not raw:
+            return None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            raise LogFormatError(
+                "metadata is not JSON (Spark cannot restart: the query id is lost)",
+                path=self.listing.url("metadata"),
+                kind="not-json",
+                fix="restore it from a backup; the id also appears in Spark's driver logs and in sink "
+                "idempotency markers",
+            ) from None
+        return doc.get("id") if isinstance(doc, dict) else None
+
+    # -- offsets and commits --------------------------------------------------------------------
+    @cached_property
+    def offset_files(self) -> dict[int, LogFile]:
+        return log_files(self.listing, "offsets")
+
+    @cached_property
+    def commit_files(self) -> dict[int, LogFile]:
+        return log_files(self.listing, "commits")
+
+    @property
+    def latest_offset(self) -> int | None:
+        return max(self.offset_files) if self.offset_files else None
+
+    @property
+    def latest_commit(self) -> int | None:
+        return max(self.commit_files) if self.commit_files else None
+
+    def _load(self, files: dict[int, LogFile], cache: dict, parse, batch_ids, errors: list | None, raw: dict | None):
+        ids = list(files) if batch_ids is None else [b for b in batch_ids if b in files]
+        need = [b for b in ids if b not in cache]
+        if need:
+            paths = {self.listing.abs(files[b].rel): b for b in need}
+            for path, data in self.fm.read_many(paths).items():
+                b = paths[path]
+                if data is None:
+                    raise LogFormatError("file vanished while reading (is a query running?)", path=self.fm.url(path))
+                if raw is not None:
+                    raw[path] = data
+                try:
+                    cache[b] = parse(data, self.fm.url(path), b)
+                except LogFormatError as e:
+                    if errors is None:
+                        raise
+                    errors.append(e)
+        return {b: cache[b] for b in ids if b in cache}
+
+    def load_offsets(self, batch_ids=None, *, errors: list | None = None, raw: dict | None = None) -> dict[int, OffsetSeq]:
+        """Parse offsets files (all by default), reading each at most once.
+
+        Raises LogFormatError, unless ``errors`` is given: then bad files are collected there and
+        skipped. ``raw`` (optional) receives the bytes read, by absolute path.
+        """
+        return self._load(self.offset_files, self._offsets, parse_offsets, batch_ids, errors, raw)
+
+    def offsets(self, batch_id: int) -> OffsetSeq | None:
+        return self.load_offsets([batch_id]).get(batch_id)
+
+    def load_commits(self, batch_ids=None, *, errors: list | None = None, raw: dict | None = None) -> dict[int, CommitMetadata]:
+        """Like ``load_offsets``, for ``commits/``."""
+        return self._load(self.commit_files, self._commits, parse_commit, batch_ids, errors, raw)
+
+    def commit(self, batch_id: int) -> CommitMetadata | None:
+        return self.load_commits([batch_id]).get(batch_id)
+
+    @cached_property
+    def latest_offsets(self) -> OffsetSeq | None:
+        """The newest offsets file that parses (a damaged newest file is fsck's business)."""
+        for b in sorted(self.offset_files, reverse=True):
+            errors: list = []
+            got = self.load_offsets([b], errors=errors)
+            if b in got:
+                return got[b]
+        return None
+
+    @property
+    def conf(self) -> dict:
+        o = self.latest_offsets
+        return o.conf if o else {}
+
+    # -- sources and state ----------------------------------------------------------------------
+    @cached_property
+    def sources(self) -> dict[str, SourceDir]:
+        return classify_sources(self.listing, self.source_compact_interval)
+
+    @cached_property
+    def state(self) -> StateModel:
+        return StateModel(self.listing, self.conf.get(PROVIDER_CLASS_KEY), self.conf.get(CODEC_KEY, "lz4"))
+
+    @property
+    def checkpoint_format_version(self) -> int | None:
+        if not self.state.operators:
+            return None
+        c = self.commit(self.latest_commit) if self.latest_commit is not None else None
+        if (c and c.state_unique_ids) or self.state.has_unique_ids:
+            return 2
+        return 1
+
+    def unique_ids_for(self, op_id: int, partition: int, store_index: int):
+        """``ids_for(version)`` from the commit log: version v's id is in ``commits/v-1``."""
+
+        def ids_for(version: int) -> str | None:
+            c = self.commit(version - 1) if (version - 1) in self.commit_files else None
+            return c.unique_id(op_id, partition, store_index) if c else None
+
+        return ids_for
+
+    def temp_files(self) -> list[str]:
+        """Leftover ``.*.tmp`` files anywhere in the checkpoint."""
+        return sorted(rel for rel in self.listing.files if _is_temp(rel.rsplit("/", 1)[-1]))
+
+
+def _is_temp(name: str) -> bool:
+    return name.startswith(".") and name.endswith(".tmp")
+
+
+def open_sink(url: str, storage_options: dict | None = None, compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> SinkOutput:
+    fm, root = open_file_manager(url, storage_options)
+    sink = SinkOutput(fm, root, compact_interval)
+    if not sink.exists():
+        raise BadInputError(
+            "no such sink output directory (nothing found at this location)",
+            path=url,
+            fix="pass the file sink's output path (the directory holding _spark_metadata/)",
+        )
+    if not sink.log.files:
+        raise BadInputError(
+            "not a file-sink output: no _spark_metadata/ log here",
+            path=url,
+            fix="pass the path given to writeStream...start(path); other sinks keep no log to inspect",
+        )
+    return sink

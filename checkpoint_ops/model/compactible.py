@@ -1,0 +1,180 @@
+"""Compactible logs (``CompactibleFileStreamLog``): the file-source log and the file-sink log.
+
+Batch ``b`` is a compaction batch when ``(b + 1) % interval == 0``; it is written as
+``b.compact`` and holds every live entry so far. Readers take the latest compact ``<= latest``
+plus the plain files after it. The interval is never stored: it is derived from the files on
+disk exactly as Spark derives it, so this module mirrors that derivation to the letter.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .listing import Listing
+from .logfile import LogFile, LogFormatError, log_files, parse_json_line, split_versioned
+
+SPARK_DEFAULT_COMPACT_INTERVAL = 10
+
+
+def is_compaction_batch(batch_id: int, interval: int) -> bool:
+    return (batch_id + 1) % interval == 0
+
+
+def all_valid_batches(batch_id: int, interval: int) -> range:
+    """Files a reader needs for the log state after ``batch_id`` (Spark's getAllValidBatches)."""
+    start = max(0, (batch_id + 1) // interval * interval - 1)
+    return range(start, batch_id + 1)
+
+
+def valid_batches_before_compaction(compaction_id: int, interval: int) -> range:
+    """Files a compaction at ``compaction_id`` merges (previous compact plus plain files)."""
+    return range(max(0, compaction_id - interval), compaction_id)
+
+
+def previous_compaction(batch_id: int, interval: int) -> int | None:
+    """The latest compaction id ``<= batch_id``, or None before the first one."""
+    c = (batch_id + 1) // interval * interval - 1
+    return c if c >= 0 else None
+
+
+def derive_compact_interval(default_interval: int, latest_compact_id: int) -> int:
+    """Spark's deriveCompactInterval, for a log with exactly one ``.compact`` file."""
+    n = latest_compact_id + 1
+    if n <= default_interval:
+        return n
+    if default_interval < n // 2:
+        for d in range(default_interval, n // 2 + 1):
+            if n % d == 0:
+                return d
+        return n
+    return n
+
+
+def infer_interval(compact_ids: list[int], default_interval: int) -> tuple[int, str]:
+    """The interval Spark would use for a log with these compact files, and how it was found."""
+    ids = sorted(compact_ids, reverse=True)
+    if len(ids) >= 2:
+        return ids[0] - ids[1], f"difference of the two latest compact files ({ids[1]}, {ids[0]})"
+    if len(ids) == 1:
+        return (
+            derive_compact_interval(default_interval, ids[0]),
+            f"derived from {ids[0]}.compact and compactInterval {default_interval}",
+        )
+    return default_interval, f"no compact file yet: compactInterval {default_interval}"
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    """One entry line, kept verbatim so rewritten files are byte-identical to Spark's."""
+
+    raw: str
+    doc: dict
+
+    @property
+    def path(self) -> str:
+        return self.doc.get("path", "")
+
+
+class CompactibleLog:
+    """A compactible log directory under a listing root."""
+
+    def __init__(self, listing: Listing, rel_dir: str, kind: str, default_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL):
+        self.listing = listing
+        self.rel_dir = rel_dir
+        self.kind = kind  # "source log" | "sink log"
+        self.default_interval = default_interval
+        self.files: dict[int, LogFile] = log_files(listing, rel_dir, compactible=True)
+        self.compact_ids = [b for b, f in self.files.items() if f.compact]
+        self.interval, self.interval_source = infer_interval(self.compact_ids, default_interval)
+        self._entries: dict[int, list[LogEntry]] = {}
+
+    @property
+    def batch_ids(self) -> list[int]:
+        return list(self.files)
+
+    @property
+    def latest(self) -> int | None:
+        return max(self.files) if self.files else None
+
+    def file_name(self, batch_id: int, interval: int | None = None) -> str:
+        return f"{batch_id}.compact" if is_compaction_batch(batch_id, interval or self.interval) else str(batch_id)
+
+    def rel(self, batch_id: int, interval: int | None = None) -> str:
+        return f"{self.rel_dir}/{self.file_name(batch_id, interval)}"
+
+    def missing_for(self, batch_id: int) -> list[int]:
+        """Files a reader of the state after ``batch_id`` needs but cannot find (with the right name)."""
+        return [b for b in all_valid_batches(batch_id, self.interval) if self._file_as_spark_names_it(b) is None]
+
+    def _file_as_spark_names_it(self, batch_id: int) -> LogFile | None:
+        f = self.files.get(batch_id)
+        if f is None or f.compact != is_compaction_batch(batch_id, self.interval):
+            return None
+        return f
+
+    # -- reading ---------------------------------------------------------------------------
+    def parse(self, data: bytes, path: str) -> list[LogEntry]:
+        _, lines = split_versioned(data, path, self.kind)
+        out = []
+        for i, line in enumerate(lines):
+            doc = parse_json_line(line, path, i + 2, last=i == len(lines) - 1)
+            if not isinstance(doc, dict):
+                raise LogFormatError(f"line {i + 2} is not a JSON object", path=path, kind="malformed")
+            out.append(LogEntry(line, doc))
+        return out
+
+    def read(self, batch_ids) -> dict[int, list[LogEntry]]:
+        """Entries of these batch files (reading each file at most once)."""
+        need = [b for b in batch_ids if b not in self._entries and b in self.files]
+        if need:
+            paths = {self.listing.abs(self.files[b].rel): b for b in need}
+            data = self.listing.fm.read_many(paths)
+            for path, blob in data.items():
+                b = paths[path]
+                if blob is None:
+                    raise LogFormatError("file vanished while reading (is a query running?)",
+                                         path=self.listing.fm.url(path), kind="missing")
+                self._entries[b] = self.parse(blob, self.listing.fm.url(path))
+        return {b: self._entries[b] for b in batch_ids if b in self._entries}
+
+    def read_all_lenient(self) -> tuple[dict[str, bytes], list[LogFormatError]]:
+        """Read and parse every file once, collecting errors per file instead of stopping.
+
+        Returns the raw bytes by absolute path (for checksum checks) and the errors; parsed
+        entries land in the cache that ``read``/``entries_after`` use.
+        """
+        paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries}
+        raw, errors = {}, []
+        for path, blob in self.listing.fm.read_many(paths).items():
+            if blob is None:
+                continue
+            raw[path] = blob
+            try:
+                self._entries[paths[path]] = self.parse(blob, self.listing.fm.url(path))
+            except LogFormatError as e:
+                errors.append(e)
+        return raw, errors
+
+    def entries_after(self, batch_id: int) -> list[LogEntry]:
+        """Spark's ``allFiles()`` as of ``batch_id``; raises if a needed file is missing."""
+        missing = self.missing_for(batch_id)
+        if missing:
+            rels = ", ".join(self.rel(b) for b in missing)
+            raise LogFormatError(
+                f"{self.kind} cannot be read as of batch {batch_id}: missing {rels}",
+                path=self.listing.url(self.rel_dir),
+                kind="gap",
+            )
+        ids = list(all_valid_batches(batch_id, self.interval))
+        got = self.read(ids)
+        return [e for b in ids for e in got[b]]
+
+    @staticmethod
+    def serialize(entries: list[LogEntry], version: int = 1) -> bytes:
+        """File content as Spark writes it: version line, one JSON per line, no trailing newline."""
+        return "\n".join([f"v{version}", *(e.raw for e in entries)]).encode("utf-8")
+
+    @staticmethod
+    def entry(doc: dict) -> LogEntry:
+        return LogEntry(json.dumps(doc, separators=(",", ":")), doc)

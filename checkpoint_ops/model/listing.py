@@ -1,0 +1,80 @@
+"""One recursive listing of a directory tree, indexed for the model.
+
+Everything the model knows about which files exist comes from a single ``walk`` (one paginated
+LIST on object stores), so inspecting or planning never lists the same prefix twice.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ..storage import CheckpointFileManager, FileInfo
+from ..storage.paths import join
+
+
+class Listing:
+    """Files under ``root``, keyed by path relative to ``root`` ("offsets/5")."""
+
+    def __init__(self, fm: CheckpointFileManager, root: str, files: list[FileInfo]):
+        self.fm = fm
+        self.root = root.rstrip("/")
+        self.files: dict[str, FileInfo] = {}
+        self._children: dict[str, dict[str, FileInfo]] = {}
+        self._subdirs: dict[str, set[str]] = {}
+        prefix = self.root + "/"
+        for f in files:
+            if not f.path.startswith(prefix):
+                continue
+            rel = f.path[len(prefix) :]
+            self.files[rel] = f
+            parent, _, name = rel.rpartition("/")
+            self._children.setdefault(parent, {})[name] = f
+            # register every ancestor directory
+            while parent:
+                up, _, dname = parent.rpartition("/")
+                subs = self._subdirs.setdefault(up, set())
+                if dname in subs:
+                    break
+                subs.add(dname)
+                parent = up
+
+    @classmethod
+    def scan(cls, fm: CheckpointFileManager, root: str) -> "Listing":
+        return cls(fm, root, fm.walk(root))
+
+    def abs(self, rel: str) -> str:
+        return join(self.root, rel) if rel else self.root
+
+    def url(self, rel: str) -> str:
+        return self.fm.url(self.abs(rel))
+
+    def get(self, rel: str) -> FileInfo | None:
+        return self.files.get(rel)
+
+    def __contains__(self, rel: str) -> bool:
+        return rel in self.files
+
+    def files_in(self, rel_dir: str) -> dict[str, FileInfo]:
+        """Direct child files of ``rel_dir``: name -> FileInfo."""
+        return self._children.get(rel_dir.strip("/"), {})
+
+    def subdirs(self, rel_dir: str) -> list[str]:
+        return sorted(self._subdirs.get(rel_dir.strip("/"), ()))
+
+    def has_dir(self, rel_dir: str) -> bool:
+        rel_dir = rel_dir.strip("/")
+        return rel_dir in self._children or rel_dir in self._subdirs
+
+    def under(self, rel_dir: str) -> Iterator[tuple[str, FileInfo]]:
+        """Every file below ``rel_dir`` (recursively)."""
+        rel_dir = rel_dir.strip("/")
+        if not rel_dir:
+            yield from self.files.items()
+            return
+        prefix = rel_dir + "/"
+        for rel, f in self.files.items():
+            if rel.startswith(prefix):
+                yield rel, f
+
+    def __len__(self) -> int:
+        return len(self.files)

@@ -1,0 +1,131 @@
+"""The text format shared by Spark's metadata logs (``HDFSMetadataLog``).
+
+A log is a directory with one file per batch id, named by the decimal id (compactible logs add
+``.compact``). A file is a version line ``v<n>`` followed by ``\\n``-joined lines, no trailing
+newline. Spark ignores any name that is not a number, so hidden temp and ``.crc`` files are not
+batches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..errors import BadInputError, UnsupportedVersionError
+from ..storage import FileInfo
+from .listing import Listing
+
+COMPACT_SUFFIX = ".compact"
+
+# Highest format version Spark 4.3 reads, per log kind (reference §6.3).
+MAX_VERSIONS = {
+    "offsets": 2,
+    "commits": 3,
+    "source log": 1,
+    "sink log": 1,
+    "kafka initial offsets": 1,
+    "operator metadata": 2,
+}
+
+
+@dataclass(frozen=True)
+class LogFile:
+    batch_id: int
+    name: str
+    rel: str
+    info: FileInfo
+
+    @property
+    def compact(self) -> bool:
+        return self.name.endswith(COMPACT_SUFFIX)
+
+
+def batch_id_from_name(name: str, compactible: bool = False) -> int | None:
+    """Spark's ``isBatchFile``: the name (minus ``.compact``) parses as a long."""
+    if compactible and name.endswith(COMPACT_SUFFIX):
+        name = name[: -len(COMPACT_SUFFIX)]
+    if not name or not (name.isdigit() or (name[0] == "-" and name[1:].isdigit())):
+        return None
+    return int(name)
+
+
+def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict[int, LogFile]:
+    """Batch files of one log directory, by batch id."""
+    out: dict[int, LogFile] = {}
+    for name, info in listing.files_in(rel_dir).items():
+        bid = batch_id_from_name(name, compactible)
+        if bid is None:
+            continue
+        prev = out.get(bid)
+        if prev is not None and prev.compact and not name.endswith(COMPACT_SUFFIX):
+            continue  # both "9" and "9.compact": Spark reads the name its interval dictates
+        out[bid] = LogFile(bid, name, f"{rel_dir}/{name}" if rel_dir else name, info)
+    return dict(sorted(out.items()))
+
+
+class LogFormatError(BadInputError):
+    """A log file that Spark would refuse to read."""
+
+    def __init__(self, problem: str, *, path: str, fix: str | None = None, kind: str = "malformed"):
+        self.kind = kind  # empty | no-version | unknown-version | not-json | truncated | malformed
+        super().__init__(problem, path=path, fix=fix)
+
+
+class UnknownVersionError(LogFormatError, UnsupportedVersionError):
+    pass
+
+
+def split_versioned(data: bytes, path: str, log_kind: str, *, strip_nul: bool = False) -> tuple[int, list[str]]:
+    """Validate the version line and return (version, remaining lines)."""
+    if strip_nul and data[:1] == b"\x00":
+        data = data[1:]  # Kafka's initial offsets file starts with one 0x00 (SPARK-19517)
+    if not data:
+        raise LogFormatError(
+            "file is empty (0 bytes): Spark fails with 'Incomplete log file'",
+            path=path,
+            kind="empty",
+            fix="a crash left a torn write; if this is the newest batch, delete the file so Spark re-plans "
+            "the batch (or roll back with `checkpoint-ops rollback`)",
+        )
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LogFormatError("file is not UTF-8 text", path=path, kind="malformed",
+                             fix="restore this file from a backup or roll back past it")
+    lines = text.split("\n")
+    head = lines[0].strip()
+    max_version = MAX_VERSIONS[log_kind]
+    if not head.startswith("v") or not head[1:].isdigit():
+        raise LogFormatError(
+            f"first line {head[:40]!r} is not a version line like 'v1'",
+            path=path,
+            kind="no-version",
+            fix="restore this file from a backup or roll back past it",
+        )
+    version = int(head[1:])
+    if version > max_version:
+        raise UnknownVersionError(
+            f"{log_kind} format v{version} is newer than this tool and Spark 4.3 understand (max v{max_version})",
+            path=path,
+            kind="unknown-version",
+            fix="it was written by a newer Spark: use a spark-checkpoint-ops release that supports it; "
+            "do not edit this checkpoint with an older tool",
+        )
+    if version <= 0:
+        raise LogFormatError(f"invalid version line {head!r}", path=path, kind="malformed",
+                             fix="restore this file from a backup or roll back past it")
+    return version, lines[1:]
+
+
+def parse_json_line(line: str, path: str, lineno: int, *, last: bool) -> object:
+    try:
+        return json.loads(line)
+    except ValueError:
+        kind = "truncated" if last else "not-json"
+        what = "ends mid-record (truncated write?)" if last else f"line {lineno} is not valid JSON"
+        raise LogFormatError(
+            f"{what}: {line[:80]!r}",
+            path=path,
+            kind=kind,
+            fix="restore this file from a backup; if it is the newest batch, delete it so Spark re-plans the batch",
+        ) from None

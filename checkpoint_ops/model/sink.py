@@ -1,0 +1,63 @@
+"""A file sink's output directory and its ``_spark_metadata`` log (``FileStreamSinkLog``)."""
+
+from __future__ import annotations
+
+from ..storage import CheckpointFileManager
+from ..storage.paths import spark_url_to_location
+from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog, LogEntry
+from .listing import Listing
+
+SINK_LOG_DIR = "_spark_metadata"
+
+
+class SinkOutput:
+    """``<output>/``: data files plus the sink log, from one listing of the output directory."""
+
+    def __init__(self, fm: CheckpointFileManager, root: str, default_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL):
+        self.fm = fm
+        self.root = root.rstrip("/")
+        self.listing = Listing.scan(fm, self.root)
+        self.log = CompactibleLog(self.listing, SINK_LOG_DIR, "sink log", default_interval)
+
+    @property
+    def url(self) -> str:
+        return self.fm.url(self.root)
+
+    def exists(self) -> bool:
+        return len(self.listing) > 0
+
+    def entry_location(self, e: LogEntry) -> str | None:
+        """The fsspec path of an entry's file if it lives on this file system, else None."""
+        loc = spark_url_to_location(e.path)
+        if loc.scheme != self.fm.location.scheme:
+            return None
+        return loc.path
+
+    def rel_of(self, e: LogEntry) -> str | None:
+        """Path of an entry's file relative to the output root, or None if it lies elsewhere."""
+        p = self.entry_location(e)
+        if p is None or not p.startswith(self.root + "/"):
+            return None
+        return p[len(self.root) + 1 :]
+
+    def relocated_rel(self, e: LogEntry) -> str | None:
+        """For an entry naming another location (a copied or moved output): the longest path suffix
+        that exists under this output, i.e. where the file went. None if nothing matches."""
+        parts = spark_url_to_location(e.path).path.strip("/").split("/")
+        for k in range(len(parts)):
+            cand = "/".join(parts[k:])
+            if cand in self.listing.files:
+                return cand
+        return None
+
+    def data_files(self) -> dict[str, int]:
+        """Files under the output that a listing reader would treat as data (rel -> size).
+
+        Hadoop's input listing skips names starting with ``_`` or ``.`` at any level.
+        """
+        out = {}
+        for rel, info in self.listing.files.items():
+            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+                continue
+            out[rel] = info.size
+        return out

@@ -1,0 +1,84 @@
+"""``sources/<id>/``: per-source logs (file-source log, Kafka initial offsets, others)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compactible import CompactibleLog, LogEntry, is_compaction_batch
+from .listing import Listing
+from .logfile import LogFormatError, log_files, split_versioned
+
+
+@dataclass
+class SourceDir:
+    source_id: str
+    rel_dir: str
+    kind: str  # "file" | "kafka" | "other" | "empty"
+    log: CompactibleLog | None = None  # for file sources
+
+
+def classify_sources(listing: Listing, default_interval: int) -> dict[str, SourceDir]:
+    """Every ``sources/<id>`` directory, classified without reading (Kafka is read lazily)."""
+    out: dict[str, SourceDir] = {}
+    for sid in listing.subdirs("sources"):
+        rel = f"sources/{sid}"
+        files = log_files(listing, rel, compactible=True)
+        if not files:
+            out[sid] = SourceDir(sid, rel, "empty")
+        elif any(f.compact for f in files.values()) or len(files) > 1:
+            out[sid] = SourceDir(sid, rel, "file", CompactibleLog(listing, rel, "source log", default_interval))
+        else:
+            # A single "0": the Kafka initial-offsets file (leading 0x00) or a one-batch file log.
+            (only,) = files.values()
+            data = listing.fm.read_bytes(listing.abs(only.rel))
+            if data[:1] == b"\x00":
+                out[sid] = SourceDir(sid, rel, "kafka")
+            elif _looks_like_file_entries(data):
+                out[sid] = SourceDir(sid, rel, "file", CompactibleLog(listing, rel, "source log", default_interval))
+            else:
+                out[sid] = SourceDir(sid, rel, "other")
+    return out
+
+
+def _looks_like_file_entries(data: bytes) -> bool:
+    import json
+
+    lines = data.decode("utf-8", "replace").split("\n")
+    if not lines[0].startswith("v"):
+        return False
+    if len(lines) == 1:
+        return True  # "v1" alone: a batch that selected no file
+    try:
+        doc = json.loads(lines[1])
+    except ValueError:
+        return True  # damaged, but shaped like a log: let fsck report it precisely
+    return isinstance(doc, dict) and "path" in doc and "batchId" in doc
+
+
+def read_kafka_initial_offsets(listing: Listing, src: SourceDir) -> dict:
+    import json
+
+    rel = f"{src.rel_dir}/0"
+    path = listing.url(rel)
+    _, lines = split_versioned(listing.fm.read_bytes(listing.abs(rel)), path, "kafka initial offsets", strip_nul=True)
+    try:
+        return json.loads("\n".join(lines))
+    except ValueError:
+        raise LogFormatError("initial offsets are not JSON", path=path, kind="not-json") from None
+
+
+def entries_for_log_offset(log: CompactibleLog, log_offset: int) -> list[LogEntry] | None:
+    """The entries Spark logged at ``log_offset``: from its own file, else from a later compact.
+
+    Compact entries carry ``batchId`` (the log offset that selected the file), which is how Spark
+    itself serves deleted batches (``FileStreamSourceLog.get``).
+    """
+    f = log.files.get(log_offset)
+    if f is not None and f.compact == is_compaction_batch(log_offset, log.interval):
+        entries = log.read([log_offset])[log_offset]
+        return [e for e in entries if e.doc.get("batchId") == log_offset] if f.compact else entries
+    later = [c for c in log.compact_ids if c >= log_offset]
+    if not later:
+        return None
+    c = min(later)
+    return [e for e in log.read([c])[c] if e.doc.get("batchId") == log_offset]

@@ -1,0 +1,414 @@
+"""``state/``: operators, partitions, stores, their versioned files, and which versions load.
+
+Batch ``b`` loads state version ``b`` and commits version ``b + 1``. Whether a version can be
+loaded depends on the provider (reference §5):
+
+* HDFS: the latest ``<s>.snapshot`` with ``s <= v`` (or empty at 0), then every ``.delta`` up to v.
+* RocksDB: ``<v>.zip``; with changelog checkpointing the latest zip ``<= v`` plus changelogs.
+* RocksDB, checkpoint format V2: files are ``<v>_<uniqueId>.*``; the id of version ``N + 1`` is in
+  ``commits/N``; the changelog's lineage names the ids of the versions below it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..storage.checksums import is_hadoop_crc_name
+from .codecs import CodecError, changelog_header, decompress_prefix
+from .listing import Listing
+
+STATE_FILE = re.compile(r"^(\d+)(?:_([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}))?\.(delta|snapshot|zip|changelog)$")
+# Spark master after 4.3: column-family variants of the HDFS provider.
+HDFS_CF_FILE = re.compile(r"^(\d+)\.([^./]+)\.(delta|snapshot)$")
+HDFS_CF_METADATA = re.compile(r"^(\d+)\.metadata$")
+SCHEMA_V3_FILE = re.compile(r"^(\d+)_([0-9a-fA-F-]{36})$")
+
+STORE_SUBDIRS = {"_metadata", "SSTs", "logs"}
+DEFAULT_STORE = "default"
+SNAPSHOT_KINDS = {"snapshot", "zip"}
+_LINEAGE_PREFIX_BYTES = 128 * 1024
+
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+@dataclass
+class StateFile:
+    rel: str
+    version: int
+    kind: str  # delta | snapshot | zip | changelog | metadata
+    unique_id: str | None = None
+    size: int = 0
+    sidecars: list[str] = field(default_factory=list)  # rels of .crc files that travel with it
+
+    @property
+    def name(self) -> str:
+        return self.rel.rsplit("/", 1)[-1]
+
+
+@dataclass
+class Store:
+    op_id: int
+    partition: int
+    name: str
+    rel_dir: str
+    files: list[StateFile] = field(default_factory=list)
+    ssts: dict[str, str] = field(default_factory=dict)  # dfs file name -> rel (SSTs/ and logs/)
+    temp_files: list[str] = field(default_factory=list)
+    orphan_sidecars: list[str] = field(default_factory=list)  # checksum files whose main file is gone
+
+    def __post_init__(self) -> None:
+        self._index: dict[tuple[int, str | None, str], StateFile] | None = None
+
+    def index(self) -> dict[tuple[int, str | None, str], StateFile]:
+        if self._index is None:
+            self._index = {(f.version, f.unique_id, f.kind): f for f in self.files}
+        return self._index
+
+    def file(self, version: int, kind: str, unique_id: str | None = None) -> StateFile | None:
+        return self.index().get((version, unique_id, kind))
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted({f.version for f in self.files})
+
+    @property
+    def has_changelog(self) -> bool:
+        return any(f.kind == "changelog" for f in self.files)
+
+    @property
+    def label(self) -> str:
+        s = f"operator {self.op_id} partition {self.partition}"
+        return s if self.name == DEFAULT_STORE else f"{s} store {self.name}"
+
+
+@dataclass
+class Operator:
+    op_id: int
+    rel_dir: str
+    metadata_v1: dict | None = None
+    metadata_v1_rel: str | None = None
+    metadata_v2: dict[int, str] = field(default_factory=dict)  # batch id -> rel
+    schema_files: list[tuple[str, int, str]] = field(default_factory=list)  # (store, batch id, rel)
+    stores: dict[tuple[int, str], Store] = field(default_factory=dict)
+    metadata_v2_doc: dict | None = None
+
+    @property
+    def name(self) -> str | None:
+        for md in (self.metadata_v1, self.metadata_v2_doc):
+            if md:
+                name = (md.get("operatorInfo") or {}).get("operatorName")
+                if name:
+                    return name
+        return None
+
+    @property
+    def partitions(self) -> list[int]:
+        return sorted({p for p, _ in self.stores})
+
+    @property
+    def store_names(self) -> list[str]:
+        """Store names in the order Spark lists them (commit unique ids follow this order)."""
+        declared = [s.get("storeName") for s in (self.metadata_v1 or {}).get("stateStoreInfo", [])]
+        present = {n for _, n in self.stores}
+        ordered = [n for n in declared if n in present]
+        return ordered + sorted(present - set(ordered))
+
+    def store_index(self, name: str) -> int:
+        return self.store_names.index(name)
+
+
+@dataclass
+class Build:
+    """Whether one store version can be loaded, and which files that takes."""
+
+    ok: bool
+    files: list[StateFile] = field(default_factory=list)
+    reason: str | None = None
+    base_version: int | None = None
+
+
+IdsForVersion = Callable[[int], "str | None"]
+
+
+class StateModel:
+    def __init__(self, listing: Listing, provider_class: str | None = None, codec: str = "lz4"):
+        self.listing = listing
+        self.codec = codec
+        self.operators: dict[int, Operator] = {}
+        self.other_files: list[str] = []  # anything under state/ we do not recognise
+        self._lineage_cache: dict[str, list[tuple[int, str]] | None] = {}
+        self._zip_cache: dict[str, dict] = {}
+        self._scan()
+        self.provider = self._provider(provider_class)
+
+    # -- scanning ------------------------------------------------------------------------------
+    def _scan(self) -> None:
+        L = self.listing
+        for op_name in L.subdirs("state"):
+            if not op_name.isdigit():
+                continue
+            op = Operator(int(op_name), f"state/{op_name}")
+            self.operators[op.op_id] = op
+            md = f"{op.rel_dir}/_metadata/metadata"
+            if md in L:
+                op.metadata_v1_rel = md
+            for name in L.files_in(f"{op.rel_dir}/_metadata/v2"):
+                if name.isdigit():
+                    op.metadata_v2[int(name)] = f"{op.rel_dir}/_metadata/v2/{name}"
+            for store in L.subdirs(f"{op.rel_dir}/_stateSchema"):
+                for name in L.files_in(f"{op.rel_dir}/_stateSchema/{store}"):
+                    m = SCHEMA_V3_FILE.match(name)
+                    if m:
+                        op.schema_files.append((store, int(m.group(1)), f"{op.rel_dir}/_stateSchema/{store}/{name}"))
+            for part_name in L.subdirs(op.rel_dir):
+                if not part_name.isdigit():
+                    continue
+                part = int(part_name)
+                pdir = f"{op.rel_dir}/{part_name}"
+                named = [d for d in L.subdirs(pdir) if d not in STORE_SUBDIRS]
+                if L.files_in(pdir) or any(d in STORE_SUBDIRS for d in L.subdirs(pdir)) or not named:
+                    op.stores[(part, DEFAULT_STORE)] = self._scan_store(op.op_id, part, DEFAULT_STORE, pdir)
+                for store_name in named:
+                    op.stores[(part, store_name)] = self._scan_store(op.op_id, part, store_name, f"{pdir}/{store_name}")
+
+    def _scan_store(self, op_id: int, part: int, name: str, rel_dir: str) -> Store:
+        L = self.listing
+        store = Store(op_id, part, name, rel_dir)
+        by_name: dict[str, StateFile] = {}
+        sidecar_names: list[str] = []
+        for fname, info in L.files_in(rel_dir).items():
+            rel = f"{rel_dir}/{fname}"
+            m = STATE_FILE.match(fname)
+            if m:
+                f = StateFile(rel, int(m.group(1)), m.group(3), m.group(2), info.size)
+                by_name[fname] = f
+                continue
+            m = HDFS_CF_FILE.match(fname) or HDFS_CF_METADATA.match(fname)
+            if m:
+                kind = m.group(3) if m.re is HDFS_CF_FILE else "metadata"
+                f = StateFile(rel, int(m.group(1)), kind, None, info.size)
+                by_name[fname] = f
+                continue
+            if fname.startswith(".") and fname.endswith(".tmp"):
+                store.temp_files.append(rel)
+            elif fname.endswith(".crc"):
+                sidecar_names.append(fname)
+            else:
+                self.other_files.append(rel)
+        for fname in sidecar_names:
+            main = _sidecar_main(fname)
+            target = by_name.get(main)
+            if target is not None:
+                target.sidecars.append(f"{rel_dir}/{fname}")
+            elif main in L.files_in(rel_dir):
+                pass  # sidecar of a non-state file (e.g. a temp file): left to fsck's generic check
+            else:
+                store.orphan_sidecars.append(f"{rel_dir}/{fname}")
+        store.files = sorted(by_name.values(), key=lambda f: (f.version, f.kind, f.unique_id or ""))
+        for sub in ("SSTs", "logs"):
+            for fname in L.files_in(f"{rel_dir}/{sub}"):
+                if fname.endswith((".sst", ".log")) and not fname.startswith("."):
+                    store.ssts[fname] = f"{rel_dir}/{sub}/{fname}"
+        return store
+
+    def _provider(self, provider_class: str | None) -> str | None:
+        if provider_class:
+            if provider_class.endswith("RocksDBStateStoreProvider"):
+                return "rocksdb"
+            if provider_class.endswith("HDFSBackedStateStoreProvider"):
+                return "hdfs"
+            return provider_class
+        kinds = {f.kind for s in self.stores() for f in s.files}
+        if kinds & {"zip", "changelog"}:
+            return "rocksdb"
+        if kinds & {"delta", "snapshot"}:
+            return "hdfs"
+        return None
+
+    # -- views -------------------------------------------------------------------------------
+    def stores(self) -> list[Store]:
+        return [s for op in self.operators.values() for s in op.stores.values()]
+
+    @property
+    def has_unique_ids(self) -> bool:
+        return any(f.unique_id for s in self.stores() for f in s.files)
+
+    def version_range(self, op: Operator) -> tuple[int | None, int | None]:
+        vs = [v for s in op.stores.values() for v in s.versions]
+        return (min(vs), max(vs)) if vs else (None, None)
+
+    def operator_metadata(self) -> None:
+        """Read operator metadata files (small; one read per operator)."""
+        fm, L = self.listing.fm, self.listing
+        paths = {}
+        for op in self.operators.values():
+            if op.metadata_v1_rel:
+                paths[L.abs(op.metadata_v1_rel)] = (op, 1)
+            if op.metadata_v2:
+                paths[L.abs(op.metadata_v2[max(op.metadata_v2)])] = (op, 2)
+        for path, data in fm.read_many(paths).items():
+            op, v = paths[path]
+            doc = _parse_versioned_json(data)
+            if v == 1:
+                op.metadata_v1 = doc
+            else:
+                op.metadata_v2_doc = doc
+
+    # -- loading rules -----------------------------------------------------------------------
+    def check(self, store: Store, version: int, unique_id: str | None = None,
+              ids_for: IdsForVersion | None = None, exact: bool = False) -> Build:
+        """Can ``version`` of ``store`` be loaded? ``unique_id`` is needed on checkpoint format V2.
+
+        ``ids_for(v)`` gives the unique id of version v from the commit log (None if unknown).
+        ``exact=True`` follows Spark to the letter (reads the changelog lineage and zip SST lists);
+        the default uses only the listing and commit ids.
+        """
+        if version <= 0:
+            return Build(True, [], base_version=0)
+        if unique_id is not None:
+            return self._check_v2(store, version, unique_id, ids_for, exact)
+        if self.provider == "hdfs" or (self.provider is None and any(f.kind in ("delta", "snapshot") for f in store.files)):
+            return self._check_chain(store, version, "snapshot", "delta", exact)
+        if store.has_changelog:
+            return self._check_chain(store, version, "zip", "changelog", exact)
+        z = store.file(version, "zip")
+        if z is None:
+            return Build(False, reason=f"{store.label}: version {version} needs {version}.zip, which is missing")
+        return self._with_ssts(store, Build(True, [z], base_version=version), exact)
+
+    def _check_chain(self, store: Store, version: int, snap_kind: str, delta_kind: str, exact: bool) -> Build:
+        snaps = [f.version for f in store.files if f.kind == snap_kind and f.version <= version and f.unique_id is None]
+        base = max(snaps) if snaps else 0
+        chain = [store.file(base, snap_kind)] if base else []
+        for v in range(base + 1, version + 1):
+            f = store.file(v, delta_kind)
+            if f is None:
+                where = f"{base}.{snap_kind}" if base else "empty state"
+                return Build(False, reason=f"{store.label}: version {version} loads from {where} but "
+                                            f"{v}.{delta_kind} is missing", base_version=base)
+            chain.append(f)
+        return self._with_ssts(store, Build(True, chain, base_version=base), exact)
+
+    def _check_v2(self, store: Store, version: int, uid: str, ids_for: IdsForVersion | None, exact: bool) -> Build:
+        if exact:
+            return self._check_v2_lineage(store, version, uid)
+        chain: list[StateFile] = []
+        k, u = version, uid
+        lineage: dict[int, str] = {}
+        while True:
+            if k == 0:
+                return Build(True, chain, base_version=0)
+            z = store.file(k, "zip", u)
+            if z is not None:
+                chain.append(z)
+                return Build(True, chain, base_version=k)
+            c = store.file(k, "changelog", u)
+            if c is None:
+                return Build(False, reason=f"{store.label}: version {k} (id {u}) has neither {k}_{u}.zip nor "
+                                            f"{k}_{u}.changelog")
+            chain.append(c)
+            nxt = (ids_for(k - 1) if ids_for else None) or lineage.get(k - 1)
+            if nxt is None and k - 1 > 0:
+                items = self.lineage(c)
+                if items is None:
+                    return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}")
+                lineage.update(dict(items))
+                nxt = lineage.get(k - 1)
+                if nxt is None:
+                    return Build(False, reason=f"{store.label}: lineage of {c.name} does not reach version "
+                                                f"{k - 1} and no snapshot was found")
+            k, u = k - 1, nxt
+
+    def _check_v2_lineage(self, store: Store, version: int, uid: str) -> Build:
+        """Spark's RocksDB.load for format V2 (reference §5.4)."""
+        z = store.file(version, "zip", uid)
+        if z is not None:
+            return self._with_ssts(store, Build(True, [z], base_version=version), True)
+        c = store.file(version, "changelog", uid)
+        if c is None:
+            return Build(False, reason=f"{store.label}: neither {version}_{uid}.zip nor {version}_{uid}.changelog exists")
+        items = self.lineage(c)
+        if items is None:
+            return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}")
+        lineage = sorted(items + [(version, uid)])
+        base = next(((v, u) for v, u in reversed(lineage) if store.file(v, "zip", u)), None)
+        if base is None:
+            if lineage[0][0] != 1:
+                return Build(False, reason=f"{store.label}: no snapshot of the lineage of {c.name} "
+                                            f"({lineage[0][0]}..{version}) exists")
+            base_v, chain = 0, []
+        else:
+            base_v, chain = base[0], [store.file(base[0], "zip", base[1])]
+        for v, u in lineage:
+            if v <= base_v:
+                continue
+            f = store.file(v, "changelog", u)
+            if f is None:
+                return Build(False, reason=f"{store.label}: lineage of {c.name} needs {v}_{u}.changelog, which is missing")
+            chain.append(f)
+        return self._with_ssts(store, Build(True, chain, base_version=base_v), True)
+
+    def _with_ssts(self, store: Store, build: Build, exact: bool) -> Build:
+        if not exact:
+            return build
+        for f in build.files:
+            if f.kind != "zip":
+                continue
+            missing = [n for n in self.zip_ssts(f) if n not in store.ssts]
+            if missing:
+                return Build(False, build.files, f"{store.label}: {f.name} references missing "
+                                                 f"SSTs/{missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
+                             build.base_version)
+        return build
+
+    # -- file contents ---------------------------------------------------------------------------
+    def lineage(self, f: StateFile) -> list[tuple[int, str]] | None:
+        if f.rel not in self._lineage_cache:
+            try:
+                head = self.listing.fm.read_prefix(self.listing.abs(f.rel), _LINEAGE_PREFIX_BYTES)
+                _, items = changelog_header(decompress_prefix(head, self.codec))
+                self._lineage_cache[f.rel] = items or []
+            except (CodecError, ValueError, OSError):
+                self._lineage_cache[f.rel] = None
+        return self._lineage_cache[f.rel]
+
+    def zip_metadata(self, f: StateFile) -> dict:
+        """The ``metadata`` entry of a RocksDB checkpoint zip (its SST list)."""
+        if f.rel not in self._zip_cache:
+            data = self.listing.fm.read_bytes(self.listing.abs(f.rel))
+            with zipfile.ZipFile(io.BytesIO(data)) as z:
+                self._zip_cache[f.rel] = _parse_versioned_json(z.read("metadata"))
+        return self._zip_cache[f.rel]
+
+    def zip_ssts(self, f: StateFile) -> list[str]:
+        md = self.zip_metadata(f)
+        names = [s["dfsSstFileName"] for s in md.get("sstFiles", [])]
+        names += [s["dfsLogFileName"] for s in md.get("logFiles", [])]
+        return names
+
+
+def _sidecar_main(name: str) -> str:
+    """The file a checksum sidecar belongs to: ``.x.crc`` -> x, ``x.crc`` -> x, ``.x.crc.crc`` -> x."""
+    if is_hadoop_crc_name(name):
+        name = name[1:-4]
+    if name.endswith(".crc"):
+        name = name[:-4]
+    return name
+
+
+def _parse_versioned_json(data: bytes | None) -> dict:
+    if not data:
+        return {}
+    text = data.decode("utf-8", "replace")
+    head, _, body = text.partition("\n")
+    try:
+        doc = json.loads(body if head.startswith("v") else text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
