@@ -1,0 +1,358 @@
+"""``fsck``: find what would stop Spark from restarting, or make it silently lose or corrupt data.
+
+Read-only. Each finding names the file, what is wrong and a concrete next step. ``error`` means
+Spark fails or misbehaves; ``warning`` means harmless today but a trap (stale files, litter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .model.checkpoint import Checkpoint
+from .model.compactible import CompactibleLog
+from .model.logfile import LogFormatError
+from .model.sink import SinkOutput
+from .storage.checksums import (
+    hadoop_crc_matches,
+    hadoop_crc_size,
+    hadoop_crc_target,
+    is_hadoop_crc_name,
+    spark_checksum_matches,
+)
+
+ERROR = "error"
+WARNING = "warning"
+
+
+@dataclass
+class Finding:
+    severity: str
+    code: str
+    path: str
+    problem: str
+    fix: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Fsck:
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False):
+        self.ckpt = ckpt
+        self.sinks = list(sinks)
+        self.deep = deep
+        self.findings: list[Finding] = []
+        self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
+        self.cmd = f"checkpoint-ops rollback {ckpt.url}"
+
+    def add(self, severity: str, code: str, path: str, problem: str, fix: str) -> None:
+        self.findings.append(Finding(severity, code, path, problem, fix))
+
+    def run(self) -> list[Finding]:
+        if self.ckpt.kind == "dstream":
+            self._dstream()
+            return self.findings
+        self._metadata()
+        errors: list[LogFormatError] = []
+        offsets = self.ckpt.load_offsets(errors=errors, raw=self._read)
+        commits = self.ckpt.load_commits(errors=errors, raw=self._read)
+        for e in errors:
+            self._log_error(e)
+        self._restart_rules(offsets, commits)
+        self._sources(offsets)
+        self._state(commits)
+        self._temp_files()
+        self._checksums(self.ckpt.listing)
+        for sink in self.sinks:
+            self._sink(sink)
+        return self.findings
+
+    # -- logs ------------------------------------------------------------------------------------
+    def _log_error(self, e: LogFormatError) -> None:
+        code = {"empty": "empty-log-file", "truncated": "truncated-log-file", "not-json": "not-json",
+                "unknown-version": "unknown-version", "no-version": "no-version-line"}.get(e.kind, "malformed-log-file")
+        self.add(ERROR, code, e.path, e.problem, e.fix or "restore this file from a backup or roll back past it")
+
+    def _metadata(self) -> None:
+        ck = self.ckpt
+        if ck.metadata_raw is None:
+            if ck.offset_files or ck.commit_files:
+                self.add(ERROR, "missing-metadata", ck.listing.url("metadata"),
+                         "metadata is missing but offsets/commits exist: Spark 4.2+ refuses to start "
+                         "(STREAMING_CHECKPOINT_MISSING_METADATA_FILE); older Spark silently assigns a new query id",
+                         'restore it from a backup; it holds only {"id":"<query id>"} (the id is in driver logs '
+                         "and in sink idempotency markers)")
+            return
+        self._read[ck.listing.abs("metadata")] = ck.metadata_raw
+        if not ck.metadata_raw.strip():
+            self.add(ERROR, "empty-log-file", ck.listing.url("metadata"), "metadata is empty (0 bytes)",
+                     'restore it from a backup; it holds only {"id":"<query id>"}')
+            return
+        try:
+            if not ck.query_id:
+                self.add(ERROR, "malformed-log-file", ck.listing.url("metadata"), "metadata has no query id",
+                         'restore it from a backup; it holds only {"id":"<query id>"}')
+        except LogFormatError as e:
+            self._log_error(e)
+
+    def _restart_rules(self, offsets: dict, commits: dict) -> None:
+        ck = self.ckpt
+        L, C = ck.latest_offset, ck.latest_commit
+        url = ck.listing.url
+        if L is not None and L > 0 and (L - 1) not in ck.offset_files:
+            fix = (f"delete offsets/{L} (batch {L} is not committed, so Spark plans it again)"
+                   if C is None or C < L else
+                   f"restore offsets/{L - 1} from a backup, or roll back to an earlier complete batch: {self.cmd} --to-batch <N>")
+            self.add(ERROR, "offsets-gap", url(f"offsets/{L - 1}"),
+                     f"offsets/{L - 1} is missing: Spark's restart reads offsets/{L} and offsets/{L - 1} and fails "
+                     f"with 'batch {L - 1} doesn't exist'", fix)
+        if C is not None and L is not None and C > L:
+            self.add(ERROR, "commits-ahead", url(f"commits/{C}"),
+                     f"commits/{C} is ahead of the latest offsets ({L}): Spark fails with "
+                     "CONCURRENT_STREAM_LOG_UPDATE", f"delete commits above {L} (commits/{L + 1}..{C})")
+        elif C is not None and L is not None and C < L - 1:
+            self.add(ERROR, "commits-behind", url(f"commits/{C}"),
+                     f"the latest commit ({C}) is more than one batch behind the latest offsets ({L}): Spark "
+                     f"treats batches {C + 1}..{L - 1} as done without running them (unless the query used "
+                     "asyncProgressTrackingEnabled)", f"roll back to batch {C}: {self.cmd} --to-batch {C}")
+        elif C is None and L is not None and L > 0:
+            pass  # nothing committed yet but several planned: covered by offsets-gap if any
+        # v1 offsets name sources by position: every file must list the same number.
+        counts = {b: len(o.offsets) for b, o in offsets.items() if o.version == 1}
+        if counts:
+            expected = counts[max(counts)]
+            for b, n in counts.items():
+                if n != expected:
+                    self.add(ERROR, "source-count-mismatch", url(f"offsets/{b}"),
+                             f"offsets/{b} lists {n} sources but offsets/{max(counts)} lists {expected} "
+                             "(a truncated write?)",
+                             "restore it from a backup, or roll back past it")
+
+    def _sources(self, offsets: dict) -> None:
+        ck = self.ckpt
+        L = ck.latest_offset
+        latest = offsets.get(L) if L is not None else None
+        for sid, src in ck.sources.items():
+            log = src.log
+            if log is None:
+                continue
+            ok = self._parse_compactible(log)
+            if log.latest is not None and ok:
+                missing = log.missing_for(log.latest)
+                for b in missing:
+                    self.add(ERROR, "source-log-gap", ck.listing.url(log.rel(b)),
+                             f"{log.rel(b)} is missing: the source log cannot be read as of {log.latest} "
+                             "(Spark's restart fails)", "restore it from a backup, or roll back to an earlier batch")
+            so = latest.source(sid) if latest else None
+            k = so.log_offset if so else None
+            if k is not None and (log.latest is None or k > log.latest):
+                self.add(ERROR, "source-log-behind", ck.listing.url(src.rel_dir),
+                         f"offsets/{L} expects log offset {k} but the source log ends at {log.latest}",
+                         "restore the source log from a backup, or roll back to an earlier batch")
+
+    def _parse_compactible(self, log: CompactibleLog) -> bool:
+        raw, errors = log.read_all_lenient()
+        self._read.update(raw)
+        for e in errors:
+            self._log_error(e)
+        return not errors
+
+    # -- state -----------------------------------------------------------------------------------
+    def _state(self, commits: dict) -> None:
+        ck = self.ckpt
+        st = ck.state
+        if not st.operators:
+            return
+        st.operator_metadata()
+        C, L = ck.latest_commit, ck.latest_offset
+        version = C + 1 if C is not None else None
+        commit = commits.get(C) if C is not None else None
+        live_ids: dict[tuple[int, int, str], set[str]] = {}
+        for c in commits.values():
+            for op_id, parts in (c.state_unique_ids or {}).items():
+                for p, ids in enumerate(parts):
+                    for i, u in enumerate(ids):
+                        live_ids.setdefault((int(op_id), p, i), set()).add(u)
+        for op in st.operators.values():
+            names = op.store_names
+            for (part, name), store in op.stores.items():
+                idx = names.index(name)
+                if version is not None:
+                    uid = commit.unique_id(op.op_id, part, idx) if commit and commit.state_unique_ids else None
+                    if commit and commit.state_unique_ids and uid is None:
+                        self.add(ERROR, "state-missing", ck.listing.url(store.rel_dir),
+                                 f"commits/{C} lists no state id for {store.label}",
+                                 f"roll back to an earlier complete batch: {self.cmd} --to-batch <N>")
+                    else:
+                        b = st.check(store, version, uid, exact=True)
+                        if not b.ok:
+                            self.add(ERROR, "state-missing", ck.listing.url(store.rel_dir),
+                                     f"state version {version} (needed to restart after batch {C}) cannot be "
+                                     f"loaded: {b.reason}",
+                                     "restore the missing state files from a backup, or roll back to a batch "
+                                     f"whose state is complete ({self.cmd} --to-batch <N>; see inspect)")
+                # Stale: versions no batch in offsets/ could have written (> L + 1).
+                top = (L if L is not None else -1) + 1
+                stale = [f for f in store.files if f.version > top]
+                if stale:
+                    vs = sorted({f.version for f in stale})
+                    consequence = ("not loaded (commits pin the ids) but they skew cleanup"
+                                   if any(f.unique_id for f in stale) else
+                                   "a restart may load them instead of rebuilding, silently giving wrong state")
+                    self.add(WARNING, "state-stale", ck.listing.url(stale[0].rel),
+                             f"{len(stale)} state files of {store.label} are above version {top} "
+                             f"(versions {vs[0]}..{vs[-1]}), left by an abandoned run or a naive rollback: {consequence}",
+                             f"remove them with `{self.cmd} --to-batch {C}` (stop the query first)")
+                for rel in store.orphan_sidecars:
+                    self.add(WARNING, "orphan-crc", ck.listing.url(rel),
+                             "checksum file without its state file", "delete it (Spark's maintenance would, too)")
+
+    # -- litter and checksums ----------------------------------------------------------------------
+    def _temp_files(self) -> None:
+        for rel in self.ckpt.temp_files():
+            self.add(WARNING, "temp-file", self.ckpt.listing.url(rel),
+                     "leftover temporary file from an interrupted write (hidden; Spark never reads it)",
+                     "delete it while no query runs on this checkpoint")
+
+    def _checksums(self, L) -> None:
+        """Hadoop ``.X.crc`` sidecars: orphaned, wrong size, or (for files we read) wrong content."""
+        fm = L.fm
+        to_verify: list[tuple[str, str]] = []
+        for rel, info in L.files.items():
+            parent, _, name = rel.rpartition("/")
+            if not is_hadoop_crc_name(name):
+                continue
+            target_name = hadoop_crc_target(name)
+            target = f"{parent}/{target_name}" if parent else target_name
+            tinfo = L.get(target)
+            if tinfo is None:
+                if target_name.endswith(".tmp") or rel.startswith("state/"):
+                    continue  # temp litter is reported above; state orphans per store
+                self.add(WARNING, "orphan-crc", L.url(rel), f"checksum sidecar of a file that no longer exists ({target_name})",
+                         "delete it")
+                continue
+            if info.size != hadoop_crc_size(tinfo.size):
+                self.add(ERROR, "stale-crc", L.url(rel),
+                         f"checksum sidecar does not match {target_name} ({tinfo.size} bytes): Spark reads through "
+                         "Hadoop's FileSystem API fail with ChecksumException",
+                         "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
+                continue
+            if self.deep or L.abs(target) in self._read:
+                to_verify.append((rel, target))
+        if to_verify:
+            need = [L.abs(t) for _, t in to_verify if L.abs(t) not in self._read] + [L.abs(r) for r, _ in to_verify]
+            data = fm.read_many(need)
+            for rel, target in to_verify:
+                content = self._read.get(L.abs(target))
+                if content is None:
+                    content = data.get(L.abs(target))
+                crc = data.get(L.abs(rel))
+                if content is None or crc is None:
+                    continue
+                if not hadoop_crc_matches(content, crc):
+                    self.add(ERROR, "stale-crc", L.url(rel),
+                             f"checksum sidecar does not match the content of {target.rsplit('/', 1)[-1]} (the file "
+                             "was rewritten without updating it): Spark reads through Hadoop's FileSystem API fail "
+                             "with ChecksumException",
+                             "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
+        if self.deep and L is self.ckpt.listing:
+            self._spark_checksums()
+
+    def _spark_checksums(self) -> None:
+        """Deep: verify Spark's own CRC32C checksum files of V2 state files."""
+        ck = self.ckpt
+        pairs = []
+        for store in ck.state.stores():
+            for f in store.files:
+                ck_rel = next((s for s in f.sidecars if s.endswith(f.name + ".crc") and not s.rsplit("/", 1)[-1].startswith(".")), None)
+                if ck_rel:
+                    pairs.append((f.rel, ck_rel))
+        data = ck.fm.read_many([ck.listing.abs(r) for p in pairs for r in p])
+        for main, chk in pairs:
+            m, c = data.get(ck.listing.abs(main)), data.get(ck.listing.abs(chk))
+            if m is not None and c is not None and not spark_checksum_matches(m, c):
+                self.add(ERROR, "stale-checksum-file", ck.listing.url(chk),
+                         f"Spark checksum file does not match {main.rsplit('/', 1)[-1]}: loading it fails "
+                         "checksum verification",
+                         "restore the state file from a backup; if the file is right, delete its checksum file")
+
+    # -- sinks -------------------------------------------------------------------------------------
+    def _sink(self, sink: SinkOutput) -> None:
+        log = sink.log
+        L = sink.listing
+        if not self._parse_compactible(log) or log.latest is None:
+            self._checksums(L)
+            return
+        missing = log.missing_for(log.latest)
+        for b in missing:
+            self.add(ERROR, "sink-log-gap", L.url(log.rel(b)),
+                     f"{log.rel(b)} is missing: readers of the sink (spark.read, file-source on the output) and "
+                     "the next compaction fail with FileNotFoundException",
+                     "restore it from a backup (a batch ledger can rebuild it: `checkpoint-ops ledger`)")
+        ck_latest = self.ckpt.latest_offset
+        if ck_latest is not None and log.latest > ck_latest:
+            self.add(ERROR, "sink-ahead", L.url(log.rel(log.latest)),
+                     f"the sink log has batches up to {log.latest} but the checkpoint plans only up to {ck_latest}: "
+                     f"the file sink silently skips batch ids it already logged, so batches {ck_latest + 1}.."
+                     f"{log.latest} will be dropped when they re-run (what a rollback of offsets/commits alone leaves)",
+                     f"roll back the sink with the checkpoint: {self.cmd} --to-batch {self.ckpt.latest_commit} "
+                     f"--sink {sink.url}")
+        if missing:
+            self._checksums(L)
+            return
+        entries = log.entries_after(log.latest)
+        known: set[str] = set()
+        outside = []
+        for e in entries:
+            rel = sink.rel_of(e)
+            if rel is None:
+                outside.append(e.path)
+                rel = sink.relocated_rel(e)
+                if rel is None:
+                    continue
+            known.add(rel)
+            if rel not in L:
+                self.add(ERROR, "sink-file-missing", L.url(rel),
+                         "listed in the sink log but missing: readers of the sink fail",
+                         "restore the file from a backup; if it is lost, the sink log must be rewritten without it")
+        if outside:
+            unmatched = len(entries) - len(known)
+            self.add(ERROR, "sink-path-outside-output", sink.url,
+                     f"{len(outside)} sink log entries point outside this output directory (e.g. {outside[0]}): "
+                     "the output was copied or moved, and Spark readers look for files at the old location"
+                     + (f"; {unmatched} of them have no file here either" if unmatched else
+                        "; every one of them has a file at the same relative path here"),
+                     "point --sink at the original location, or rewrite the sink log paths for the new location")
+        for rel in sorted(set(sink.data_files()) - known):
+            self.add(WARNING, "sink-orphan-file", L.url(rel),
+                     "data file not in the sink log (a failed or rolled-back batch wrote it): Spark readers ignore "
+                     "it, but readers that list the directory (ignoreMetadata, other engines) see it",
+                     "delete it while the query is stopped")
+        self._checksums(L)
+
+    # -- legacy --------------------------------------------------------------------------------------
+    def _dstream(self) -> None:
+        m = self.ckpt.dstream
+        L = self.ckpt.listing
+        for c in m.checkpoints:
+            if c.size == 0:
+                self.add(ERROR, "empty-checkpoint-file", L.url(c.rel), "DStream checkpoint file is empty",
+                         "delete it; Spark falls back to the previous checkpoint file")
+        if m.temp_file:
+            self.add(WARNING, "temp-file", L.url(m.temp_file), "leftover 'temp' from an interrupted checkpoint write",
+                     "delete it while the application is stopped")
+
+
+def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False) -> list[Finding]:
+    return Fsck(ckpt, sinks, deep).run()
+
+
+def render_findings(findings: list[Finding], url: str) -> str:
+    if not findings:
+        return f"{url}: healthy (no findings)"
+    lines = [f"{url}: {len(findings)} finding(s)"]
+    for f in findings:
+        lines.append(f"  [{f.severity}] {f.code}: {f.path}")
+        lines.append(f"      {f.problem}")
+        lines.append(f"      fix: {f.fix}")
+    return "\n".join(lines)

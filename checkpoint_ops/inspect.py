@@ -1,0 +1,244 @@
+"""``inspect`` and ``offsets``: what a checkpoint holds, as data (JSON keys are a public contract)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from .errors import BadInputError
+from .model.checkpoint import Checkpoint
+from .model.sink import SinkOutput
+from .model.sources import read_kafka_initial_offsets
+from .window import rollback_window
+
+
+def _first_last(ids) -> dict:
+    ids = list(ids)
+    return {"first": min(ids) if ids else None, "last": max(ids) if ids else None}
+
+
+def _iso(ms: int | None) -> str | None:
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None) -> dict:
+    if ckpt.kind == "dstream":
+        return inspect_dstream(ckpt)
+    offsets = ckpt.load_offsets()
+    commits = ckpt.load_commits()
+    latest = ckpt.latest_offsets
+    report: dict = {
+        "path": ckpt.url,
+        "kind": "structured",
+        "query_id": ckpt.query_id,
+        "offsets": _first_last(ckpt.offset_files),
+        "commits": _first_last(ckpt.commit_files),
+        "last_committed_batch": ckpt.latest_commit,
+        "in_progress_batch": ckpt.latest_offset
+        if ckpt.latest_offset is not None and (ckpt.latest_commit is None or ckpt.latest_offset > ckpt.latest_commit)
+        else None,
+        "batches": [
+            {
+                "id": b,
+                "timestamp_ms": o.timestamp_ms,
+                "time": _iso(o.timestamp_ms),
+                "watermark_ms": o.watermark_ms,
+                "committed": b in commits,
+            }
+            for b, o in offsets.items()
+        ],
+        "sources": _sources(ckpt, latest),
+        "state": _state(ckpt),
+        "rollback_window": rollback_window(ckpt, list(sinks), ledger).to_dict(),
+    }
+    if sinks:
+        report["sinks"] = [_sink(s) for s in sinks]
+        report["sink"] = report["sinks"][0]
+    return report
+
+
+def _sources(ckpt: Checkpoint, latest) -> list[dict]:
+    out = []
+    dirs = ckpt.sources
+    ids = [o.source_id for o in latest.offsets] if latest else sorted(dirs)
+    for index, sid in enumerate(ids):
+        so = latest.source(sid) if latest else None
+        src = dirs.get(sid)
+        kind = so.kind if so else "none"
+        if src is not None and src.kind in ("file", "kafka"):
+            kind = src.kind
+        entry = {"id": sid, "index": index, "kind": kind, "offset": so.value if so else None,
+                 "batch": latest.batch_id if latest else None}
+        if src is not None and src.log is not None:
+            log = src.log
+            entry["log"] = {"latest": log.latest, "compact_interval": log.interval, "files": len(log.files)}
+        if src is not None and src.kind == "kafka":
+            entry["initial_offsets"] = read_kafka_initial_offsets(ckpt.listing, src)
+        out.append(entry)
+    return out
+
+
+def _state(ckpt: Checkpoint) -> dict:
+    st = ckpt.state
+    st.operator_metadata()
+    ops = []
+    for op in sorted(st.operators.values(), key=lambda o: o.op_id):
+        first, last = st.version_range(op)
+        ops.append(
+            {
+                "id": op.op_id,
+                "name": op.name,
+                "partitions": len(op.partitions),
+                "stores": op.store_names,
+                "versions": {"first": first, "last": last},
+                "files": sum(len(s.files) for s in op.stores.values()),
+                "bytes": sum(f.size for s in op.stores.values() for f in s.files),
+            }
+        )
+    return {
+        "provider": st.provider,
+        "checkpoint_format_version": ckpt.checkpoint_format_version,
+        "changelog_checkpointing": any(s.has_changelog for s in st.stores()) if st.provider == "rocksdb" else None,
+        "operators": ops,
+    }
+
+
+def _sink(sink: SinkOutput) -> dict:
+    log = sink.log
+    entries = log.entries_after(log.latest) if log.latest is not None else []
+    return {
+        "path": sink.url,
+        "latest_batch": log.latest,
+        "compact_interval": log.interval,
+        "compact_interval_source": log.interval_source,
+        "files": len(entries),
+        "bytes": sum(int(e.doc.get("size") or 0) for e in entries),
+    }
+
+
+def inspect_dstream(ckpt: Checkpoint) -> dict:
+    m = ckpt.dstream
+    return {
+        "path": ckpt.url,
+        "kind": "dstream",
+        "checkpoints": [
+            {"time_ms": c.time_ms, "time": _iso(c.time_ms), "file": c.rel, "bytes": c.size, "backup": c.backup_rel}
+            for c in m.checkpoints
+        ],
+        "latest_checkpoint_ms": m.latest.time_ms if m.latest else None,
+        "received_block_logs": [
+            {"start_ms": s, "end_ms": e, "file": rel, "bytes": size} for s, e, rel, size in m.block_logs
+        ],
+        "received_data_logs": m.received_data_logs,
+        "temp_file": m.temp_file,
+    }
+
+
+def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
+    """Where batch N started (offsets of N-1) and ended (offsets of N), per source."""
+    if ckpt.kind != "structured":
+        raise BadInputError("offsets are a Structured Streaming concept; this is a DStream checkpoint", path=ckpt.url)
+    end = ckpt.offsets(batch) if batch in ckpt.offset_files else (ledger.offsets(batch) if ledger and ledger.has("offsets", batch) else None)
+    if end is None:
+        have = sorted(ckpt.offset_files)
+        span = f"offsets/ holds batches {have[0]}..{have[-1]}" if have else "offsets/ is empty"
+        raise BadInputError(
+            f"batch {batch} has no offsets file ({span})",
+            path=ckpt.listing.url(f"offsets/{batch}"),
+            fix="pick a batch inside that range (see `checkpoint-ops inspect`); older batches were purged "
+            "after minBatchesToRetain unless a batch ledger recorded them",
+        )
+    prev = None
+    if batch > 0:
+        if (batch - 1) in ckpt.offset_files:
+            prev = ckpt.offsets(batch - 1)
+        elif ledger is not None and ledger.has("offsets", batch - 1):
+            prev = ledger.offsets(batch - 1)
+    commit = ckpt.commit(batch) if batch in ckpt.commit_files else None
+    sources = []
+    for so in end.offsets:
+        start = prev.source(so.source_id) if prev else None
+        sources.append(
+            {
+                "id": so.source_id,
+                "kind": so.kind,
+                "start": start.value if start else None,
+                "end": so.value,
+            }
+        )
+    return {
+        "batch": batch,
+        "timestamp_ms": end.timestamp_ms,
+        "time": _iso(end.timestamp_ms),
+        "watermark_ms": end.watermark_ms,
+        "committed": commit is not None,
+        "start_known": batch == 0 or prev is not None,
+        "sources": sources,
+    }
+
+
+# ---- human rendering -----------------------------------------------------------------------
+
+
+def render_inspect(r: dict) -> str:
+    if r.get("kind") == "dstream":
+        lines = [f"Legacy DStream checkpoint {r['path']}", f"  checkpoints: {len(r['checkpoints'])}"]
+        for c in r["checkpoints"]:
+            bk = f" (backup {c['backup']})" if c["backup"] else ""
+            lines.append(f"    {c['time']}  {c['file']}  {c['bytes']} bytes{bk}")
+        lines.append(f"  received block logs: {len(r['received_block_logs'])}")
+        return "\n".join(lines)
+    o, c = r["offsets"], r["commits"]
+    lines = [
+        f"Checkpoint {r['path']}",
+        f"  query id:             {r['query_id']}",
+        f"  offsets:              {o['first']}..{o['last']}" if o["first"] is not None else "  offsets:              (none)",
+        f"  commits:              {c['first']}..{c['last']}" if c["first"] is not None else "  commits:              (none)",
+        f"  last committed batch: {r['last_committed_batch']}",
+    ]
+    if r["in_progress_batch"] is not None:
+        lines.append(f"  in-progress batch:    {r['in_progress_batch']} (planned, not committed: Spark re-runs it)")
+    if r["batches"]:
+        last = r["batches"][-1]
+        lines.append(f"  last batch time:      {last['time']}  watermark {last['watermark_ms']} ms")
+    lines.append("  sources:")
+    for s in r["sources"]:
+        log = f"  (log {s['log']['files']} files, compact every {s['log']['compact_interval']})" if "log" in s else ""
+        name = f"source {s['id']}" if s["id"] == str(s["index"]) else f"source {s['index']} ({s['id']})"
+        lines.append(f"    {name}: {s['kind']} at {s['offset']}{log}")
+    st = r["state"]
+    if st["operators"]:
+        fmt = f", checkpoint format V{st['checkpoint_format_version']}" if st["checkpoint_format_version"] else ""
+        lines.append(f"  state: {st['provider']}{fmt}")
+        for op in st["operators"]:
+            v = op["versions"]
+            lines.append(
+                f"    operator {op['id']} {op['name'] or ''}: {op['partitions']} partitions, stores {op['stores']}, "
+                f"versions {v['first']}..{v['last']}, {op['files']} files"
+            )
+    else:
+        lines.append("  state: (stateless)")
+    w = r["rollback_window"]
+    if w["earliest"] is not None:
+        lines.append(f"  rollback window:      batches {w['earliest']}..{w['latest']}")
+        lines.append(f"    earlier is out of reach: {w['earliest_reason']}")
+    else:
+        lines.append(f"  rollback window:      none ({w['earliest_reason']})")
+    for s in r.get("sinks", []):
+        lines.append(
+            f"  sink {s['path']}: latest batch {s['latest_batch']}, {s['files']} files, {s['bytes']} bytes, "
+            f"compact every {s['compact_interval']}"
+        )
+    return "\n".join(lines)
+
+
+def render_offsets(r: dict) -> str:
+    state = "committed" if r["committed"] else "not committed"
+    lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, watermark {r['watermark_ms']} ms)"]
+    for s in r["sources"]:
+        start = s["start"] if r["start_known"] else "(unknown: offsets of the previous batch were purged)"
+        if r["batch"] == 0:
+            start = "(query start)"
+        lines.append(f"  source {s['id']} ({s['kind']}): from {start} to {s['end']}")
+    return "\n".join(lines)

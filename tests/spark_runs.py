@@ -1,0 +1,140 @@
+"""Real Spark runs for the tests: one shared session, checkpoints generated once per test session.
+
+Sink and source logs hold absolute paths, so a copied checkpoint is not the same checkpoint.
+Each flavour is therefore generated once at a fixed location and kept pristine; ``SparkRun.reset()``
+puts the pristine tree back in place (mtimes included) before a test changes it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from pipelines.event_counts import build_query, write_event_files
+
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+
+# Small retention and compaction so 30 batches exercise purge, compaction and log cleanup.
+SESSION_CONF = {
+    "spark.master": "local[2]",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.streaming.minBatchesToRetain": "10",
+    "spark.sql.streaming.fileSink.log.compactInterval": "5",
+    "spark.sql.streaming.fileSink.log.cleanupDelay": "0",
+    "spark.sql.streaming.fileSource.log.compactInterval": "5",
+    "spark.sql.streaming.fileSource.log.cleanupDelay": "0",
+    "spark.sql.streaming.stateStore.maintenanceInterval": "1s",
+    "spark.sql.streaming.stateStore.minDeltasForSnapshot": "2",
+    "spark.driver.memory": "1g",
+    "spark.sql.streaming.pollingDelay": "10ms",
+}
+
+FLAVOURS = {
+    "hdfs": {
+        "spark.sql.streaming.stateStore.providerClass": HDFS,
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "1",
+    },
+    "rocksdb": {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "1",
+    },
+    "rocksdb_v2": {
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        "spark.sql.streaming.stateStore.checkpointFormatVersion": "2",
+    },
+}
+
+FILES_PER_RUN = (15, 15)  # two query runs (a restart in between), 30 input files in all
+COMPACT_INTERVAL = 5
+
+
+def make_session():
+    from pyspark.sql import SparkSession
+
+    b = SparkSession.builder.appName("checkpoint-ops-tests")
+    for k, v in SESSION_CONF.items():
+        b = b.config(k, v)
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def unload_state_stores(spark) -> None:
+    """Drop every loaded state store provider and stop maintenance (no cached state, no writers)."""
+    spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+
+
+@dataclass
+class SparkRun:
+    flavour: str
+    base: str
+    progress: list[dict] = field(default_factory=list)
+    files: int = 0
+
+    @property
+    def input(self) -> str:
+        return os.path.join(self.base, "input")
+
+    @property
+    def checkpoint(self) -> str:
+        return os.path.join(self.base, "checkpoint")
+
+    @property
+    def output(self) -> str:
+        return os.path.join(self.base, "output")
+
+    @property
+    def pristine(self) -> str:
+        return self.base + ".pristine"
+
+    @property
+    def last_batch(self) -> int:
+        return self.progress[-1]["batchId"]
+
+    def progress_for(self, batch: int) -> dict:
+        return next(p for p in self.progress if p["batchId"] == batch)
+
+    def reset(self) -> None:
+        """Put the pristine generated tree back at the canonical location."""
+        if os.path.exists(self.base):
+            shutil.rmtree(self.base)
+        shutil.copytree(self.pristine, self.base, symlinks=True)
+
+    def run_query(self, spark, **kw) -> list[dict]:
+        """Run the query (availableNow) on this run's directories; returns the progress of each batch."""
+        for k, v in FLAVOURS[self.flavour].items():
+            spark.conf.set(k, v)
+        q = build_query(spark, self.input, self.output, self.checkpoint, **kw)
+        q.awaitTermination()
+        progress = [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in q.recentProgress]
+        unload_state_stores(spark)
+        return progress
+
+
+def generate(spark, flavour: str, base: str) -> SparkRun:
+    run = SparkRun(flavour, base)
+    os.makedirs(base)
+    start = 0
+    for n in FILES_PER_RUN:
+        write_event_files(run.input, start, start + n)
+        start += n
+        run.progress += run.run_query(spark)
+    # Whether Spark ends a run with a no-data batch varies, so the last batch id does too. Tests
+    # want plain sink/source log files after the last compaction: add input until that holds.
+    while (run.last_batch + 1) % COMPACT_INTERVAL == 0 or (run.last_batch + 1) % COMPACT_INTERVAL == 1:
+        write_event_files(run.input, start, start + 1)
+        start += 1
+        run.progress += run.run_query(spark)
+    run.files = start
+    time.sleep(0.1)
+    shutil.copytree(base, run.pristine, symlinks=True)
+    return run
