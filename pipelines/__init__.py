@@ -1,0 +1,1 @@
+"""Dagster definitions (assets, checks, jobs) and the example streaming query they run."""
