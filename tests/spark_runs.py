@@ -111,8 +111,11 @@ class SparkRun:
 
     def run_query(self, spark, **kw) -> list[dict]:
         """Run the query (availableNow) on this run's directories; returns the progress of each batch."""
-        for k, v in FLAVOURS[self.flavour].items():
-            spark.conf.set(k, v)
+        # Re-assert every SQL conf: other code sharing the session (e.g. a Dagster PySparkResource
+        # calling getOrCreate with its own config) may have changed them.
+        for k, v in {**SESSION_CONF, **FLAVOURS[self.flavour]}.items():
+            if k.startswith("spark.sql."):
+                spark.conf.set(k, v)
         q = build_query(spark, self.input, self.output, self.checkpoint, **kw)
         q.awaitTermination()
         progress = [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in q.recentProgress]
