@@ -22,18 +22,36 @@ from typing import Iterable
 from .paths import Location
 
 
-@dataclass(frozen=True)
 class FileInfo:
-    """One file (or directory) as listed: full fsspec path, size in bytes, mtime in seconds."""
+    """One listed file (or directory): full fsspec path, size in bytes, mtime in seconds."""
 
-    path: str
-    size: int
-    mtime: float | None = None
-    is_dir: bool = False
+    __slots__ = ("path", "_size", "_mtime", "is_dir")
+
+    def __init__(self, path: str, size: int | None = None, mtime: float | None = None, is_dir: bool = False):
+        self.path = path
+        self._size = size
+        self._mtime = mtime
+        self.is_dir = is_dir
+
+    @property
+    def size(self) -> int:
+        return self._size or 0
+
+    @property
+    def mtime(self) -> float | None:
+        return self._mtime
+
+    @property
+    def known_size(self) -> int | None:
+        """The size if the listing already knows it (object stores always do), without a stat."""
+        return self._size
 
     @property
     def name(self) -> str:
         return self.path.rstrip("/").rsplit("/", 1)[-1]
+
+    def __repr__(self) -> str:
+        return f"FileInfo({self.path!r}, size={self.size}, mtime={self.mtime}, is_dir={self.is_dir})"
 
 
 @dataclass
@@ -182,6 +200,28 @@ class CheckpointFileManager(abc.ABC):
 
     @abc.abstractmethod
     def copy(self, src: str, dst: str) -> None: ...
+
+    def move_many(self, pairs: list[tuple[str, str]]) -> list[str]:
+        """Move files to fresh destinations nobody else writes (our trash, a keep directory).
+
+        Renames where the file system can, else copies and deletes. Returns the sources that did
+        not exist (already moved, or never there).
+        """
+        missing = []
+        for src, dst in pairs:
+            try:
+                self.rename(src, dst, overwrite=True)
+            except FileNotFoundError:
+                missing.append(src)
+        return missing
+
+    def versioning_enabled(self, path: str) -> bool:
+        """Whether deleted objects stay restorable (object-store versioning). False elsewhere."""
+        return False
+
+    def undelete_many(self, paths: list[str]) -> list[str]:
+        """Undo deletes on a versioned store (remove the delete markers); returns paths not restored."""
+        raise NotImplementedError(f"{self.strategy} has no versioned deletes")
 
     @abc.abstractmethod
     def mkdirs(self, path: str) -> None: ...

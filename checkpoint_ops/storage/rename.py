@@ -22,6 +22,32 @@ from .manager import AtomicWriter, CheckpointFileManager, FileInfo
 from .paths import Location, basename, dirname, join
 
 
+class _LazyStatInfo(FileInfo):
+    """A listed local file whose size and mtime are read only if someone asks (a walk of a big
+    checkpoint then costs one readdir per directory, not one stat per file)."""
+
+    __slots__ = ()
+
+    def _stat(self) -> None:
+        try:
+            st = os.stat(self.path)
+            self._size, self._mtime = st.st_size, st.st_mtime
+        except FileNotFoundError:
+            self._size, self._mtime = 0, None
+
+    @property
+    def size(self) -> int:
+        if self._size is None:
+            self._stat()
+        return self._size
+
+    @property
+    def mtime(self) -> float | None:
+        if self._size is None:
+            self._stat()
+        return self._mtime
+
+
 def temp_name(name: str) -> str:
     return f".{name}.{uuid.uuid4()}.tmp"
 
@@ -187,8 +213,7 @@ class LocalFileManager(CheckpointFileManager):
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
                     else:
-                        st = e.stat(follow_symlinks=False)
-                        out.append(FileInfo(e.path, st.st_size, st.st_mtime))
+                        out.append(_LazyStatInfo(e.path))
         return out
 
     def delete_many(self, paths: Iterable[str]) -> None:
@@ -217,6 +242,29 @@ class LocalFileManager(CheckpointFileManager):
 
     def copy(self, src: str, dst: str) -> None:
         self.write_bytes(dst, self.read_bytes(src), overwrite=True)
+
+    def move_many(self, pairs: list[tuple[str, str]]) -> list[str]:
+        made: set[str] = set()
+        missing = []
+        for src, dst in pairs:
+            d = dst.rpartition("/")[0]
+            if d not in made:
+                os.makedirs(d, exist_ok=True)
+                made.add(d)
+            try:
+                os.rename(src, dst)
+            except FileNotFoundError:
+                missing.append(src)
+            except OSError as e:
+                if e.errno != errno.EXDEV:
+                    raise
+                # another device (e.g. a --keep-files directory elsewhere): copy, then delete
+                import shutil
+
+                shutil.copy2(src, dst)
+                os.unlink(src)
+        self.counter.add("rename", len(pairs))
+        return missing
 
     def mkdirs(self, path: str) -> None:
         self.counter.add("mkdirs")
