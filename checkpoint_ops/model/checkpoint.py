@@ -89,8 +89,15 @@ class Checkpoint:
         return self.fm.read_bytes(self.listing.abs("metadata"))
 
     @cached_property
+    def fence(self):
+        """The fence of an interrupted checkpoint-ops operation, or None."""
+        from ..fence import is_fence, parse_fence
+
+        return parse_fence(self.metadata_raw) if is_fence(self.metadata_raw) else None
+
+    @cached_property
     def query_id(self) -> str | None:
-        raw = self.metadata_raw
+        raw = self.fence.original_metadata if self.fence else self.metadata_raw
         if not raw:
             return None
         try:
@@ -171,6 +178,11 @@ class Checkpoint:
 
     @property
     def conf(self) -> dict:
+        """The session conf Spark recorded (provider, codec, ...): from an offsets file already read
+        if there is one (every batch records the same), else from the newest."""
+        for b in sorted(self._offsets, reverse=True):
+            if self._offsets[b].conf:
+                return self._offsets[b].conf
         o = self.latest_offsets
         return o.conf if o else {}
 

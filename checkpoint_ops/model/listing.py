@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Iterator
 
 from ..storage import CheckpointFileManager, FileInfo
-from ..storage.paths import join
 
 
 class Listing:
@@ -20,30 +19,43 @@ class Listing:
         self.root = root.rstrip("/")
         self.files: dict[str, FileInfo] = {}
         self._children: dict[str, dict[str, FileInfo]] = {}
-        self._subdirs: dict[str, set[str]] = {}
+        self._subdirs: dict[str, set[str]] | None = None  # derived from _children when first needed
+        cut = len(self.root) + 1
         prefix = self.root + "/"
+        files_ = self.files
+        children = self._children
         for f in files:
-            if not f.path.startswith(prefix):
+            path = f.path
+            if not path.startswith(prefix):
                 continue
-            rel = f.path[len(prefix) :]
-            self.files[rel] = f
+            rel = path[cut:]
+            files_[rel] = f
             parent, _, name = rel.rpartition("/")
-            self._children.setdefault(parent, {})[name] = f
-            # register every ancestor directory
-            while parent:
-                up, _, dname = parent.rpartition("/")
-                subs = self._subdirs.setdefault(up, set())
-                if dname in subs:
-                    break
-                subs.add(dname)
-                parent = up
+            d = children.get(parent)
+            if d is None:
+                d = children[parent] = {}
+            d[name] = f
+
+    def _dirs(self) -> dict[str, set[str]]:
+        if self._subdirs is None:
+            subdirs: dict[str, set[str]] = {}
+            for parent in self._children:
+                while parent:
+                    up, _, dname = parent.rpartition("/")
+                    subs = subdirs.setdefault(up, set())
+                    if dname in subs:
+                        break
+                    subs.add(dname)
+                    parent = up
+            self._subdirs = subdirs
+        return self._subdirs
 
     @classmethod
     def scan(cls, fm: CheckpointFileManager, root: str) -> "Listing":
         return cls(fm, root, fm.walk(root))
 
     def abs(self, rel: str) -> str:
-        return join(self.root, rel) if rel else self.root
+        return f"{self.root}/{rel}" if rel else self.root
 
     def url(self, rel: str) -> str:
         return self.fm.url(self.abs(rel))
@@ -59,11 +71,11 @@ class Listing:
         return self._children.get(rel_dir.strip("/"), {})
 
     def subdirs(self, rel_dir: str) -> list[str]:
-        return sorted(self._subdirs.get(rel_dir.strip("/"), ()))
+        return sorted(self._dirs().get(rel_dir.strip("/"), ()))
 
     def has_dir(self, rel_dir: str) -> bool:
         rel_dir = rel_dir.strip("/")
-        return rel_dir in self._children or rel_dir in self._subdirs
+        return rel_dir in self._children or rel_dir in self._dirs()
 
     def under(self, rel_dir: str) -> Iterator[tuple[str, FileInfo]]:
         """Every file below ``rel_dir`` (recursively)."""

@@ -43,8 +43,12 @@ class StateFile:
     version: int
     kind: str  # delta | snapshot | zip | changelog | metadata
     unique_id: str | None = None
-    size: int = 0
+    info: object = None  # the listing's FileInfo (size read only when asked)
     sidecars: list[str] = field(default_factory=list)  # rels of .crc files that travel with it
+
+    @property
+    def size(self) -> int:
+        return self.info.size if self.info is not None else 0
 
     @property
     def name(self) -> str:
@@ -184,17 +188,16 @@ class StateModel:
         sidecar_names: list[str] = []
         for fname, info in L.files_in(rel_dir).items():
             rel = f"{rel_dir}/{fname}"
-            m = STATE_FILE.match(fname)
-            if m:
-                f = StateFile(rel, int(m.group(1)), m.group(3), m.group(2), info.size)
-                by_name[fname] = f
-                continue
-            m = HDFS_CF_FILE.match(fname) or HDFS_CF_METADATA.match(fname)
-            if m:
-                kind = m.group(3) if m.re is HDFS_CF_FILE else "metadata"
-                f = StateFile(rel, int(m.group(1)), kind, None, info.size)
-                by_name[fname] = f
-                continue
+            if fname[0] != ".":  # hidden names are sidecars or temp files: skip the regexes
+                m = STATE_FILE.match(fname)
+                if m:
+                    by_name[fname] = StateFile(rel, int(m.group(1)), m.group(3), m.group(2), info)
+                    continue
+                m = HDFS_CF_FILE.match(fname) or HDFS_CF_METADATA.match(fname)
+                if m:
+                    kind = m.group(3) if m.re is HDFS_CF_FILE else "metadata"
+                    by_name[fname] = StateFile(rel, int(m.group(1)), kind, None, info)
+                    continue
             if fname.startswith(".") and fname.endswith(".tmp"):
                 store.temp_files.append(rel)
             elif fname.endswith(".crc"):
