@@ -12,7 +12,7 @@ import sys
 import traceback
 
 from . import __version__
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, BadInputError, CheckpointOpsError
+from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, BadInputError, CheckpointOpsError, RefusedError
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 
@@ -98,6 +98,146 @@ def cmd_fsck(args) -> int:
     return EXIT_FINDINGS if findings else EXIT_OK
 
 
+def _parse_time(text: str):
+    from datetime import datetime, timezone
+
+    try:
+        t = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadInputError(f"--to-time {text!r} is not an ISO 8601 time",
+                            fix="e.g. --to-time 2026-11-21T06:30:00Z (a time without offset is taken as UTC)") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _confirm(args, what: str) -> None:
+    """Apply only with --yes, or after a 'y' on an interactive terminal."""
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise RefusedError(f"not applying {what} without confirmation",
+                           fix="review it with --dry-run, then run again with --yes")
+    answer = input(f"Apply {what}? [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise RefusedError("not applied: declined at the prompt")
+
+
+def cmd_rollback(args) -> int:
+    from .activity import refuse_if_active
+    from .executor import apply_plan, resume
+    from .rollback import plan_rollback
+
+    ckpt, sinks = _open(args)
+    progress = not args.json
+    if args.resume:
+        if args.to_batch is not None or args.to_time is not None:
+            raise BadInputError("--resume finishes the interrupted rollback's own plan: drop --to-batch/--to-time")
+        refuse_if_active(ckpt, args.force)
+        result = resume(ckpt, _storage_options(args.storage_options), progress)
+        _emit(args, {"resumed": True, "result": result},
+              f"Resumed and finished {result['op_id']} (plan {result['plan_hash'][:12]}); last committed batch is now "
+              f"{result['target_batch']}")
+        return EXIT_OK
+    if args.to_batch is None and args.to_time is None:
+        raise BadInputError("give --to-batch N or --to-time ISO8601 (or --resume)")
+    refuse_if_active(ckpt, args.force)
+    ledger = _ledger(ckpt, args)
+    plan = plan_rollback(ckpt, args.to_batch, _parse_time(args.to_time) if args.to_time else None, sinks,
+                         keep_files=args.keep_files, ledger=ledger)
+    if args.dry_run or plan.empty:
+        _emit(args, {"dry_run": bool(args.dry_run), "plan": plan.to_dict() if args.json else None},
+              plan.render(verbose=args.verbose))
+        return EXIT_OK
+    if args.plan_hash and not plan.hash.startswith(args.plan_hash):
+        raise RefusedError(f"the plan changed since it was reviewed: now {plan.hash[:12]}, expected {args.plan_hash}",
+                           path=ckpt.url, fix="review the new plan with --dry-run")
+    if not args.json:
+        print(plan.render(verbose=args.verbose))
+    _confirm(args, f"plan {plan.hash[:12]}")
+    sink_roots = {f"sink{i}": (s.fm, s.root) for i, s in enumerate(sinks)}
+    result = apply_plan(plan, ckpt, sink_roots, _storage_options(args.storage_options), progress)
+    _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": result},
+          f"Applied plan {plan.hash[:12]} ({result['op_id']}): last committed batch is now {plan.target_batch}. "
+          f"Undo with: checkpoint-ops undo {ckpt.url}")
+    return EXIT_OK
+
+
+def cmd_undo(args) -> int:
+    from .activity import refuse_if_active
+    from .executor import find_journal, undo
+
+    ckpt, _ = _open(args)
+    refuse_if_active(ckpt, args.force)
+    journal, state = find_journal(ckpt, "undo")
+    if not args.json:
+        plan = journal.record["plan"]
+        print(f"Undo {journal.op_id} ({state}): rollback to batch {plan['target_batch']}, plan {plan['plan_hash'][:12]}, "
+              f"restoring {plan['counts']['delete'] + plan['counts']['keep']} files and removing {plan['counts']['write']}")
+    _confirm(args, f"undo of {journal.op_id}")
+    result = undo(ckpt, _storage_options(args.storage_options), not args.json)
+    _emit(args, {"result": result}, f"Undone {result['op_id']}: the checkpoint is as it was before it.")
+    return EXIT_OK
+
+
+def cmd_ledger_sync(args) -> int:
+    from .ledger import sync
+
+    ckpt, sinks = _open(args)
+    r = sync(ckpt, sinks)
+    rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"
+    _emit(args, r, f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
+                   + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
+    return EXIT_OK
+
+
+def cmd_ledger_show(args) -> int:
+    from .ledger import Ledger
+
+    ckpt, _ = _open(args)
+    ledger = Ledger.for_checkpoint(ckpt)
+    if args.batch is None:
+        batches = sorted(ledger.records)
+        data = {"ledger": ledger.fm.url(ledger.path), "segments": ledger.segments,
+                "batches": {"first": batches[0] if batches else None, "last": batches[-1] if batches else None,
+                            "count": len(batches)}}
+        text = (f"Ledger {data['ledger']}: {len(batches)} batch(es)"
+                + (f" ({batches[0]}..{batches[-1]})" if batches else "") + f" in {len(ledger.segments)} segment(s)")
+        _emit(args, data, text)
+        return EXIT_OK
+    rec = ledger.records.get(args.batch)
+    if rec is None:
+        raise BadInputError(f"the ledger has no record of batch {args.batch}", path=ledger.fm.url(ledger.path),
+                            fix="`checkpoint-ops ledger show CHECKPOINT` lists the batches it has")
+    sinks = {}
+    for url, s in rec.get("sinks", {}).items():
+        files = [json.loads(e) for e in s["entries"]]
+        sinks[url] = [{"path": f["path"], "size": f["size"], "mtime_ms": f["modificationTime"]} for f in files]
+    data = {"batch": args.batch, "timestamp_ms": rec.get("timestamp_ms"), "watermark_ms": rec.get("watermark_ms"),
+            "source_offsets": rec.get("source_offsets"), "state": rec.get("state"), "sink_files": sinks}
+    lines = [f"Batch {args.batch}: source offsets {data['source_offsets']}, state {data['state']}"]
+    for url, files in sinks.items():
+        lines.append(f"  wrote {len(files)} file(s) to {url}:")
+        lines += [f"    {f['path']} ({f['size']} bytes)" for f in files]
+    _emit(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+def _ledger(ckpt: Checkpoint, args):
+    from .ledger import Ledger
+
+    return Ledger.for_checkpoint(ckpt)
+
+
+def _command(sub, name: str, func, help: str, sinks: bool = False) -> argparse.ArgumentParser:
+    """A subcommand taking CHECKPOINT and the common options (and --sink if ``sinks``)."""
+    p = sub.add_parser(name, help=help)
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    _common(p)
+    if sinks:
+        _sink_args(p)
+    p.set_defaults(func=func)
+    return p
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="checkpoint-ops",
@@ -107,25 +247,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("inspect", help="summarise a checkpoint (batches, sources, state, rollback window)")
-    p.add_argument("checkpoint", metavar="CHECKPOINT")
-    _common(p)
-    _sink_args(p)
-    p.set_defaults(func=cmd_inspect)
+    _command(sub, "inspect", cmd_inspect, "summarise a checkpoint (batches, sources, state, rollback window)", sinks=True)
 
-    p = sub.add_parser("offsets", help="the source offsets batch N started from and ended at")
-    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p = _command(sub, "offsets", cmd_offsets, "the source offsets batch N started from and ended at")
     p.add_argument("--batch", type=int, required=True, metavar="N")
-    _common(p)
-    p.set_defaults(func=cmd_offsets)
 
-    p = sub.add_parser("fsck", help="check a checkpoint (and sinks) for anything that breaks a restart")
-    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p = _command(sub, "fsck", cmd_fsck, "check a checkpoint (and sinks) for anything that breaks a restart", sinks=True)
     p.add_argument("--deep", action="store_true",
                    help="also verify every checksum sidecar against its file (reads every file)")
-    _common(p)
-    _sink_args(p)
-    p.set_defaults(func=cmd_fsck)
+
+    p = _command(sub, "rollback", cmd_rollback,
+                 "roll a checkpoint and its file sinks back to a batch (journaled, undoable)", sinks=True)
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--to-batch", type=int, metavar="N", help="the batch that will be the last committed one")
+    target.add_argument("--to-time", metavar="ISO8601",
+                        help="roll back to the last batch planned at or before this time (batchTimestampMs)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    p.add_argument("--keep-files", metavar="DIR", help="move the sink data files of rolled-back batches here instead "
+                   "of deleting them")
+    p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted rollback (its journaled plan)")
+    p.add_argument("--force", action="store_true", help="skip the check that no query is running")
+    p.add_argument("--plan-hash", metavar="HASH", help="apply only if the plan's hash starts with HASH (from --dry-run)")
+    p.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+
+    p = _command(sub, "undo", cmd_undo, "revert the last rollback (or an interrupted one) byte for byte")
+    p.add_argument("--yes", "-y", action="store_true", help="undo without asking")
+    p.add_argument("--force", action="store_true", help="skip the check that no query is running")
+
+    p = sub.add_parser("ledger", help="the batch ledger: which files each batch wrote, kept past compaction")
+    lsub = p.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
+    _command(lsub, "sync", cmd_ledger_sync, "record every batch Spark's files still describe", sinks=True)
+    q = _command(lsub, "show", cmd_ledger_show, "what the ledger knows (one batch with --batch)")
+    q.add_argument("--batch", type=int, metavar="N")
     return parser
 
 

@@ -84,6 +84,14 @@ class Fsck:
                          "and in sink idempotency markers)")
             return
         self._read[ck.listing.abs("metadata")] = ck.metadata_raw
+        if ck.fence:
+            f = ck.fence
+            self.add(ERROR, "operation-interrupted", ck.listing.url("metadata"),
+                     f"a checkpoint-ops {f.operation} ({f.op_id}) is in progress or was interrupted: metadata is "
+                     "fenced so Spark cannot start from a half-changed checkpoint",
+                     f"finish it with `checkpoint-ops rollback {ck.url} --resume` or revert it with "
+                     f"`checkpoint-ops undo {ck.url}`")
+            return
         if not ck.metadata_raw.strip():
             self.add(ERROR, "empty-log-file", ck.listing.url("metadata"), "metadata is empty (0 bytes)",
                      'restore it from a backup; it holds only {"id":"<query id>"}')

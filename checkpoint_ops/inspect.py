@@ -32,6 +32,7 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
         "path": ckpt.url,
         "kind": "structured",
         "query_id": ckpt.query_id,
+        "fenced": {"operation": ckpt.fence.operation, "op_id": ckpt.fence.op_id} if ckpt.fence else None,
         "offsets": _first_last(ckpt.offset_files),
         "commits": _first_last(ckpt.commit_files),
         "last_committed_batch": ckpt.latest_commit,
@@ -193,6 +194,8 @@ def render_inspect(r: dict) -> str:
     lines = [
         f"Checkpoint {r['path']}",
         f"  query id:             {r['query_id']}",
+        *([f"  FENCED:               a {r['fenced']['operation']} ({r['fenced']['op_id']}) was interrupted: "
+           "finish it with `rollback --resume` or revert it with `undo`"] if r.get("fenced") else []),
         f"  offsets:              {o['first']}..{o['last']}" if o["first"] is not None else "  offsets:              (none)",
         f"  commits:              {c['first']}..{c['last']}" if c["first"] is not None else "  commits:              (none)",
         f"  last committed batch: {r['last_committed_batch']}",

@@ -81,14 +81,15 @@ def check_target(
     if problems:
         return problems
     offsets = ckpt.offsets(target) if target in ckpt.offset_files else ledger.offsets(target)
-    commit = ckpt.commit(target) if target in ckpt.commit_files else ledger.commit(target)
-
     st = ckpt.state
+    commit = None
+    if st.has_unique_ids:  # checkpoint format V2: the commit pins the state files' unique ids
+        commit = ckpt.commit(target) if target in ckpt.commit_files else ledger.commit(target)
     for op in st.operators.values():
         names = op.store_names
         for (part, name), store in op.stores.items():
-            uid = commit.unique_id(op.op_id, part, names.index(name)) if commit.state_unique_ids else None
-            if commit.state_unique_ids and uid is None:
+            uid = commit.unique_id(op.op_id, part, names.index(name)) if commit and commit.state_unique_ids else None
+            if commit and commit.state_unique_ids and uid is None:
                 problems.append(f"commits/{target} has no state unique id for {store.label}")
                 continue
             ids_for = ckpt.unique_ids_for(op.op_id, part, names.index(name)) if uid else None
@@ -116,7 +117,7 @@ def check_target(
         if log.latest is None or log.latest <= target:
             continue
         why = log_reachable(log, target)
-        if why and not has("sink", target):
+        if why and not (ledger is not None and ledger.covers_sink(sink, target)):
             problems.append(f"sink log {sink.url}/_spark_metadata as of batch {target}: {why}")
     return problems
 

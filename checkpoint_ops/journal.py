@@ -1,0 +1,99 @@
+"""The operations directory beside a checkpoint, the write-ahead journal in it, and the fence.
+
+``<parent>/.checkpoint-ops/<name>/`` sits beside the checkpoint (never inside: Spark parses names
+in its own folders) and holds:
+
+* ``journal/<op id>/plan.json``: the plan, the bytes it writes and the original ``metadata``,
+  written before anything changes; then ``applied`` or ``undone`` markers;
+* ``trash/<op id>/<path>``: every file the operation deleted, moved aside so ``undo`` can put it back
+  (on object stores with versioning, the delete marker plays this role and nothing is copied);
+* ``ledger/``: the batch ledger.
+
+While an operation runs, the checkpoint's ``metadata`` is replaced by a fence (``fence.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+
+from . import __version__
+from .errors import BadInputError
+from .storage import CheckpointFileManager
+from .storage.paths import basename, dirname, join
+
+OPS_DIR = ".checkpoint-ops"
+JOURNAL_FORMAT = 1
+
+
+def ops_dir(fm: CheckpointFileManager, root: str) -> str:
+    """Where our files for ``root`` live: beside it, in a hidden directory."""
+    parent = dirname(root)
+    if not parent or (not fm.location.is_local and "/" not in root.strip("/")):
+        raise BadInputError(
+            "the location is a bucket root: there is no place beside it for the journal and ledger",
+            path=fm.url(root),
+            fix="keep checkpoints under a prefix (s3://bucket/checkpoints/query), or pass --ops-dir",
+        )
+    return join(parent, OPS_DIR, basename(root))
+
+
+def new_op_id(operation: str) -> str:
+    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{operation}-{uuid.uuid4().hex[:8]}"
+
+
+# ---- the journal ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Journal:
+    fm: CheckpointFileManager
+    path: str  # <ops>/journal/<op id>
+    record: dict
+
+    @property
+    def op_id(self) -> str:
+        return self.record["op_id"]
+
+    def marker(self, name: str) -> str:
+        return join(self.path, name)
+
+    def has_marker(self, name: str) -> bool:
+        return self.fm.exists(self.marker(name))
+
+    def mark(self, name: str) -> None:
+        stamp = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+        try:
+            self.fm.write_bytes(self.marker(name), stamp, overwrite=False)
+        except FileExistsError:
+            pass  # already marked (a resumed run)
+
+
+def write_journal(fm: CheckpointFileManager, ops: str, record: dict) -> Journal:
+    record = {"format": JOURNAL_FORMAT, "tool_version": __version__,
+              "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
+    path = join(ops, "journal", record["op_id"])
+    fm.write_bytes(join(path, "plan.json"), json.dumps(record, separators=(",", ":")).encode(), overwrite=False)
+    return Journal(fm, path, record)
+
+
+def load_journal(fm: CheckpointFileManager, path: str) -> Journal:
+    try:
+        record = json.loads(fm.read_bytes(join(path, "plan.json")))
+    except FileNotFoundError:
+        raise BadInputError("journal has no plan.json", path=fm.url(path)) from None
+    except ValueError:
+        raise BadInputError("journal plan.json is not valid JSON", path=fm.url(path),
+                            fix="the journal is damaged; restore the checkpoint from a backup") from None
+    if record.get("format", 0) > JOURNAL_FORMAT:
+        raise BadInputError(f"journal format {record.get('format')} is newer than this tool understands",
+                            path=fm.url(path), fix="use the spark-checkpoint-ops release that wrote it")
+    return Journal(fm, path, record)
+
+
+def list_journals(fm: CheckpointFileManager, ops: str) -> list[str]:
+    """Journal directories, oldest first (op ids start with a UTC timestamp)."""
+    entries = fm.list(join(ops, "journal"))
+    return sorted(e.path for e in entries if e.is_dir or not e.name.startswith("."))

@@ -1,0 +1,235 @@
+"""The batch ledger: what each batch read and wrote, kept after Spark compacts and purges its logs.
+
+Spark keeps just enough log files to rebuild the batches it retains. Beyond that window (and for
+batch-granular cleanup of old batches) only a record made earlier can say which files a batch
+wrote: sink log entries carry no batch id, and a compact file merges every batch before it.
+
+The ledger lives beside the checkpoint (``<parent>/.checkpoint-ops/<name>/ledger/``), never inside
+Spark's folders. It is a sequence of immutable segment files, applied in name (= time) order:
+
+* ``<time>-sync-<id>.jsonl``: one record per batch: the raw ``offsets/N`` and ``commits/N`` files,
+  the source offsets, the state version and unique ids, and per sink the log entries batch N added
+  (path, size, mtime, ...);
+* ``<time>-truncate-<op id>.json``: written by a rollback to N; records above N recorded before it
+  belong to the abandoned timeline and are ignored. ``undo`` removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .journal import ops_dir
+from .model.checkpoint import Checkpoint
+from .model.commits import CommitMetadata, parse_commit
+from .model.compactible import CompactibleLog, LogEntry, is_compaction_batch
+from .model.offsets import OffsetSeq, parse_offsets
+from .model.sink import SinkOutput
+from .storage import CheckpointFileManager
+from .storage.paths import join
+
+FORMAT = 1
+
+
+def _stamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+
+
+@dataclass
+class Ledger:
+    """Read lazily: a rollback that Spark's own files cover never lists the ledger."""
+
+    fm: CheckpointFileManager
+    path: str
+    _records: dict[int, dict] | None = None
+    segments: list[str] = field(default_factory=list)
+
+    @classmethod
+    def for_checkpoint(cls, ckpt: Checkpoint) -> "Ledger":
+        return cls(ckpt.fm, join(ops_dir(ckpt.fm, ckpt.root), "ledger"))
+
+    @property
+    def records(self) -> dict[int, dict]:
+        if self._records is None:
+            self.load()
+        return self._records
+
+    # -- reading ---------------------------------------------------------------------------------
+    def load(self) -> None:
+        names = sorted(f.name for f in self.fm.list(self.path) if not f.is_dir and not f.name.startswith("."))
+        self.segments = names
+        data = self.fm.read_many([join(self.path, n) for n in names])
+        records: dict[int, dict] = {}
+        for n in names:
+            blob = data.get(join(self.path, n))
+            if blob is None:
+                continue
+            if "-truncate-" in n:
+                after = json.loads(blob)["after_batch"]
+                for b in [b for b in records if b > after]:
+                    del records[b]
+                continue
+            for line in blob.decode().splitlines():
+                if line.strip():
+                    rec = json.loads(line)
+                    _merge(records.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
+        self._records = records
+
+    def has(self, kind: str, batch: int) -> bool:
+        rec = self.records.get(batch)
+        return bool(rec) and rec.get(kind) is not None
+
+    def batches(self, kind: str) -> list[int]:
+        return sorted(b for b, r in self.records.items() if r.get(kind) is not None)
+
+    def raw(self, kind: str, batch: int) -> bytes:
+        return self.records[batch][kind].encode("utf-8")
+
+    def offsets(self, batch: int) -> OffsetSeq:
+        return parse_offsets(self.raw("offsets", batch), f"ledger:offsets/{batch}", batch)
+
+    def commit(self, batch: int) -> CommitMetadata:
+        return parse_commit(self.raw("commits", batch), f"ledger:commits/{batch}", batch)
+
+    def sink_entries(self, sink: SinkOutput, batch: int) -> list[LogEntry] | None:
+        rec = self.records.get(batch, {}).get("sinks", {}).get(sink.url)
+        if rec is None:
+            return None
+        return [LogEntry(raw, json.loads(raw)) for raw in rec["entries"]]
+
+    def sink_log_files_at(self, sink: SinkOutput, t: int) -> dict[int, list[LogEntry]] | None:
+        """Contents of the sink log files a reader needs as of batch ``t`` that are gone from disk.
+
+        A plain file is the batch's own entries. A compact file at c is everything live after c:
+        a later compact on disk (or the latest state) minus what batches c+1.. added.
+        """
+        log = sink.log
+        out: dict[int, list[LogEntry]] = {}
+        for b in log.missing_for(t):
+            if not is_compaction_batch(b, log.interval):
+                entries = self.sink_entries(sink, b)
+                if entries is None:
+                    return None
+                out[b] = entries
+                continue
+            later = [c for c in log.compact_ids if c > b and not log.missing_for(c)]
+            base = min(later) if later else log.latest
+            if base is None or log.missing_for(base):
+                return None
+            added: set[str] = set()
+            for k in range(b + 1, base + 1):
+                entries = self.sink_entries(sink, k)
+                if entries is None:
+                    return None
+                added.update(e.path for e in entries)
+            out[b] = [e for e in log.entries_after(base) if e.path not in added]
+        return out
+
+    def covers_sink(self, sink: SinkOutput, t: int) -> bool:
+        return self.sink_log_files_at(sink, t) is not None
+
+    # -- writing ---------------------------------------------------------------------------------
+    def _write_segment(self, kind: str, body: bytes, suffix: str | None = None) -> str:
+        name = f"{_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
+        self.fm.write_bytes(join(self.path, name), body, overwrite=False)
+        self.segments.append(name)
+        return name
+
+    def truncate(self, after_batch: int, op_id: str) -> str:
+        """Forget records above ``after_batch`` (written by a rollback; removed by its undo)."""
+        body = json.dumps({"format": FORMAT, "after_batch": after_batch, "op_id": op_id}).encode()
+        return self._write_segment("truncate", body, op_id)
+
+    def _truncations(self, op_id: str) -> list[str]:
+        return [f.name for f in self.fm.list(self.path) if f.name.endswith(f"-truncate-{op_id}.json")]
+
+    def ensure_truncation(self, after_batch: int, op_id: str) -> None:
+        """Idempotent ``truncate`` (a resumed rollback may or may not have written it)."""
+        if not self._truncations(op_id):
+            self.truncate(after_batch, op_id)
+
+    def remove_truncation(self, op_id: str) -> None:
+        for n in self._truncations(op_id):
+            self.fm.delete(join(self.path, n))
+
+
+def _merge(into: dict, rec: dict) -> None:
+    for k, v in rec.items():
+        if k == "sinks":
+            into.setdefault("sinks", {}).update(v)
+        elif v is not None:
+            into[k] = v
+
+
+def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
+    """Record every batch Spark's files still describe and the ledger does not have yet."""
+    ledger = Ledger.for_checkpoint(ckpt)
+    new: dict[int, dict] = {}
+
+    def rec(b: int) -> dict:
+        return new.setdefault(b, {"batch": b})
+
+    L = ckpt.listing
+    offsets = ckpt.load_offsets()
+    commits = ckpt.load_commits()
+    raw = ckpt.fm.read_many([L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
+                            + [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)])
+    for b, o in offsets.items():
+        if not ledger.has("offsets", b):
+            r = rec(b)
+            r["offsets"] = raw[L.abs(f"offsets/{b}")].decode("utf-8")
+            r["timestamp_ms"], r["watermark_ms"] = o.timestamp_ms, o.watermark_ms
+            r["source_offsets"] = {s.source_id: s.value for s in o.offsets}
+    for b, c in commits.items():
+        if not ledger.has("commits", b):
+            r = rec(b)
+            r["commits"] = raw[L.abs(f"commits/{b}")].decode("utf-8")
+            r["state"] = {"version": b + 1, "unique_ids": c.state_unique_ids}
+    sink_counts = {}
+    for sink in sinks:
+        count = 0
+        for b, entries in attribute_sink_batches(sink.log).items():
+            if ledger.sink_entries(sink, b) is None:
+                rec(b).setdefault("sinks", {})[sink.url] = {"entries": [e.raw for e in entries]}
+                count += 1
+        sink_counts[sink.url] = count
+    segment = None
+    if new:
+        body = "\n".join(json.dumps(new[b], separators=(",", ":")) for b in sorted(new)).encode()
+        segment = ledger._write_segment("sync", body)
+    recorded = sorted(new)
+    return {
+        "ledger": ledger.fm.url(ledger.path),
+        "segment": segment,
+        "batches_recorded": len(recorded),
+        "range": {"first": recorded[0], "last": recorded[-1]} if recorded else None,
+        "sink_batches_recorded": sink_counts,
+        "ledger_batches": {"first": min(ledger.records.keys() | new.keys(), default=None),
+                           "last": max(ledger.records.keys() | new.keys(), default=None)},
+    }
+
+
+def attribute_sink_batches(log: CompactibleLog) -> dict[int, list[LogEntry]]:
+    """Which entries each batch added, for every batch Spark's files still let us tell.
+
+    A plain file is exactly its batch's entries. A compact file's own batch added what it holds
+    beyond the log state just before it, when that state can still be read.
+    """
+    out: dict[int, list[LogEntry]] = {}
+    for b, f in log.files.items():
+        if not f.compact:
+            out[b] = log.read([b])[b]
+        elif b > 0 and not log.missing_for(b - 1):
+            before = {e.path for e in log.entries_after(b - 1)}
+            out[b] = [e for e in log.read([b])[b] if e.path not in before]
+        elif b == 0:
+            out[b] = log.read([b])[b]
+    return out
+
+
+def ledger_at(fm: CheckpointFileManager, checkpoint_root: str) -> Ledger:
+    """The ledger of a checkpoint, without loading it."""
+    return Ledger(fm, join(ops_dir(fm, checkpoint_root), "ledger"))
+

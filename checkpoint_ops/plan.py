@@ -1,0 +1,197 @@
+"""Plans: the data a mutating operation builds before it touches anything.
+
+A plan lists every file to delete, write or move (to ``--keep-files``), each with the reason. The
+same plan object is printed by ``--dry-run`` and applied by the executor, and its hash covers
+exactly what will happen, so "the plan I reviewed" and "the plan that ran" can be compared.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+DELETE = "delete"  # moved aside into the journal's trash (kept for undo)
+WRITE = "write"  # a new file, published atomically
+KEEP = "keep"  # a sink data file moved to the user's --keep-files directory
+
+SIDECAR_PREFIX = "checksum sidecars of: "
+
+# The order in which the executor applies groups (see executor.py for why).
+PHASES = ("write", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data")
+
+
+@dataclass(frozen=True, slots=True)
+class FileAction:
+    kind: str  # DELETE | WRITE | KEEP
+    root: str  # "checkpoint" or "sink0", "sink1", ...
+    rel: str  # path relative to the root
+    reason: str
+    phase: str  # one of PHASES
+    size: int | None = None  # current size (delete/keep) or new size (write)
+    sha256: str | None = None  # new content digest (write)
+    dest: str | None = None  # keep: destination path, relative to the keep directory
+
+    def to_dict(self) -> dict:
+        d = {"kind": self.kind, "root": self.root, "rel": self.rel, "reason": self.reason, "phase": self.phase}
+        for k in ("size", "sha256", "dest"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = v
+        return d
+
+    def to_row(self, reasons: dict[str, int]) -> list:
+        """Compact journal form: the reason as an index into a shared table."""
+        return [self.kind, self.root, self.rel, reasons.setdefault(self.reason, len(reasons)), self.phase,
+                self.size, self.sha256, self.dest]
+
+
+@dataclass
+class Plan:
+    operation: str
+    roots: dict[str, str]  # root id -> URL as the user gave it
+    target_batch: int | None
+    actions: list[FileAction] = field(default_factory=list)
+    contents: dict[str, bytes] = field(default_factory=dict)  # sha256 -> bytes for WRITE actions
+    summary: dict = field(default_factory=dict)  # what changes, per component (for people)
+    warnings: list[str] = field(default_factory=list)
+    keep_dir: str | None = None
+    _hash: str | None = field(default=None, repr=False, compare=False)
+    _ordered: list | None = field(default=None, repr=False, compare=False)
+
+    def _changed(self) -> None:
+        self._hash = self._ordered = None
+
+    # -- building ----------------------------------------------------------------------------
+    def delete(self, root: str, rel: str, reason: str, phase: str, size: int | None = None) -> None:
+        self._changed()
+        self.actions.append(FileAction(DELETE, root, rel, reason, phase, size))
+
+    def write(self, root: str, rel: str, content: bytes, reason: str) -> None:
+        self._changed()
+        digest = hashlib.sha256(content).hexdigest()
+        self.contents[digest] = content
+        self.actions.append(FileAction(WRITE, root, rel, reason, "write", len(content), digest))
+
+    def keep(self, root: str, rel: str, reason: str, size: int | None) -> None:
+        self._changed()
+        self.actions.append(FileAction(KEEP, root, rel, reason, "sink-data", size, dest=rel))
+
+    # -- identity --------------------------------------------------------------------------------
+    def canonical(self) -> dict:
+        """What the hash covers: the operation, its roots and target, and every action."""
+        return {
+            "operation": self.operation,
+            "roots": dict(sorted(self.roots.items())),
+            "target_batch": self.target_batch,
+            "keep_dir": self.keep_dir,
+            "actions": sorted([a.kind, a.root, a.rel, a.sha256, a.dest] for a in self.actions),
+        }
+
+    @property
+    def hash(self) -> str:
+        if self._hash is None:
+            blob = json.dumps(self.canonical(), separators=(",", ":"), sort_keys=True).encode()
+            self._hash = hashlib.sha256(blob).hexdigest()
+        return self._hash
+
+    @property
+    def empty(self) -> bool:
+        return not self.actions
+
+    def ordered(self) -> list[FileAction]:
+        """Actions in application order: phase, then newest batch first within a phase."""
+        if self._ordered is None:
+            rank = {p: i for i, p in enumerate(PHASES)}
+            self._ordered = sorted(self.actions, key=lambda a: (rank[a.phase], _descending(a.rel)))
+        return self._ordered
+
+    # -- (de)serialisation -------------------------------------------------------------------------
+    def _header(self) -> dict:
+        return {
+            "operation": self.operation,
+            "plan_hash": self.hash,
+            "roots": self.roots,
+            "target_batch": self.target_batch,
+            "keep_dir": self.keep_dir,
+            "summary": self.summary,
+            "warnings": self.warnings,
+            "counts": self.counts(),
+        }
+
+    def to_dict(self) -> dict:
+        """The public JSON form (``--json``; keys documented in docs/cli.md)."""
+        return {**self._header(), "actions": [a.to_dict() for a in self.ordered()]}
+
+    def to_journal(self) -> dict:
+        """The journal form: compact rows, a reason table, and the new files' contents."""
+        reasons: dict[str, int] = {}
+        rows = [a.to_row(reasons) for a in self.ordered()]
+        return {**self._header(), "reasons": list(reasons), "rows": rows,
+                "contents": {k: base64.b64encode(v).decode() for k, v in self.contents.items()}}
+
+    @classmethod
+    def from_journal(cls, d: dict) -> "Plan":
+        p = cls(d["operation"], d["roots"], d["target_batch"], keep_dir=d.get("keep_dir"),
+                summary=d.get("summary", {}), warnings=d.get("warnings", []))
+        reasons = d["reasons"]
+        p.actions = [FileAction(k, root, rel, reasons[r], phase, size, sha, dest)
+                     for k, root, rel, r, phase, size, sha, dest in d["rows"]]
+        p.contents = {k: base64.b64decode(v) for k, v in d.get("contents", {}).items()}
+        if p.hash != d["plan_hash"]:
+            raise ValueError("plan hash does not match its actions (the journal was edited or is corrupt)")
+        return p
+
+    def counts(self) -> dict:
+        c = {DELETE: 0, WRITE: 0, KEEP: 0, "bytes_deleted": 0}
+        for a in self.actions:
+            c[a.kind] += 1
+            if a.kind == DELETE:
+                c["bytes_deleted"] += a.size or 0
+        return c
+
+    # -- rendering -------------------------------------------------------------------------------
+    def render(self, verbose: bool = False, limit: int = 8) -> str:
+        lines = [f"Plan {self.hash[:12]} ({self.operation}" + (f" to batch {self.target_batch})" if self.target_batch is not None else ")")]
+        for rid, url in self.roots.items():
+            lines.append(f"  {rid}: {url}")
+        for k, v in self.summary.items():
+            lines.append(f"  {k}: {v}")
+        for w in self.warnings:
+            lines.append(f"  warning: {w}")
+        if self.empty:
+            lines.append("  nothing to do")
+            return "\n".join(lines)
+        groups: "OrderedDict[tuple, list[FileAction]]" = OrderedDict()
+        sidecars: dict[tuple, int] = {}
+        for a in self.ordered():
+            reason = a.reason
+            if reason.startswith(SIDECAR_PREFIX):  # shown as a count on the group of their files
+                key = (a.kind, a.root, reason[len(SIDECAR_PREFIX):])
+                sidecars[key] = sidecars.get(key, 0) + 1
+                groups.setdefault(key, [])
+                continue
+            groups.setdefault((a.kind, a.root, reason), []).append(a)
+        verb = {DELETE: "delete", WRITE: "write", KEEP: f"move to {self.keep_dir}"}
+        for key, acts in groups.items():
+            kind, root, reason = key
+            extra = f" (+{sidecars[key]} checksum sidecars)" if sidecars.get(key) else ""
+            lines.append(f"  {verb[kind]} {len(acts)} file(s) in {root}{extra}: {reason}")
+            shown = acts if verbose else acts[:limit]
+            for a in shown:
+                size = f" ({a.size} bytes)" if a.kind == WRITE else ""
+                lines.append(f"      {a.rel}{size}")
+            if len(acts) > len(shown):
+                lines.append(f"      ... and {len(acts) - len(shown)} more (--verbose or --json lists all)")
+        c = self.counts()
+        lines.append(f"  total: delete {c[DELETE]} ({c['bytes_deleted']} bytes), write {c[WRITE]}, move {c[KEEP]}")
+        return "\n".join(lines)
+
+
+def _descending(rel: str) -> tuple:
+    """Sort key putting higher batch ids first, so logs shrink from the top."""
+    name = rel.rsplit("/", 1)[-1].lstrip(".")
+    head = name.split(".", 1)[0].split("_", 1)[0]
+    return (rel.rsplit("/", 1)[0], -int(head) if head.isdigit() else 0, rel)

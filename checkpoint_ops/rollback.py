@@ -1,0 +1,351 @@
+"""Planning a rollback to batch N: everything that must change so Spark re-runs N+1 exactly.
+
+Afterwards the last committed batch is N and Spark plans N+1 from ``offsets/N`` (reference §6):
+
+* ``offsets/`` and ``commits/`` above N go;
+* each file-source log is trimmed to the log offset ``offsets/N`` records, rebuilding files Spark
+  already compacted away from a later compact file (entries carry ``batchId``);
+* state versions above N+1 go (a stale higher snapshot would be loaded later and silently give
+  wrong state), with V2 ``<v>_<uuid>`` files, checksum files, operator metadata v2 and schema files
+  above N, and SSTs that only deleted snapshots referenced;
+* each file sink's ``_spark_metadata`` becomes exactly what it was after N (the sink skips batch ids
+  it has logged, so leftovers silently drop re-run data), rebuilding compacted files when needed,
+  and the data files batches above N wrote are deleted or moved to ``--keep-files``;
+* leftover ``.tmp`` files and checksum sidecars of files that are gone are cleaned up.
+
+``metadata`` (the query id) is kept. Nothing here writes: the result is a ``Plan``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from .errors import BadInputError, RefusedError
+from .fence import is_fence, parse_fence
+from .model.checkpoint import Checkpoint
+from .model.compactible import (
+    CompactibleLog,
+    LogEntry,
+    all_valid_batches,
+    infer_interval,
+    is_compaction_batch,
+    previous_compaction,
+)
+from .model.listing import Listing
+from .model.sink import SinkOutput
+from .plan import SIDECAR_PREFIX, Plan
+from .storage.checksums import hadoop_crc_name, hadoop_crc_target, is_hadoop_crc_name
+from .window import check_target, rollback_window
+
+CKPT = "checkpoint"
+
+
+def sidecars(listing: Listing, rel: str) -> list[str]:
+    """Checksum files that accompany ``rel`` and exist."""
+    parent, _, name = rel.rpartition("/")
+    pre = f"{parent}/" if parent else ""
+    cands = [hadoop_crc_name(name), f"{name}.crc", hadoop_crc_name(f"{name}.crc")]
+    return [pre + c for c in cands if pre + c in listing]
+
+
+class _Builder:
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput], target: int, keep_dir: str | None, ledger):
+        self.ckpt = ckpt
+        self.sinks = sinks
+        self.target = target
+        self.ledger = ledger
+        roots = {CKPT: ckpt.url}
+        for i, s in enumerate(sinks):
+            roots[f"sink{i}"] = s.url
+        self.plan = Plan("rollback", roots, target, keep_dir=keep_dir)
+        self.deleted: dict[str, set[str]] = {rid: set() for rid in roots}
+        self.written: dict[str, set[str]] = {rid: set() for rid in roots}
+
+    # -- helpers -----------------------------------------------------------------------------
+    def delete(self, root: str, listing: Listing, rel: str, reason: str, phase: str) -> None:
+        for r in [rel, *sidecars(listing, rel)]:
+            if r in self.deleted[root] or r not in listing:
+                continue
+            self.deleted[root].add(r)
+            # sizes only where the listing already has them (object stores): no stat per file
+            self.plan.delete(root, r, reason if r == rel else SIDECAR_PREFIX + reason, phase,
+                             listing.get(r).known_size)
+
+    def write(self, root: str, listing: Listing, rel: str, content: bytes, reason: str) -> None:
+        if rel in listing:
+            self.delete(root, listing, rel, "replaced by a rebuilt file", "write")
+        self.written[root].add(rel)
+        self.plan.write(root, rel, content, reason)
+
+    # -- components ----------------------------------------------------------------------------
+    def logs(self) -> None:
+        ck, t = self.ckpt, self.target
+        L, C = ck.latest_offset, ck.latest_commit
+        for b in ck.offset_files:
+            if b > t:
+                self.delete(CKPT, ck.listing, f"offsets/{b}", f"offsets of batches after {t}", "offsets")
+        for b in ck.commit_files:
+            if b > t:
+                self.delete(CKPT, ck.listing, f"commits/{b}", f"commits of batches after {t}", "commits")
+        for kind, ids, b in (("offsets", ck.offset_files, t), ("offsets", ck.offset_files, t - 1),
+                             ("commits", ck.commit_files, t)):
+            if b >= 0 and b not in ids:  # purged by Spark: the ledger recorded it (checked before)
+                self.write(CKPT, ck.listing, f"{kind}/{b}", self.ledger.raw(kind, b),
+                           f"{kind}/{b} restored from the batch ledger (Spark purged it)")
+        self.plan.summary["last committed batch"] = f"{C} -> {t}" + (f" (latest planned was {L})" if L != C else "")
+
+    def sources(self) -> None:
+        ck, t = self.ckpt, self.target
+        offsets = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
+        for sid, src in ck.sources.items():
+            if src.log is None:
+                continue
+            so = offsets.source(sid)
+            k = so.log_offset if so else None
+            log = src.log
+            reason = f"file-source log entries selected after batch {t} (log offset > {k})"
+            for b in log.batch_ids:
+                if k is None or b > k:
+                    self.delete(CKPT, ck.listing, log.rel(b), reason, "source-log")
+            if k is not None:
+                self._rebuild_source_log(log, k)
+                self._check_readable(log, k, CKPT)
+            before = log.latest
+            self.plan.summary[f"source {sid}"] = f"log offset {before} -> {k}"
+
+    def _rebuild_source_log(self, log: CompactibleLog, k: int) -> None:
+        c = previous_compaction(k, log.interval)
+        needed = ([c] if c is not None else []) + list(range((c + 1) if c is not None else 0, k + 1))
+        for b in needed:
+            f = log.files.get(b)
+            if f is not None and f.compact == is_compaction_batch(b, log.interval):
+                continue
+            donor = min(x for x in log.compact_ids if x >= b)  # reachability guarantees one exists
+            entries = log.read([donor])[donor]
+            if is_compaction_batch(b, log.interval):
+                keep = [e for e in entries if _batch(e) <= b]
+            else:
+                keep = [e for e in entries if _batch(e) == b]
+            self.write(CKPT, self.ckpt.listing, log.rel(b), CompactibleLog.serialize(keep),
+                       f"rebuilt from {log.rel(donor)} (Spark compacted it away; entries carry batchId)")
+
+    def state(self) -> None:
+        ck, t = self.ckpt, self.target
+        st = ck.state
+        top = t + 1
+        deleted_zips, kept_zips = [], {}
+        count = 0
+        for op in st.operators.values():
+            for store in op.stores.values():
+                for f in store.files:
+                    if f.version > top:
+                        self.delete(CKPT, ck.listing, f.rel,
+                                    f"state versions above {top} (batch {t} committed version {top}); a stale "
+                                    "higher version would be loaded later", "state")
+                        count += 1
+                        if f.kind == "zip":
+                            deleted_zips.append((store, f))
+                    elif f.kind == "zip":
+                        kept_zips.setdefault(id(store), []).append(f)
+                for rel in store.orphan_sidecars:
+                    self.delete(CKPT, ck.listing, rel, "checksum file whose state file is gone", "litter")
+            for b, rel in op.metadata_v2.items():
+                if b > t:
+                    self.delete(CKPT, ck.listing, rel, f"operator metadata written by batches after {t}", "state")
+            for _, b, rel in op.schema_files:
+                if b > t:
+                    self.delete(CKPT, ck.listing, rel, f"state schema written by batches after {t}", "state")
+        # SSTs are shared between snapshots: drop only those no remaining snapshot references.
+        for store, z in deleted_zips:
+            used = {n for kz in kept_zips.get(id(store), []) for n in st.zip_ssts(kz)}
+            for name in st.zip_ssts(z):
+                rel = store.ssts.get(name)
+                if rel and name not in used:
+                    self.delete(CKPT, ck.listing, rel, "SST files only deleted snapshots referenced", "state")
+        if st.operators:
+            self.plan.summary["state"] = f"{count} state files above version {top} ({st.provider})"
+
+    def litter(self) -> None:
+        ck = self.ckpt
+        for rel in ck.temp_files():
+            self.delete(CKPT, ck.listing, rel, "leftover temporary file of an interrupted write", "litter")
+        self._stale_sidecars(CKPT, ck.listing)
+
+    def _stale_sidecars(self, root: str, listing: Listing, under: str = "") -> None:
+        """Checksum sidecars whose file is gone (or is being rewritten where nothing regenerates
+        them). From the listing alone; sidecars that disagree with a file we keep are fsck's call."""
+        gone, written = self.deleted[root], self.written[root]
+        for rel in [r for r, _ in listing.under(under)]:
+            parent, _, name = rel.rpartition("/")
+            if rel in gone or not is_hadoop_crc_name(name):
+                continue
+            target = (f"{parent}/" if parent else "") + hadoop_crc_target(name)
+            if target in written:
+                if not listing.fm.hadoop_crc:  # our write regenerates it only where Hadoop's .crc is kept
+                    self.delete(root, listing, rel, "checksum sidecar of a rewritten file", "litter")
+            elif (target not in listing or target in gone) and not target.endswith(".tmp"):
+                self.delete(root, listing, rel, "checksum sidecar of a file that is gone", "litter")
+
+    def sink(self, i: int, sink: SinkOutput) -> None:
+        rid, t, log, L = f"sink{i}", self.target, sink.log, sink.listing
+        s = log.latest
+        if s is None or s <= t:
+            self.plan.summary[rid] = f"latest batch {s}: nothing to roll back"
+            return
+        before = {e.path: e for e in log.entries_after(s)}
+        after_entries = self._sink_entries_after(i, sink, t)
+        after = {e.path for e in after_entries}
+        for b in log.batch_ids:
+            if b > t:
+                self.delete(rid, L, log.rel(b), f"sink log of batches after {t} (the sink would skip re-run batches)",
+                            "sink-log")
+        self._check_readable(log, t, rid)
+        removed, nbytes, outside = 0, 0, []
+        for path, e in before.items():
+            if path in after:
+                continue
+            rel = sink.rel_of(e)
+            if rel is None:
+                outside.append(path)
+                continue
+            if rel not in L:
+                continue  # already gone
+            removed += 1
+            size = int(e.doc.get("size") or 0)  # the sink log records it
+            nbytes += size
+            reason = f"data files batches after {t} wrote"
+            if self.plan.keep_dir:
+                self.plan.keep(rid, rel, reason, size)
+                self.deleted[rid].add(rel)
+                for sc in sidecars(L, rel):
+                    self.delete(rid, L, sc, SIDECAR_PREFIX + reason, "sink-data")
+            else:
+                self.delete(rid, L, rel, reason, "sink-data")
+        if outside:
+            raise RefusedError(
+                f"{len(outside)} files to remove are outside the output directory (e.g. {outside[0]}): the output "
+                "was copied or moved, and this tool will not delete files elsewhere",
+                path=sink.url,
+                fix="run the rollback against the output's original location",
+            )
+        self._stale_sidecars(rid, L, "_spark_metadata")
+        self.plan.summary[rid] = f"batches {t + 1}..{s} removed from the sink log: {removed} data files ({nbytes} bytes)"
+
+    def _sink_entries_after(self, i: int, sink: SinkOutput, t: int) -> list[LogEntry]:
+        """The sink log's entries as of batch t, writing any file Spark already compacted away."""
+        rid, log = f"sink{i}", sink.log
+        missing = log.missing_for(t)
+        if not missing:
+            return log.entries_after(t)
+        files = self.ledger.sink_log_files_at(sink, t)  # reachability checked that the ledger covers it
+        for b in missing:
+            self.write(rid, sink.listing, log.rel(b), CompactibleLog.serialize(files[b]),
+                       "sink log rebuilt from the batch ledger (Spark compacted it away)")
+        return [e for b in all_valid_batches(t, log.interval) for e in
+                (files[b] if b in missing else log.read([b])[b])]
+
+    def _check_readable(self, log: CompactibleLog, upto: int, root: str) -> None:
+        """After the change Spark derives the log's interval from the files left; with it, every
+        file a reader of batch ``upto`` needs must be there under the right name."""
+        gone, new = self.deleted[root], self.written[root]
+        prefix = log.rel_dir + "/"
+        names = {f.rel for f in log.files.values() if f.rel not in gone} | {r for r in new if r.startswith(prefix)}
+        compacts = sorted(int(r[len(prefix):-len(".compact")]) for r in names if r.endswith(".compact"))
+        interval, how = infer_interval(compacts, log.default_interval)
+        missing = [log.rel(b, interval) for b in all_valid_batches(upto, interval) if log.rel(b, interval) not in names]
+        if missing:
+            raise RefusedError(
+                f"after the rollback Spark would read {log.rel_dir} with compact interval {interval} ({how}) and "
+                f"miss {missing[0]}",
+                path=log.listing.url(log.rel_dir),
+                fix="pass the compactInterval the query runs with (--source-compact-interval / "
+                "--sink-compact-interval): Spark derives the interval from it when one compact file is left",
+            )
+
+
+def _batch(e: LogEntry) -> int:
+    b = e.doc.get("batchId")
+    if not isinstance(b, int):
+        raise BadInputError(f"source log entry without batchId: {e.raw[:80]}")
+    return b
+
+
+def resolve_target(ckpt: Checkpoint, to_batch: int | None, to_time: datetime | None) -> int:
+    if (to_batch is None) == (to_time is None):
+        raise BadInputError("give exactly one of --to-batch and --to-time")
+    if to_batch is not None:
+        if to_batch < 0:
+            raise BadInputError(f"--to-batch must be >= 0 (got {to_batch})")
+        return to_batch
+    ms = int(to_time.timestamp() * 1000)
+    committed = sorted(b for b in ckpt.offset_files if b in ckpt.commit_files)
+    if not committed:
+        raise RefusedError("no committed batch with offsets on disk to choose from", path=ckpt.url)
+    # batchTimestampMs grows with the batch id: binary search reads about log2(n) files.
+    lo, hi, best = 0, len(committed) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        ts = ckpt.offsets(committed[mid]).timestamp_ms or 0
+        if ts <= ms:
+            best, lo = committed[mid], mid + 1
+        else:
+            hi = mid - 1
+    if best is None:
+        first = ckpt.offsets(committed[0])
+        raise RefusedError(
+            f"no retained committed batch started at or before {to_time.isoformat()} (the earliest retained, "
+            f"batch {committed[0]}, started at {first.timestamp_ms} ms)",
+            path=ckpt.url,
+            fix="pick a later time, or --to-batch within the rollback window (see `checkpoint-ops inspect`)",
+        )
+    return best
+
+
+def plan_rollback(
+    ckpt: Checkpoint,
+    to_batch: int | None = None,
+    to_time: datetime | None = None,
+    sinks: list[SinkOutput] = (),
+    keep_files: str | None = None,
+    ledger=None,
+) -> Plan:
+    """The complete plan for rolling ``ckpt`` (and its file sinks) back to one batch."""
+    if ckpt.kind != "structured":
+        raise BadInputError("rollback works on Structured Streaming checkpoints; this is a DStream checkpoint",
+                            path=ckpt.url)
+    if is_fence(ckpt.metadata_raw):
+        fence = parse_fence(ckpt.metadata_raw)
+        raise RefusedError(
+            f"an earlier {fence.operation} ({fence.op_id}) was interrupted and the checkpoint is fenced",
+            path=ckpt.listing.url("metadata"),
+            fix=f"finish it with `checkpoint-ops rollback {ckpt.url} --resume` or revert it with "
+            f"`checkpoint-ops undo {ckpt.url}` first",
+        )
+    sinks = list(sinks)
+    target = resolve_target(ckpt, to_batch, to_time)
+    C = ckpt.latest_commit
+    if C is None:
+        raise RefusedError("no batch has been committed yet: there is nothing to roll back to", path=ckpt.url)
+    if target > C:
+        raise RefusedError(f"batch {target} was never committed (the last committed batch is {C})", path=ckpt.url,
+                           fix=f"choose a batch up to {C}")
+    problems = check_target(ckpt, target, sinks, ledger, exact=True)
+    if problems:
+        window = rollback_window(ckpt, sinks, ledger)
+        reach = (f"the earliest reachable batch is {window.earliest} (window {window.earliest}..{window.latest})"
+                 if window.earliest is not None else "no batch is reachable")
+        raise RefusedError(
+            f"cannot roll back to batch {target}: {'; '.join(problems)}. {reach}",
+            path=ckpt.url,
+            fix=(f"roll back to batch {window.earliest} or later" if window.earliest is not None else
+                 "restore the checkpoint from a backup")
+            + "; a batch ledger (`checkpoint-ops ledger sync`) or a backup taken earlier reaches further",
+        )
+    b = _Builder(ckpt, sinks, target, keep_files, ledger)
+    b.logs()
+    b.sources()
+    b.state()
+    for i, s in enumerate(sinks):
+        b.sink(i, s)
+    b.litter()
+    return b.plan
