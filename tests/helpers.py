@@ -29,7 +29,10 @@ def cli(*args: str) -> tuple[int, str, str]:
     """Run ``checkpoint-ops`` in process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse rejected the arguments
+            code = e.code
     return code, out.getvalue(), err.getvalue()
 
 
