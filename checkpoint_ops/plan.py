@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections import OrderedDict
+import heapq
 from dataclasses import dataclass, field
 
 DELETE = "delete"  # moved aside into the journal's trash (kept for undo)
@@ -80,21 +80,18 @@ class Plan:
         self.actions.append(FileAction(KEEP, root, rel, reason, "sink-data", size, dest=rel))
 
     # -- identity --------------------------------------------------------------------------------
-    def canonical(self) -> dict:
-        """What the hash covers: the operation, its roots and target, and every action."""
-        return {
-            "operation": self.operation,
-            "roots": dict(sorted(self.roots.items())),
-            "target_batch": self.target_batch,
-            "keep_dir": self.keep_dir,
-            "actions": sorted([a.kind, a.root, a.rel, a.sha256, a.dest] for a in self.actions),
-        }
-
     @property
     def hash(self) -> str:
+        """SHA-256 over the operation, its roots and target, and every action (order-independent):
+        a JSON header line, then one ``kind NUL root NUL rel NUL sha256 NUL dest`` line per action,
+        sorted."""
         if self._hash is None:
-            blob = json.dumps(self.canonical(), separators=(",", ":"), sort_keys=True).encode()
-            self._hash = hashlib.sha256(blob).hexdigest()
+            head = json.dumps({"operation": self.operation, "roots": self.roots, "target_batch": self.target_batch,
+                               "keep_dir": self.keep_dir}, sort_keys=True, separators=(",", ":"))
+            lines = sorted(f"{a.kind}\0{a.root}\0{a.rel}\0{a.sha256 or ''}\0{a.dest or ''}" for a in self.actions)
+            h = hashlib.sha256(head.encode())
+            h.update("\n".join(["", *lines]).encode())
+            self._hash = h.hexdigest()
         return self._hash
 
     @property
@@ -105,7 +102,7 @@ class Plan:
         """Actions in application order: phase, then newest batch first within a phase."""
         if self._ordered is None:
             rank = {p: i for i, p in enumerate(PHASES)}
-            self._ordered = sorted(self.actions, key=lambda a: (rank[a.phase], _descending(a.rel)))
+            self._ordered = sorted(self.actions, key=lambda a: (rank[a.phase], *_order_key(a)))
         return self._ordered
 
     # -- (de)serialisation -------------------------------------------------------------------------
@@ -164,22 +161,24 @@ class Plan:
         if self.empty:
             lines.append("  nothing to do")
             return "\n".join(lines)
-        groups: "OrderedDict[tuple, list[FileAction]]" = OrderedDict()
+        groups: dict[tuple, list[FileAction]] = {}
         sidecars: dict[tuple, int] = {}
-        for a in self.ordered():
+        for a in self.actions:
             reason = a.reason
             if reason.startswith(SIDECAR_PREFIX):  # shown as a count on the group of their files
-                key = (a.kind, a.root, reason[len(SIDECAR_PREFIX):])
+                key = (a.kind, a.root, reason[len(SIDECAR_PREFIX):], a.phase)
                 sidecars[key] = sidecars.get(key, 0) + 1
                 groups.setdefault(key, [])
-                continue
-            groups.setdefault((a.kind, a.root, reason), []).append(a)
+            else:
+                groups.setdefault((a.kind, a.root, reason, a.phase), []).append(a)
+        rank = {p: i for i, p in enumerate(PHASES)}
         verb = {DELETE: "delete", WRITE: "write", KEEP: f"move to {self.keep_dir}"}
-        for key, acts in groups.items():
-            kind, root, reason = key
+        for key in sorted(groups, key=lambda k: rank[k[3]]):
+            kind, root, reason, _ = key
+            acts = groups[key]
             extra = f" (+{sidecars[key]} checksum sidecars)" if sidecars.get(key) else ""
             lines.append(f"  {verb[kind]} {len(acts)} file(s) in {root}{extra}: {reason}")
-            shown = acts if verbose else acts[:limit]
+            shown = sorted(acts, key=_order_key) if verbose else heapq.nsmallest(limit, acts, key=_order_key)
             for a in shown:
                 size = f" ({a.size} bytes)" if a.kind == WRITE else ""
                 lines.append(f"      {a.rel}{size}")
@@ -190,8 +189,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def _descending(rel: str) -> tuple:
-    """Sort key putting higher batch ids first, so logs shrink from the top."""
-    name = rel.rsplit("/", 1)[-1].lstrip(".")
-    head = name.split(".", 1)[0].split("_", 1)[0]
-    return (rel.rsplit("/", 1)[0], -int(head) if head.isdigit() else 0, rel)
+def _order_key(a: FileAction) -> tuple:
+    """Within a phase: by directory, higher batch ids first (logs shrink from the top)."""
+    parent, _, name = a.rel.rpartition("/")
+    head = name.lstrip(".").split(".", 1)[0].split("_", 1)[0]
+    return (parent, -int(head) if head.isdigit() else 0, a.rel)

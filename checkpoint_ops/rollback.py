@@ -62,8 +62,9 @@ class _Builder:
         self.written: dict[str, set[str]] = {rid: set() for rid in roots}
 
     # -- helpers -----------------------------------------------------------------------------
-    def delete(self, root: str, listing: Listing, rel: str, reason: str, phase: str) -> None:
-        for r in [rel, *sidecars(listing, rel)]:
+    def delete(self, root: str, listing: Listing, rel: str, reason: str, phase: str,
+               known_sidecars: list[str] | None = None) -> None:
+        for r in [rel, *(sidecars(listing, rel) if known_sidecars is None else known_sidecars)]:
             if r in self.deleted[root] or r not in listing:
                 continue
             self.deleted[root].add(r)
@@ -133,15 +134,15 @@ class _Builder:
         ck, t = self.ckpt, self.target
         st = ck.state
         top = t + 1
+        reason = (f"state versions above {top} (batch {t} committed version {top}); a stale higher version "
+                  "would be loaded later")
         deleted_zips, kept_zips = [], {}
         count = 0
         for op in st.operators.values():
             for store in op.stores.values():
                 for f in store.files:
                     if f.version > top:
-                        self.delete(CKPT, ck.listing, f.rel,
-                                    f"state versions above {top} (batch {t} committed version {top}); a stale "
-                                    "higher version would be loaded later", "state")
+                        self.delete(CKPT, ck.listing, f.rel, reason, "state", f.sidecars)
                         count += 1
                         if f.kind == "zip":
                             deleted_zips.append((store, f))
@@ -169,13 +170,19 @@ class _Builder:
         ck = self.ckpt
         for rel in ck.temp_files():
             self.delete(CKPT, ck.listing, rel, "leftover temporary file of an interrupted write", "litter")
-        self._stale_sidecars(CKPT, ck.listing)
+        # state/ orphans were found by the state scan; the rest of the checkpoint is checked here
+        for d in [""] + [d for d in ck.listing.subdirs("") if d != "state"]:
+            self._stale_sidecars(CKPT, ck.listing, d, recursive=bool(d))
 
-    def _stale_sidecars(self, root: str, listing: Listing, under: str = "") -> None:
+    def _stale_sidecars(self, root: str, listing: Listing, under: str = "", recursive: bool = True) -> None:
         """Checksum sidecars whose file is gone (or is being rewritten where nothing regenerates
         them). From the listing alone; sidecars that disagree with a file we keep are fsck's call."""
         gone, written = self.deleted[root], self.written[root]
-        for rel in [r for r, _ in listing.under(under)]:
+        if recursive:
+            rels = [r for r, _ in listing.under(under) if r.endswith(".crc")]
+        else:
+            rels = [(f"{under}/" if under else "") + n for n in listing.files_in(under) if n.endswith(".crc")]
+        for rel in rels:
             parent, _, name = rel.rpartition("/")
             if rel in gone or not is_hadoop_crc_name(name):
                 continue

@@ -215,7 +215,7 @@ class Checkpoint:
 
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""
-        return sorted(rel for rel in self.listing.files if _is_temp(rel.rsplit("/", 1)[-1]))
+        return sorted(rel for rel in self.listing.files if rel.endswith(".tmp") and _is_temp(rel.rsplit("/", 1)[-1]))
 
 
 def _is_temp(name: str) -> bool:

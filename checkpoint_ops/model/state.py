@@ -29,6 +29,7 @@ HDFS_CF_METADATA = re.compile(r"^(\d+)\.metadata$")
 SCHEMA_V3_FILE = re.compile(r"^(\d+)_([0-9a-fA-F-]{36})$")
 
 STORE_SUBDIRS = {"_metadata", "SSTs", "logs"}
+_PLAIN_KINDS = {"delta", "snapshot", "zip", "changelog"}
 DEFAULT_STORE = "default"
 SNAPSHOT_KINDS = {"snapshot", "zip"}
 _LINEAGE_PREFIX_BYTES = 128 * 1024
@@ -189,6 +190,10 @@ class StateModel:
         for fname, info in L.files_in(rel_dir).items():
             rel = f"{rel_dir}/{fname}"
             if fname[0] != ".":  # hidden names are sidecars or temp files: skip the regexes
+                stem, _, ext = fname.partition(".")
+                if ext in _PLAIN_KINDS and stem.isdigit():  # "<v>.delta" etc.: the common case, no regex
+                    by_name[fname] = StateFile(rel, int(stem), ext, None, info)
+                    continue
                 m = STATE_FILE.match(fname)
                 if m:
                     by_name[fname] = StateFile(rel, int(m.group(1)), m.group(3), m.group(2), info)
