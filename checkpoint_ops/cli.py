@@ -70,7 +70,7 @@ def cmd_inspect(args) -> int:
     from .inspect import inspect_checkpoint, render_inspect
 
     ckpt, sinks = _open(args)
-    report = inspect_checkpoint(ckpt, sinks)
+    report = inspect_checkpoint(ckpt, sinks, ledger=_ledger(ckpt, args) if ckpt.kind == "structured" else None)
     _emit(args, report, render_inspect(report))
     return EXIT_OK
 
@@ -79,7 +79,7 @@ def cmd_offsets(args) -> int:
     from .inspect import batch_offsets, render_offsets
 
     ckpt, _ = _open(args)
-    report = batch_offsets(ckpt, args.batch)
+    report = batch_offsets(ckpt, args.batch, ledger=_ledger(ckpt, args))
     _emit(args, report, render_offsets(report))
     return EXIT_OK
 
@@ -222,9 +222,13 @@ def cmd_ledger_show(args) -> int:
 
 
 def _ledger(ckpt: Checkpoint, args):
+    """The checkpoint's batch ledger (read only if Spark's own files do not answer)."""
     from .ledger import Ledger
 
-    return Ledger.for_checkpoint(ckpt)
+    try:
+        return Ledger.for_checkpoint(ckpt)
+    except BadInputError:
+        return None  # a bucket-root checkpoint has no place for a ledger
 
 
 def _command(sub, name: str, func, help: str, sinks: bool = False) -> argparse.ArgumentParser:

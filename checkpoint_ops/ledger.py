@@ -58,7 +58,8 @@ class Ledger:
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> None:
-        names = sorted(f.name for f in self.fm.list(self.path) if not f.is_dir and not f.name.startswith("."))
+        names = sorted(f.name for f in self.fm.walk(self.path) if "/" not in f.path[len(self.path) + 1:]
+                       and not f.name.startswith("."))
         self.segments = names
         data = self.fm.read_many([join(self.path, n) for n in names])
         records: dict[int, dict] = {}
@@ -172,10 +173,12 @@ def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
         return new.setdefault(b, {"batch": b})
 
     L = ckpt.listing
-    offsets = ckpt.load_offsets()
-    commits = ckpt.load_commits()
-    raw = ckpt.fm.read_many([L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
-                            + [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)])
+    raw: dict[str, bytes] = {}
+    offsets = ckpt.load_offsets(raw=raw)  # one read per file: the parsed and the raw form
+    commits = ckpt.load_commits(raw=raw)
+    need = [L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
+    need += [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)]
+    raw.update(ckpt.fm.read_many([p for p in need if p not in raw]))  # parsed earlier in this process
     for b, o in offsets.items():
         if not ledger.has("offsets", b):
             r = rec(b)

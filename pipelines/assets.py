@@ -7,6 +7,7 @@ from dagster_pyspark import PySparkResource
 
 from checkpoint_ops.activity import hold_lease
 from checkpoint_ops.inspect import inspect_checkpoint
+from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.ledger import sync as sync_ledger
 from pipelines.event_counts import build_query
 from resources.checkpoint_files import CheckpointFileManagerResource
@@ -33,7 +34,7 @@ def event_counts(
     ckpt = checkpoint_files.checkpoint(locations.checkpoint_dir)
     sink = checkpoint_files.sink(locations.output_dir)
     ledger = sync_ledger(ckpt, [sink])  # remember which files each batch wrote, past compaction
-    report = inspect_checkpoint(ckpt, [sink])
+    report = inspect_checkpoint(ckpt, [sink], ledger=Ledger.for_checkpoint(ckpt))
     window = report["rollback_window"]
     return dg.MaterializeResult(
         metadata={

@@ -109,11 +109,14 @@ class SparkRun:
             shutil.rmtree(self.base)
         shutil.copytree(self.pristine, self.base, symlinks=True)
 
-    def run_query(self, spark, **kw) -> list[dict]:
-        """Run the query (availableNow) on this run's directories; returns the progress of each batch."""
+    def run_query(self, spark, conf: dict | None = None, **kw) -> list[dict]:
+        """Run the query (availableNow) on this run's directories; returns the progress of each batch.
+
+        ``conf`` overrides SQL confs for this run only.
+        """
         # Re-assert every SQL conf: other code sharing the session (e.g. a Dagster PySparkResource
         # calling getOrCreate with its own config) may have changed them.
-        for k, v in {**SESSION_CONF, **FLAVOURS[self.flavour]}.items():
+        for k, v in {**SESSION_CONF, **FLAVOURS[self.flavour], **(conf or {})}.items():
             if k.startswith("spark.sql."):
                 spark.conf.set(k, v)
         q = build_query(spark, self.input, self.output, self.checkpoint, **kw)

@@ -46,14 +46,19 @@ def test_inspect_and_offsets_on_s3_match_local(run, bucket, s3_server):
 
 
 def test_inspect_on_s3_lists_each_root_once(run, bucket, s3_server):
+    from checkpoint_ops.ledger import Ledger
+
     ckpt_url, out_url = upload(run, bucket, s3_server)
     ckpt = Checkpoint.open(ckpt_url, source_compact_interval=COMPACT_INTERVAL)
     sink = open_sink(out_url, compact_interval=COMPACT_INTERVAL)
-    inspect_checkpoint(ckpt, [sink])
+    report = inspect_checkpoint(ckpt, [sink], ledger=Ledger.for_checkpoint(ckpt))
     counts = ckpt.fm.counter.snapshot()
-    assert counts.get("ListObjectsV2") == 1, counts  # a few hundred keys: one page
+    # one page for the checkpoint (a few hundred keys) and one for its (empty) ledger beside it,
+    # which the rollback window consults below Spark's own files
+    assert counts.get("ListObjectsV2") == 2, counts
     assert "HeadObject" not in counts, counts  # reads are single GETs
     assert sink.fm.counter.snapshot().get("ListObjectsV2") == 1
+    assert report["rollback_window"]["earliest"] == report["offsets"]["first"] + 1
 
 
 def test_fsck_on_s3(run, bucket, s3_server):

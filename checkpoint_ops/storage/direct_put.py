@@ -164,12 +164,29 @@ class DirectPutFileManager(CheckpointFileManager):
             return []
 
     def walk(self, path: str) -> list[FileInfo]:
+        if self.location.scheme == "s3":
+            return self._s3_walk(path)
         self._count("list")
         try:
             found = self.fs.find(path.rstrip("/") + "/", detail=True)
         except FileNotFoundError:
             return []
         return [_fileinfo(d) for d in found.values() if d.get("type") != "directory"]
+
+    def _s3_walk(self, path: str) -> list[FileInfo]:
+        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes)."""
+        bucket, _, key = path.strip("/").partition("/")
+        kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
+        out = []
+        while True:
+            resp = self.fs.call_s3("list_objects_v2", **kwargs)
+            for o in resp.get("Contents", []):
+                mtime = o.get("LastModified")
+                out.append(FileInfo(f"{bucket}/{o['Key']}", int(o.get("Size", 0)),
+                                    mtime.timestamp() if hasattr(mtime, "timestamp") else None))
+            if not resp.get("IsTruncated"):
+                return out
+            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
 
     def delete_many(self, paths: Iterable[str]) -> None:
         paths = list(dict.fromkeys(paths))

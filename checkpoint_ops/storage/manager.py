@@ -19,7 +19,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from .paths import Location
+from .checksums import sidecar_names
+from .paths import Location, basename, dirname, join
 
 
 class FileInfo:
@@ -184,9 +185,6 @@ class CheckpointFileManager(abc.ABC):
 
     def delete(self, path: str) -> None:
         """Delete one file and its checksum sidecars; a missing file is ignored."""
-        from .checksums import sidecar_names
-        from .paths import basename, dirname, join
-
         parent, name = dirname(path), basename(path)
         extra = [join(parent, n) for n in sidecar_names(name)]
         present = [p for p in extra if self.exists(p)]
