@@ -317,9 +317,11 @@ def _stale_snapshot_above(run, n):
     return above[0]
 
 
-def test_stale_state_above_the_target_would_corrupt_the_reprocessed_state(spark, spark_runs):
-    """Why rollback deletes state above N+1 (HDFS): keep it, restart mid-reprocessing, and Spark
-    loads the old timeline's snapshot: the changed logic's results are silently wrong."""
+@pytest.mark.parametrize("stale_state_left", [True, False], ids=["stale-state-left", "state-cleaned"])
+def test_reprocessing_across_a_restart_needs_stale_state_gone(spark, spark_runs, stale_state_left):
+    """Why rollback deletes state above N+1 (HDFS). Reprocess with changed logic and restart midway:
+    if the old timeline's higher snapshots are still there (as a naive rollback leaves them), the
+    restarted run loads one and the results are silently wrong; with them gone, they are exact."""
     run = spark_runs("hdfs")
     run.reset()
     n = target_before_last_compaction(run) - 2
@@ -327,25 +329,15 @@ def test_stale_state_above_the_target_would_corrupt_the_reprocessed_state(spark,
     s = _stale_snapshot_above(run, n)
     code, r = rollback(run, n, "--yes")
     assert code == 0, r
-    trash = os.path.join(run.base, ".checkpoint-ops", "checkpoint", "trash", r["result"]["op_id"])
-    for rel in (a["rel"] for a in r["plan"]["actions"] if a["phase"] == "state"):
-        os.rename(os.path.join(trash, rel), os.path.join(run.checkpoint, rel))  # as a naive rollback leaves it
+    if stale_state_left:
+        trash = os.path.join(run.base, ".checkpoint-ops", "checkpoint", "trash", r["result"]["op_id"])
+        for rel in (a["rel"] for a in r["plan"]["actions"] if a["phase"] == "state"):
+            os.rename(os.path.join(trash, rel), os.path.join(run.checkpoint, rel))
     got = _reprocess_with_restart_at_version(spark, run, n, k, s, value_scale=100)
     expected = exact(run, scale_for=lambda i: 100 if i > k else 1)
-    assert got != expected
-    assert all(len(v) == 1 for v in got.values()), "no duplicates: the damage is in the values"
-    run.reset()
-
-
-def test_reprocessing_across_a_restart_is_exact(spark, spark_runs):
-    """The control for the test above: with the state cleaned, the same restart is harmless."""
-    run = spark_runs("hdfs")
-    run.reset()
-    n = target_before_last_compaction(run) - 2
-    k = log_offset_at(run, n)
-    s = _stale_snapshot_above(run, n)
-    code, r = rollback(run, n, "--yes")
-    assert code == 0, r
-    got = _reprocess_with_restart_at_version(spark, run, n, k, s, value_scale=100)
-    assert got == exact(run, scale_for=lambda i: 100 if i > k else 1)
+    if stale_state_left:
+        assert got != expected
+        assert all(len(v) == 1 for v in got.values()), "no duplicates: the damage is in the values"
+    else:
+        assert got == expected
     run.reset()
