@@ -28,6 +28,7 @@ from .journal import Journal, list_journals, load_journal, new_op_id, ops_dir, w
 from .ledger import ledger_at
 from .model.checkpoint import Checkpoint
 from .model.listing import Listing
+from .model.logfile import log_files
 from .plan import DELETE, KEEP, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, open_file_manager
 from .storage.paths import join
@@ -252,15 +253,24 @@ class Executor:
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:
         """Undo is only safe if nothing was written to the roots since the rollback."""
+        t = self.plan.target_batch
+        newer = []
+        if t is not None:  # a batch above the target means the query ran after the rollback
+            for rid, listing in listings.items():
+                dirs = ("offsets", "commits") if rid == "checkpoint" else ("_spark_metadata",)
+                for d in dirs:
+                    newer += [f.rel for b, f in log_files(listing, d, compactible=True).items() if b > t]
         for a in self.plan.actions:
             if a.kind in (DELETE, KEEP) and a.rel in listings[a.root]:
-                root = self.roots[a.root]
-                raise RefusedError(
-                    f"{a.rel} exists again: something wrote to {a.root} after the rollback (did the query run?). "
-                    "Undo would mix two timelines",
-                    path=root.fm.url(root.abs(a.rel)),
-                    fix="stop the query and roll back to the batch you want instead",
-                )
+                newer.append(a.rel)
+        if newer:
+            root = self.roots["checkpoint"]
+            raise RefusedError(
+                f"{newer[0]} is new since the rollback: something wrote here after it (did the query run?), and "
+                "undo would mix two timelines",
+                path=root.url,
+                fix="stop the query and roll back to the batch you want instead",
+            )
 
 
 def _transfer(src_fm: CheckpointFileManager, dst_fm: CheckpointFileManager, pairs: list[tuple[str, str]]) -> None:

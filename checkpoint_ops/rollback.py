@@ -102,7 +102,10 @@ class _Builder:
             if src.log is None:
                 continue
             so = offsets.source(sid)
-            k = so.log_offset if so else None
+            if so is None:  # not a source of the query at batch t: not ours to trim
+                self.plan.warnings.append(f"{src.rel_dir} is not a source in offsets/{t}; left unchanged")
+                continue
+            k = so.log_offset  # None when the source had no offset yet ("-"): its log empties
             log = src.log
             reason = f"file-source log entries selected after batch {t} (log offset > {k})"
             for b in log.batch_ids:

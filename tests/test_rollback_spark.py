@@ -245,6 +245,19 @@ def test_undo_after_spark_ran_is_refused(spark, run):
     assert tree_snapshot(run.checkpoint, run.output) == before
 
 
+def test_undo_of_a_cleanup_after_spark_ran_is_refused(spark, run):
+    """A rollback to the last batch deletes no log file (only litter); if the query then runs, its
+    new batches must still block undo."""
+    tmp = os.path.join(run.checkpoint, "offsets", ".99.0b3c5d6e-aaaa-bbbb-cccc-123456789abc.tmp")
+    open(tmp, "wb").write(b"x")
+    code, r = rollback(run, run.last_batch, "--yes")
+    assert code == 0 and r["plan"]["counts"]["delete"] == 1
+    flush_files(run.input, run.files)
+    run.run_query(spark)
+    code, u = cli_json("undo", run.checkpoint, "--yes")
+    assert code == 1 and "mix two timelines" in u["problem"]
+
+
 def test_active_query_is_refused_unless_forced(run):
     from checkpoint_ops.activity import hold_lease
     from checkpoint_ops.storage import open_file_manager
