@@ -185,7 +185,8 @@ class Plan:
             if len(acts) > len(shown):
                 lines.append(f"      ... and {len(acts) - len(shown)} more (--verbose or --json lists all)")
         c = self.counts()
-        lines.append(f"  total: delete {c[DELETE]} ({c['bytes_deleted']} bytes), write {c[WRITE]}, move {c[KEEP]}")
+        known = f" ({c['bytes_deleted']} bytes of files whose size is known)" if c["bytes_deleted"] else ""
+        lines.append(f"  total: delete {c[DELETE]}{known}, write {c[WRITE]}, move {c[KEEP]}")
         return "\n".join(lines)
 
 

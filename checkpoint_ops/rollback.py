@@ -63,14 +63,14 @@ class _Builder:
 
     # -- helpers -----------------------------------------------------------------------------
     def delete(self, root: str, listing: Listing, rel: str, reason: str, phase: str,
-               known_sidecars: list[str] | None = None) -> None:
+               known_sidecars: list[str] | None = None, size: int | None = None) -> None:
         for r in [rel, *(sidecars(listing, rel) if known_sidecars is None else known_sidecars)]:
             if r in self.deleted[root] or r not in listing:
                 continue
             self.deleted[root].add(r)
-            # sizes only where the listing already has them (object stores): no stat per file
-            self.plan.delete(root, r, reason if r == rel else SIDECAR_PREFIX + reason, phase,
-                             listing.get(r).known_size)
+            # sizes only where they are known without a stat per file (object-store listings, sink logs)
+            known = size if r == rel and size is not None else listing.get(r).known_size
+            self.plan.delete(root, r, reason if r == rel else SIDECAR_PREFIX + reason, phase, known)
 
     def write(self, root: str, listing: Listing, rel: str, content: bytes, reason: str) -> None:
         if rel in listing:
@@ -230,7 +230,7 @@ class _Builder:
                 for sc in sidecars(L, rel):
                     self.delete(rid, L, sc, SIDECAR_PREFIX + reason, "sink-data")
             else:
-                self.delete(rid, L, rel, reason, "sink-data")
+                self.delete(rid, L, rel, reason, "sink-data", size=size)
         if outside:
             raise RefusedError(
                 f"{len(outside)} files to remove are outside the output directory (e.g. {outside[0]}): the output "
