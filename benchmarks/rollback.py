@@ -22,7 +22,6 @@ import io
 import json
 import os
 import platform
-import resource
 import shutil
 import socket
 import statistics

@@ -65,6 +65,7 @@ class Executor:
         self.fault_after = int(fault) if fault else None
         self.chunk = 1 if self.fault_after is not None else CHUNK
         self.steps = 0
+        self._scanned: dict[str, Listing] | None = None
         self._bar = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
@@ -179,9 +180,15 @@ class Executor:
         self.journal.mark("applied")
         self._step()
 
+    def _listings(self) -> dict[str, Listing]:
+        """One listing per root, taken once before a resumed run changes anything."""
+        if self._scanned is None:
+            self._scanned = {rid: Listing.scan(r.fm, r.path) for rid, r in self.roots.items()}
+        return self._scanned
+
     def effects_on_disk(self) -> int:
         """How many of the plan's actions have taken effect (moved away, or written)."""
-        listings = {rid: Listing.scan(r.fm, r.path) for rid, r in self.roots.items()}
+        listings = self._listings()
         done = 0
         for a in self.plan.actions:
             root = self.roots[a.root]
@@ -192,8 +199,8 @@ class Executor:
         return done
 
     def _pending(self, actions: list[FileAction]) -> list[FileAction]:
-        """On resume: the actions whose effect is not on disk yet (one listing per root)."""
-        listings = {rid: Listing.scan(r.fm, r.path) for rid, r in self.roots.items()}
+        """On resume: the actions whose effect is not on disk yet."""
+        listings = self._listings()
         out = []
         for a in actions:
             present = a.rel in listings[a.root]

@@ -13,7 +13,7 @@ Where Spark's own files are not enough, a batch ledger may be (``ledger`` argume
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, is_compaction_batch, previous_compaction
@@ -26,10 +26,6 @@ class RollbackWindow:
     earliest: int | None
     latest: int | None
     reason: str | None = None  # why earliest - 1 (or anything) is out of reach
-    blockers: dict[int, list[str]] = field(default_factory=dict)
-
-    def contains(self, batch: int) -> bool:
-        return self.earliest is not None and self.earliest <= batch <= self.latest
 
     def to_dict(self) -> dict:
         return {"earliest": self.earliest, "latest": self.latest, "earliest_reason": self.reason}
@@ -128,7 +124,7 @@ def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None)
     if latest is None:
         return RollbackWindow(None, None, "no batch has been committed yet")
     candidates = sorted(set(ckpt.commit_files) | (set(ledger.batches("commits")) if ledger else set()), reverse=True)
-    earliest, reason, blockers = None, None, {}
+    earliest, reason = None, None
     try:
         ckpt.load_offsets()
         ckpt.load_commits()
@@ -139,14 +135,13 @@ def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None)
             continue
         problems = check_target(ckpt, t, sinks, ledger)
         if problems:
-            blockers[t] = problems
             reason = f"batch {t}: {problems[0]}"
             break
         earliest = t
     if earliest is None:
-        return RollbackWindow(None, None, reason, blockers)
+        return RollbackWindow(None, None, reason)
     if reason is None:
         lowest = min(candidates)
         reason = (f"batch {lowest - 1}: commits/{lowest - 1} is gone (purged after minBatchesToRetain)"
                   if lowest > 0 else "batch 0 is the first batch")
-    return RollbackWindow(earliest, latest, reason, blockers)
+    return RollbackWindow(earliest, latest, reason)

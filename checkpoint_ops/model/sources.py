@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .compactible import CompactibleLog, LogEntry, is_compaction_batch
+from .compactible import CompactibleLog
 from .listing import Listing
 from .logfile import LogFormatError, log_files, split_versioned
 
@@ -65,20 +65,3 @@ def read_kafka_initial_offsets(listing: Listing, src: SourceDir) -> dict:
         return json.loads("\n".join(lines))
     except ValueError:
         raise LogFormatError("initial offsets are not JSON", path=path, kind="not-json") from None
-
-
-def entries_for_log_offset(log: CompactibleLog, log_offset: int) -> list[LogEntry] | None:
-    """The entries Spark logged at ``log_offset``: from its own file, else from a later compact.
-
-    Compact entries carry ``batchId`` (the log offset that selected the file), which is how Spark
-    itself serves deleted batches (``FileStreamSourceLog.get``).
-    """
-    f = log.files.get(log_offset)
-    if f is not None and f.compact == is_compaction_batch(log_offset, log.interval):
-        entries = log.read([log_offset])[log_offset]
-        return [e for e in entries if e.doc.get("batchId") == log_offset] if f.compact else entries
-    later = [c for c in log.compact_ids if c >= log_offset]
-    if not later:
-        return None
-    c = min(later)
-    return [e for e in log.read([c])[c] if e.doc.get("batchId") == log_offset]

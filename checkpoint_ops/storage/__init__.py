@@ -2,7 +2,7 @@
 
 from .manager import AtomicWriter, CheckpointFileManager, FileInfo, OpCounter
 from .paths import Location, parse_url
-from .registry import open_file_manager, register_strategy, strategies
+from .registry import open_file_manager, register_strategy
 
 __all__ = [
     "AtomicWriter",
@@ -13,5 +13,4 @@ __all__ = [
     "open_file_manager",
     "parse_url",
     "register_strategy",
-    "strategies",
 ]

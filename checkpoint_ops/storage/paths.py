@@ -55,16 +55,6 @@ def join(base: str, *parts: str) -> str:
     return posixpath.join(base, *parts) if parts else base
 
 
-def relpath(path: str, root: str) -> str:
-    """``path`` relative to ``root``, both in fsspec form; raises if outside."""
-    root = root.rstrip("/")
-    if path == root:
-        return ""
-    if not path.startswith(root + "/"):
-        raise ValueError(f"{path} is not under {root}")
-    return path[len(root) + 1 :]
-
-
 def basename(path: str) -> str:
     return posixpath.basename(path.rstrip("/"))
 

@@ -27,14 +27,6 @@ def register_strategy(name: str, factory: Factory, schemes: Iterable[str] = ()) 
         _DEFAULT_BY_SCHEME[s] = name
 
 
-def strategies() -> dict[str, list[str]]:
-    """Strategy name -> schemes it is the default for."""
-    out: dict[str, list[str]] = {n: [] for n in _FACTORIES}
-    for scheme, name in _DEFAULT_BY_SCHEME.items():
-        out[name].append(scheme)
-    return out
-
-
 def storage_options_from_env(scheme: str, options: dict | None) -> dict:
     """Fill in the S3 endpoint from ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` if not given."""
     opts = dict(options or {})
