@@ -40,8 +40,15 @@ def ops_dir(fm: CheckpointFileManager, root: str) -> str:
     return join(parent, OPS_DIR, basename(root))
 
 
+def utc_stamp() -> str:
+    """A UTC time to the microsecond that sorts as text: journals and ledger segments are ordered by
+    name, and two operations (or a rollback and the next ledger sync) can fall in the same second."""
+    t = time.time_ns() // 1000
+    return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t // 1_000_000))}.{t % 1_000_000:06d}Z"
+
+
 def new_op_id(operation: str) -> str:
-    return f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{operation}-{uuid.uuid4().hex[:8]}"
+    return f"{utc_stamp()}-{operation}-{uuid.uuid4().hex[:8]}"
 
 
 # ---- the journal ----------------------------------------------------------------------------------

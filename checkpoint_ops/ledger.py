@@ -17,11 +17,10 @@ Spark's folders. It is a sequence of immutable segment files, applied in name (=
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import dataclass, field
 
-from .journal import ops_dir
+from .journal import ops_dir, utc_stamp
 from .model.checkpoint import Checkpoint
 from .model.commits import CommitMetadata, parse_commit
 from .model.compactible import CompactibleLog, LogEntry, is_compaction_batch
@@ -31,10 +30,6 @@ from .storage import CheckpointFileManager
 from .storage.paths import join
 
 FORMAT = 1
-
-
-def _stamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 
 
 @dataclass
@@ -133,7 +128,7 @@ class Ledger:
 
     # -- writing ---------------------------------------------------------------------------------
     def _write_segment(self, kind: str, body: bytes, suffix: str | None = None) -> str:
-        name = f"{_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
+        name = f"{utc_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self.segments.append(name)
         return name
