@@ -181,6 +181,41 @@ def cmd_undo(args) -> int:
     return EXIT_OK
 
 
+def cmd_history(args) -> int:
+    from .prune import history
+
+    ckpt, _ = _open(args)
+    entries = [{k: v for k, v in e.items() if not k.startswith("_")} for e in history(ckpt)]
+    lines = [f"{len(entries)} operation(s) journaled for {ckpt.url}" + (":" if entries else "")]
+    for e in entries:
+        c = e["counts"]
+        lines.append(f"  {e['op_id']}  {e['operation']} to batch {e['target_batch']}  {e['status']}, undo record "
+                     f"{e['undo_record']}  (deleted {c['delete']}, wrote {c['write']}, moved {c['keep']})")
+    _emit(args, {"checkpoint": ckpt.url, "operations": entries}, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_prune(args) -> int:
+    from .prune import apply_prune, plan_prune
+
+    ckpt, _ = _open(args)
+    opts = _storage_options(args.storage_options)
+    plan = plan_prune(ckpt, args.keep_last, args.older_than, opts)
+    nothing = plan.summary["prune"] == "nothing"
+    if args.dry_run or nothing:
+        _emit(args, {"dry_run": bool(args.dry_run), "plan": plan.to_dict() if args.json else None},
+              plan.render(verbose=args.verbose))
+        return EXIT_OK
+    if not args.json:
+        print(plan.render(verbose=args.verbose))
+    _confirm(args, f"pruning of {len(plan.summary['prune'])} undo record(s)")
+    result = apply_prune(plan, ckpt, opts)
+    _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": result},
+          f"Pruned {', '.join(result['pruned'])}: deleted {result['files_deleted']} file(s); "
+          "these operations can no longer be undone.")
+    return EXIT_OK
+
+
 def cmd_ledger_sync(args) -> int:
     from .ledger import sync
 
@@ -281,6 +316,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "undo", cmd_undo, "revert the last rollback (or an interrupted one) byte for byte")
     p.add_argument("--yes", "-y", action="store_true", help="undo without asking")
     p.add_argument("--force", action="store_true", help="skip the check that no query is running")
+
+    _command(sub, "history", cmd_history, "the operations journaled for a checkpoint, and which can be undone")
+
+    p = _command(sub, "prune", cmd_prune, "delete the undo records (trash) of older finished operations")
+    p.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K applied operations undoable")
+    p.add_argument("--older-than", type=float, metavar="DAYS",
+                   help="prune only operations created more than DAYS ago")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+    p.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
 
     p = sub.add_parser("ledger", help="the batch ledger: which files each batch wrote, kept past compaction")
     lsub = p.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")

@@ -370,6 +370,12 @@ def find_journal(ckpt: Checkpoint, want: str) -> tuple[Journal, str]:
         if j.has_marker("undone") or j.has_marker("abandoned"):
             continue
         if j.has_marker("applied"):
+            if want == "undo" and j.has_marker("pruned"):
+                raise RefusedError(
+                    f"the last {j.record['operation']} ({j.op_id}, to batch {j.record['plan']['target_batch']}) "
+                    "cannot be undone: its undo record was pruned", path=fm.url(j.path),
+                    fix="restore the checkpoint from a backup taken before it; `checkpoint-ops history` lists "
+                        "what can still be undone")
             return j, "applied"
         return j, "unfinished"
     raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))

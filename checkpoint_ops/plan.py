@@ -20,7 +20,7 @@ KEEP = "keep"  # a sink data file moved to the user's --keep-files directory
 SIDECAR_PREFIX = "checksum sidecars of: "
 
 # The order in which the executor applies groups (see executor.py for why).
-PHASES = ("write", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data")
+PHASES = ("write", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data", "trash")
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,6 +224,10 @@ class CheckpointFileManager(abc.ABC):
     @abc.abstractmethod
     def mkdirs(self, path: str) -> None: ...
 
+    def remove_empty_dirs(self, path: str) -> None:
+        """Remove ``path`` and the directories below it that hold no file. Object stores have no
+        directories, so by default there is nothing to do."""
+
     # -- helpers ---------------------------------------------------------------------------
     def url(self, path: str) -> str:
         """How to show ``path`` to a user (with the scheme they typed)."""

@@ -270,6 +270,13 @@ class LocalFileManager(CheckpointFileManager):
         self.counter.add("mkdirs")
         os.makedirs(path, exist_ok=True)
 
+    def remove_empty_dirs(self, path: str) -> None:
+        for d, _, _ in sorted(os.walk(path), key=lambda t: -len(t[0])):  # deepest first
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass  # not empty (or gone): keep it
+
     def same_device(self, a: str, b: str) -> bool:
         """Whether a rename between the nearest existing ancestors of a and b stays on one device."""
 

@@ -1,0 +1,135 @@
+"""The operation history beside a checkpoint, and pruning the undo records of finished operations.
+
+Every rollback moves what it deletes into ``trash/<op id>/`` so ``undo`` can put it back. That
+copy grows with each rollback; pruning deletes the trash of operations the user no longer wants to
+undo. An operation is marked ``pruned`` in its journal *before* its trash goes, so ``undo`` refuses
+it cleanly (instead of restoring half a tree) and a crash halfway is finished by pruning again.
+Operations still in progress are never pruned: their trash is what ``--resume``/``undo`` need.
+"""
+
+from __future__ import annotations
+
+import time
+from calendar import timegm
+
+from .errors import BadInputError
+from .fence import is_fence, parse_fence
+from .journal import Journal, list_journals, load_journal, ops_dir
+from .model.checkpoint import Checkpoint
+from .plan import Plan
+from .storage import open_file_manager
+
+PRUNED = "pruned"
+
+
+def _created_s(j: Journal) -> float:
+    return float(timegm(time.strptime(j.record["created"], "%Y-%m-%dT%H:%M:%SZ")))
+
+
+def _status(j: Journal, fenced_op: str | None) -> str:
+    if j.op_id == fenced_op:
+        return "in-progress"  # the checkpoint is fenced by it: resume or undo it first
+    for marker in ("undone", "abandoned", "applied"):
+        if j.has_marker(marker):
+            return marker
+    return "unfinished"
+
+
+def history(ckpt: Checkpoint) -> list[dict]:
+    """Every journaled operation, oldest first: what it did, its state, and whether undo can revert it."""
+    ops = ops_dir(ckpt.fm, ckpt.root)
+    fenced = parse_fence(ckpt.metadata_raw).op_id if is_fence(ckpt.metadata_raw) else None
+    out = []
+    for path in list_journals(ckpt.fm, ops):
+        j = load_journal(ckpt.fm, path)
+        plan = j.record["plan"]
+        status = _status(j, fenced)
+        pruned = j.has_marker(PRUNED)
+        out.append({
+            "op_id": j.op_id,
+            "operation": j.record["operation"],
+            "created": j.record["created"],
+            "target_batch": plan.get("target_batch"),
+            "plan_hash": plan["plan_hash"],
+            "status": status,
+            "counts": plan["counts"],
+            "undo_record": "pruned" if pruned else ("kept" if status in ("applied", "in-progress", "unfinished")
+                                                    else "none"),
+            "_journal": j,
+        })
+    return out
+
+
+def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: float | None = None,
+               storage_options: dict | None = None, now: float | None = None) -> Plan:
+    """Plan deleting the undo records (trash) of applied operations beyond the newest ``keep_last``
+    and, if given, created more than ``older_than_days`` ago. Undone or abandoned operations, and
+    ones pruned before but not finished, lose whatever trash is left."""
+    if keep_last is None and older_than_days is None:
+        raise BadInputError("say which undo records to keep: --keep-last K and/or --older-than DAYS")
+    if (keep_last is not None and keep_last < 0) or (older_than_days is not None and older_than_days < 0):
+        raise BadInputError("--keep-last and --older-than must not be negative")
+    now = time.time() if now is None else now
+    entries = history(ckpt)
+    applied = [e for e in entries if e["status"] == "applied" and e["undo_record"] == "kept"]
+    kept_newest = {e["op_id"] for e in applied[len(applied) - keep_last:]} if keep_last else set()
+    plan = Plan("prune", {}, None)
+    chosen, kept, skipped = [], [], []
+    for e in entries:
+        j: Journal = e["_journal"]
+        if e["status"] in ("in-progress", "unfinished"):
+            skipped.append(f"{e['op_id']} ({e['status']}: finish it with rollback --resume or undo first)")
+            continue
+        if e["status"] == "applied" and e["undo_record"] == "kept":
+            too_new = older_than_days is not None and now - _created_s(j) < older_than_days * 86400
+            if e["op_id"] in kept_newest or too_new:
+                kept.append(e["op_id"])
+                continue
+            why = f"undo record of {e['operation']} {e['op_id']} to batch {e['target_batch']} (applied)"
+        else:
+            why = f"left-over undo record of {e['operation']} {e['op_id']} ({e['status']}" + (
+                ", pruned before)" if e["undo_record"] == "pruned" else ")")
+        found = False
+        for rid, trash in j.record.get("trash", {}).items():
+            url = e["op_id"] + "/" + rid
+            fm = ckpt.fm if rid == "checkpoint" else open_file_manager(j.record["plan"]["roots"][rid],
+                                                                       storage_options)[0]
+            files = fm.walk(trash)
+            if files:
+                plan.roots[url] = fm.url(trash)
+                for f in files:
+                    plan.delete(url, f.path[len(trash.rstrip("/")) + 1:], why, "trash", f.known_size)
+                found = True
+        if found or (e["status"] == "applied" and e["undo_record"] == "kept"):
+            chosen.append(e["op_id"])
+    plan.summary = {"prune": chosen or "nothing", "keep undoable": kept or "none"}
+    if skipped:
+        plan.summary["skipped"] = skipped
+    if any(any(e["_journal"].record.get("versioned", {}).values()) for e in entries if e["op_id"] in chosen):
+        plan.warnings.append("on versioned buckets the deleted objects' old versions stay until the bucket's "
+                             "lifecycle rules expire them; pruning only ends undo's claim on them")
+    return plan
+
+
+def apply_prune(plan: Plan, ckpt: Checkpoint, storage_options: dict | None = None) -> dict:
+    """Mark each chosen operation pruned (undo refuses it from then on), then delete its trash."""
+    ops = ops_dir(ckpt.fm, ckpt.root)
+    chosen = plan.summary.get("prune")
+    chosen = chosen if isinstance(chosen, list) else []
+    by_root: dict[str, list[str]] = {}
+    for a in plan.actions:
+        by_root.setdefault(a.root, []).append(a.rel)
+    for op_id in chosen:
+        j = load_journal(ckpt.fm, f"{ops}/journal/{op_id}")
+        j.mark(PRUNED)
+        for rid, trash in j.record.get("trash", {}).items():
+            rels = by_root.get(f"{op_id}/{rid}")
+            if not rels:
+                continue
+            fm = ckpt.fm if rid == "checkpoint" else open_file_manager(j.record["plan"]["roots"][rid],
+                                                                       storage_options)[0]
+            base = trash.rstrip("/")
+            fm.delete_many([f"{base}/{r}" for r in rels])
+            fm.remove_empty_dirs(base)
+    return {"pruned": chosen, "files_deleted": len(plan.actions), "plan_hash": plan.hash,
+            "bytes_deleted": plan.counts()["bytes_deleted"]}
