@@ -155,7 +155,7 @@ class Plan:
         for rid, url in self.roots.items():
             lines.append(f"  {rid}: {url}")
         for k, v in self.summary.items():
-            lines.append(f"  {k}: {v}")
+            lines.append(f"  {k}: {', '.join(map(str, v)) if isinstance(v, list) else v}")
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         if self.empty:

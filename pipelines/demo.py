@@ -3,7 +3,8 @@
 1. generate event files and run ``event_counts_job`` twice (the second run resumes the checkpoint);
 2. show what ``checkpoint-ops inspect`` and ``fsck`` say about the checkpoint and its sink;
 3. a bad batch landed: roll the checkpoint and its sink back (dry run, apply, undo, apply again);
-4. reprocess: the job re-runs the rolled-back batches, and the output is exactly what it was.
+4. reprocess: the job re-runs the rolled-back batches, and the output is exactly what it was;
+5. the operation history, and what pruning undo records would delete.
 """
 
 import os
@@ -94,6 +95,10 @@ def main() -> int:
     print(f"output after reprocessing: {len(after)} rows, "
           + ("identical to before the rollback (no row lost or duplicated)" if same else "DIFFERENT from before"))
     code = run_cli("fsck", loc.checkpoint_dir, "--sink", loc.output_dir)
+
+    banner("9. the operations journaled for this checkpoint (each undo record can be pruned)")
+    run_cli("history", loc.checkpoint_dir)
+    run_cli("prune", loc.checkpoint_dir, "--keep-last", "1", "--dry-run")
     print(f"\nDemo data is in {DEMO_ROOT}")
     return 0 if same and code == 0 else 1
 
