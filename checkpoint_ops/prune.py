@@ -60,6 +60,13 @@ def history(ckpt: Checkpoint) -> list[dict]:
     return out
 
 
+def _root_fm(ckpt: Checkpoint, j: Journal, rid: str, storage_options: dict | None):
+    """The file manager of one root the operation touched (its trash lives beside that root)."""
+    if rid == "checkpoint":
+        return ckpt.fm
+    return open_file_manager(j.record["plan"]["roots"][rid], storage_options)[0]
+
+
 def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: float | None = None,
                storage_options: dict | None = None, now: float | None = None) -> Plan:
     """Plan deleting the undo records (trash) of applied operations beyond the newest ``keep_last``
@@ -92,8 +99,7 @@ def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: 
         found = False
         for rid, trash in j.record.get("trash", {}).items():
             url = e["op_id"] + "/" + rid
-            fm = ckpt.fm if rid == "checkpoint" else open_file_manager(j.record["plan"]["roots"][rid],
-                                                                       storage_options)[0]
+            fm = _root_fm(ckpt, j, rid, storage_options)
             files = fm.walk(trash)
             if files:
                 plan.roots[url] = fm.url(trash)
@@ -126,8 +132,7 @@ def apply_prune(plan: Plan, ckpt: Checkpoint, storage_options: dict | None = Non
             rels = by_root.get(f"{op_id}/{rid}")
             if not rels:
                 continue
-            fm = ckpt.fm if rid == "checkpoint" else open_file_manager(j.record["plan"]["roots"][rid],
-                                                                       storage_options)[0]
+            fm = _root_fm(ckpt, j, rid, storage_options)
             base = trash.rstrip("/")
             fm.delete_many([f"{base}/{r}" for r in rels])
             fm.remove_empty_dirs(base)
