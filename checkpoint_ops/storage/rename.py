@@ -326,7 +326,8 @@ class RenameFileManager(CheckpointFileManager):
 
     ``overwrite=False`` checks for the target before renaming; on HDFS the rename itself also
     refuses an existing target, but fsspec's pyarrow driver may not surface that, so a narrow
-    race remains there. Not exercised in CI (no HDFS cluster here).
+    race remains there. CI has no HDFS cluster: the tests force this strategy on local disk
+    (``CHECKPOINT_OPS_FILE_MANAGER=rename``) for a full rollback, undo and Spark resume.
     """
 
     strategy = "rename"
