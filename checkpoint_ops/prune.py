@@ -17,7 +17,8 @@ from .fence import is_fence, parse_fence
 from .journal import Journal, list_journals, load_journal, ops_dir
 from .model.checkpoint import Checkpoint
 from .plan import Plan
-from .storage import open_file_manager
+from .storage import CheckpointFileManager, FileInfo, open_file_manager
+from .storage.paths import basename, dirname
 
 PRUNED = "pruned"
 
@@ -60,11 +61,37 @@ def history(ckpt: Checkpoint) -> list[dict]:
     return out
 
 
-def _root_fm(ckpt: Checkpoint, j: Journal, rid: str, storage_options: dict | None):
-    """The file manager of one root the operation touched (its trash lives beside that root)."""
-    if rid == "checkpoint":
-        return ckpt.fm
-    return open_file_manager(j.record["plan"]["roots"][rid], storage_options)[0]
+class _TrashDirs:
+    """Each trash directory (beside the checkpoint, beside each sink) listed once for all operations:
+    on an object store every listing is a request, and the history can be long."""
+
+    def __init__(self, ckpt: Checkpoint, storage_options: dict | None):
+        self.ckpt = ckpt
+        self.storage_options = storage_options
+        self._fms: dict[str, CheckpointFileManager] = {}
+        self._by_op: dict[str, dict[str, list[FileInfo]]] = {}
+
+    def fm(self, j: Journal, rid: str) -> CheckpointFileManager:
+        """The file manager of one root the operation touched (its trash lives beside that root)."""
+        if rid == "checkpoint":
+            return self.ckpt.fm
+        url = j.record["plan"]["roots"][rid]
+        if url not in self._fms:
+            self._fms[url] = open_file_manager(url, self.storage_options)[0]
+        return self._fms[url]
+
+    def files(self, j: Journal, rid: str) -> tuple[CheckpointFileManager, str, list[FileInfo]]:
+        """The file manager, the trash path, and the files left in the trash of ``j`` beside ``rid``."""
+        fm = self.fm(j, rid)
+        trash = j.record["trash"][rid].rstrip("/")
+        parent = dirname(trash)
+        key = fm.url(parent)
+        if key not in self._by_op:
+            groups: dict[str, list[FileInfo]] = {}
+            for f in fm.walk(parent):
+                groups.setdefault(f.path[len(parent) + 1:].split("/", 1)[0], []).append(f)
+            self._by_op[key] = groups
+        return fm, trash, self._by_op[key].get(basename(trash), [])
 
 
 def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: float | None = None,
@@ -81,6 +108,7 @@ def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: 
     applied = [e for e in entries if e["status"] == "applied" and e["undo_record"] == "kept"]
     kept_newest = {e["op_id"] for e in applied[len(applied) - keep_last:]} if keep_last else set()
     plan = Plan("prune", {}, None)
+    trash_dirs = _TrashDirs(ckpt, storage_options)
     chosen, kept, skipped = [], [], []
     for e in entries:
         j: Journal = e["_journal"]
@@ -97,14 +125,13 @@ def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: 
             why = f"left-over undo record of {e['operation']} {e['op_id']} ({e['status']}" + (
                 ", pruned before)" if e["undo_record"] == "pruned" else ")")
         found = False
-        for rid, trash in j.record.get("trash", {}).items():
-            url = e["op_id"] + "/" + rid
-            fm = _root_fm(ckpt, j, rid, storage_options)
-            files = fm.walk(trash)
+        for rid in j.record.get("trash", {}):
+            fm, trash, files = trash_dirs.files(j, rid)
             if files:
-                plan.roots[url] = fm.url(trash)
+                root_id = f"{e['op_id']}/{rid}"
+                plan.roots[root_id] = fm.url(trash)
                 for f in files:
-                    plan.delete(url, f.path[len(trash.rstrip("/")) + 1:], why, "trash", f.known_size)
+                    plan.delete(root_id, f.path[len(trash) + 1:], why, "trash", f.known_size)
                 found = True
         if found or (e["status"] == "applied" and e["undo_record"] == "kept"):
             chosen.append(e["op_id"])
@@ -120,6 +147,7 @@ def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: 
 def apply_prune(plan: Plan, ckpt: Checkpoint, storage_options: dict | None = None) -> dict:
     """Mark each chosen operation pruned (undo refuses it from then on), then delete its trash."""
     ops = ops_dir(ckpt.fm, ckpt.root)
+    trash_dirs = _TrashDirs(ckpt, storage_options)
     chosen = plan.summary.get("prune")
     chosen = chosen if isinstance(chosen, list) else []
     by_root: dict[str, list[str]] = {}
@@ -132,7 +160,7 @@ def apply_prune(plan: Plan, ckpt: Checkpoint, storage_options: dict | None = Non
             rels = by_root.get(f"{op_id}/{rid}")
             if not rels:
                 continue
-            fm = _root_fm(ckpt, j, rid, storage_options)
+            fm = trash_dirs.fm(j, rid)
             base = trash.rstrip("/")
             fm.delete_many([f"{base}/{r}" for r in rels])
             fm.remove_empty_dirs(base)
