@@ -27,11 +27,11 @@ def _created_s(j: Journal) -> float:
     return float(timegm(time.strptime(j.record["created"], "%Y-%m-%dT%H:%M:%SZ")))
 
 
-def _status(j: Journal, fenced_op: str | None) -> str:
+def _status(j: Journal, markers: set[str], fenced_op: str | None) -> str:
     if j.op_id == fenced_op:
         return "in-progress"  # the checkpoint is fenced by it: resume or undo it first
     for marker in ("undone", "abandoned", "applied"):
-        if j.has_marker(marker):
+        if marker in markers:
             return marker
     return "unfinished"
 
@@ -44,8 +44,9 @@ def history(ckpt: Checkpoint) -> list[dict]:
     for path in list_journals(ckpt.fm, ops):
         j = load_journal(ckpt.fm, path)
         plan = j.record["plan"]
-        status = _status(j, fenced)
-        pruned = j.has_marker(PRUNED)
+        markers = {f.name for f in ckpt.fm.list(path)}  # one listing, not a request per marker
+        status = _status(j, markers, fenced)
+        pruned = PRUNED in markers
         out.append({
             "op_id": j.op_id,
             "operation": j.record["operation"],
