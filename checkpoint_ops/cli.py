@@ -145,7 +145,7 @@ def cmd_rollback(args) -> int:
     refuse_if_active(ckpt, args.force)
     ledger = _ledger(ckpt, args)
     plan = plan_rollback(ckpt, args.to_batch, _parse_time(args.to_time) if args.to_time else None, sinks,
-                         keep_files=args.keep_files, ledger=ledger)
+                         keep_files=args.keep_files, ledger=ledger, force=args.force)
     if args.dry_run or plan.empty:
         _emit(args, {"dry_run": bool(args.dry_run), "plan": plan.to_dict() if args.json else None},
               plan.render(verbose=args.verbose))
@@ -309,7 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "of deleting them")
     p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
     p.add_argument("--resume", action="store_true", help="finish an interrupted rollback (its journaled plan)")
-    p.add_argument("--force", action="store_true", help="skip the check that no query is running")
+    p.add_argument("--force", action="store_true", help="skip the check that no query is running, and go ahead "
+                   "without a metadata file (Spark would start the query under a new id)")
     p.add_argument("--plan-hash", metavar="HASH", help="apply only if the plan's hash starts with HASH (from --dry-run)")
     p.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
 

@@ -12,6 +12,7 @@ from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
+from .restart import log_finding_code, metadata_damage, restart_set
 from .storage.checksums import (
     hadoop_crc_matches,
     hadoop_crc_size,
@@ -65,25 +66,31 @@ class Fsck:
         self._checksums(self.ckpt.listing)
         for sink in self.sinks:
             self._sink(sink)
+        self._restart_set()
         return self.findings
+
+    def _restart_set(self) -> None:
+        """The files Spark reads to restart after the latest committed batch, in the same words a
+        rollback uses (only what no finding above already names)."""
+        C = self.ckpt.latest_commit
+        if C is None or self.ckpt.fence is not None:
+            return
+        named = {f.path for f in self.findings}
+        for d in restart_set(self.ckpt, C, self.sinks, deep=True).damage:
+            if d.url in named:
+                continue
+            named.add(d.url)
+            self.add(ERROR, d.code if d.kind != "purged" else "restart-file-gone", d.url,
+                     f"{d.problem} (Spark reads it to restart after batch {C})", d.fix)
 
     # -- logs ------------------------------------------------------------------------------------
     def _log_error(self, e: LogFormatError) -> None:
-        code = {"empty": "empty-log-file", "truncated": "truncated-log-file", "not-json": "not-json",
-                "unknown-version": "unknown-version", "no-version": "no-version-line"}.get(e.kind, "malformed-log-file")
-        self.add(ERROR, code, e.path, e.problem, e.fix or "restore this file from a backup or roll back past it")
+        self.add(ERROR, log_finding_code(e), e.path, e.problem, e.fix or "restore this file from a backup or roll back past it")
 
     def _metadata(self) -> None:
         ck = self.ckpt
-        if ck.metadata_raw is None:
-            if ck.offset_files or ck.commit_files:
-                self.add(ERROR, "missing-metadata", ck.listing.url("metadata"),
-                         "metadata is missing but offsets/commits exist: Spark 4.2+ refuses to start "
-                         "(STREAMING_CHECKPOINT_MISSING_METADATA_FILE); older Spark silently assigns a new query id",
-                         'restore it from a backup; it holds only {"id":"<query id>"} (the id is in driver logs '
-                         "and in sink idempotency markers)")
-            return
-        self._read[ck.listing.abs("metadata")] = ck.metadata_raw
+        if ck.metadata_raw is not None:
+            self._read[ck.listing.abs("metadata")] = ck.metadata_raw
         if ck.fence:
             f = ck.fence
             self.add(ERROR, "operation-interrupted", ck.listing.url("metadata"),
@@ -92,16 +99,9 @@ class Fsck:
                      f"finish it with `checkpoint-ops rollback {ck.url} --resume` or revert it with "
                      f"`checkpoint-ops undo {ck.url}`")
             return
-        if not ck.metadata_raw.strip():
-            self.add(ERROR, "empty-log-file", ck.listing.url("metadata"), "metadata is empty (0 bytes)",
-                     'restore it from a backup; it holds only {"id":"<query id>"}')
-            return
-        try:
-            if not ck.query_id:
-                self.add(ERROR, "malformed-log-file", ck.listing.url("metadata"), "metadata has no query id",
-                         'restore it from a backup; it holds only {"id":"<query id>"}')
-        except LogFormatError as e:
-            self._log_error(e)
+        d = metadata_damage(ck)
+        if d is not None:
+            self.add(ERROR, d.code, d.url, d.problem, d.fix)
 
     def _restart_rules(self, offsets: dict, commits: dict) -> None:
         ck = self.ckpt
@@ -173,32 +173,9 @@ class Fsck:
             return
         st.operator_metadata()
         C, L = ck.latest_commit, ck.latest_offset
-        version = C + 1 if C is not None else None
-        commit = commits.get(C) if C is not None else None
-        live_ids: dict[tuple[int, int, str], set[str]] = {}
-        for c in commits.values():
-            for op_id, parts in (c.state_unique_ids or {}).items():
-                for p, ids in enumerate(parts):
-                    for i, u in enumerate(ids):
-                        live_ids.setdefault((int(op_id), p, i), set()).add(u)
         for op in st.operators.values():
-            names = op.store_names
-            for (part, name), store in op.stores.items():
-                idx = names.index(name)
-                if version is not None:
-                    uid = commit.unique_id(op.op_id, part, idx) if commit and commit.state_unique_ids else None
-                    if commit and commit.state_unique_ids and uid is None:
-                        self.add(ERROR, "state-missing", ck.listing.url(store.rel_dir),
-                                 f"commits/{C} lists no state id for {store.label}",
-                                 f"roll back to an earlier complete batch: {self.cmd} --to-batch <N>")
-                    else:
-                        b = st.check(store, version, uid, exact=True)
-                        if not b.ok:
-                            self.add(ERROR, "state-missing", ck.listing.url(store.rel_dir),
-                                     f"state version {version} (needed to restart after batch {C}) cannot be "
-                                     f"loaded: {b.reason}",
-                                     "restore the missing state files from a backup, or roll back to a batch "
-                                     f"whose state is complete ({self.cmd} --to-batch <N>; see inspect)")
+            for store in op.stores.values():
+                # Whether version C+1 loads is the restart set's question (see _restart_set).
                 # Stale: versions no batch in offsets/ could have written (> L + 1).
                 top = (L if L is not None else -1) + 1
                 stale = [f for f in store.files if f.version > top]

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 
 from .errors import BadInputError
 from .model.checkpoint import Checkpoint
+from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
 from .model.sources import read_kafka_initial_offsets
 from .window import rollback_window
@@ -25,13 +26,21 @@ def _iso(ms: int | None) -> str | None:
 def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None) -> dict:
     if ckpt.kind == "dstream":
         return inspect_dstream(ckpt)
-    offsets = ckpt.load_offsets()
-    commits = ckpt.load_commits()
+    damaged: list[LogFormatError] = []  # files inspect read and could not use: shown, never fatal
+    offsets = ckpt.load_offsets(errors=damaged)
+    commits = ckpt.load_commits(errors=damaged)
     latest = ckpt.latest_offsets
+    try:
+        query_id = ckpt.query_id
+    except LogFormatError as e:
+        query_id = None
+        damaged.append(e)
+    if ckpt.metadata_error is not None:
+        damaged.append(ckpt.metadata_error)
     report: dict = {
         "path": ckpt.url,
         "kind": "structured",
-        "query_id": ckpt.query_id,
+        "query_id": query_id,
         "fenced": {"operation": ckpt.fence.operation, "op_id": ckpt.fence.op_id} if ckpt.fence else None,
         "offsets": _first_last(ckpt.offset_files),
         "commits": _first_last(ckpt.commit_files),
@@ -49,17 +58,19 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
             }
             for b, o in offsets.items()
         ],
-        "sources": _sources(ckpt, latest),
+        "sources": _sources(ckpt, latest, damaged),
         "state": _state(ckpt),
         "rollback_window": rollback_window(ckpt, list(sinks), ledger).to_dict(),
     }
     if sinks:
-        report["sinks"] = [_sink(s) for s in sinks]
+        report["sinks"] = [_sink(s, damaged) for s in sinks]
         report["sink"] = report["sinks"][0]
+    report["damaged"] = [{"path": e.path, "problem": e.problem} for e in
+                         {e.path: e for e in damaged}.values()]
     return report
 
 
-def _sources(ckpt: Checkpoint, latest) -> list[dict]:
+def _sources(ckpt: Checkpoint, latest, damaged: list) -> list[dict]:
     out = []
     dirs = ckpt.sources
     ids = [o.source_id for o in latest.offsets] if latest else sorted(dirs)
@@ -75,7 +86,11 @@ def _sources(ckpt: Checkpoint, latest) -> list[dict]:
             log = src.log
             entry["log"] = {"latest": log.latest, "compact_interval": log.interval, "files": len(log.files)}
         if src is not None and src.kind == "kafka":
-            entry["initial_offsets"] = read_kafka_initial_offsets(ckpt.listing, src)
+            try:
+                entry["initial_offsets"] = read_kafka_initial_offsets(ckpt.listing, src)
+            except LogFormatError as e:
+                entry["initial_offsets"] = None
+                damaged.append(e)
         out.append(entry)
     return out
 
@@ -105,9 +120,13 @@ def _state(ckpt: Checkpoint) -> dict:
     }
 
 
-def _sink(sink: SinkOutput) -> dict:
+def _sink(sink: SinkOutput, damaged: list) -> dict:
     log = sink.log
-    entries = log.entries_after(log.latest) if log.latest is not None else []
+    try:
+        entries = log.entries_after(log.latest) if log.latest is not None else []
+    except LogFormatError as e:
+        damaged.append(e)
+        entries = []
     return {
         "path": sink.url,
         "latest_batch": log.latest,
@@ -226,8 +245,12 @@ def render_inspect(r: dict) -> str:
     if w["earliest"] is not None:
         lines.append(f"  rollback window:      batches {w['earliest']}..{w['latest']}")
         lines.append(f"    earlier is out of reach: {w['earliest_reason']}")
+        if w.get("latest_reason"):
+            lines.append(f"    later is out of reach: {w['latest_reason']}")
     else:
         lines.append(f"  rollback window:      none ({w['earliest_reason']})")
+    for d in r.get("damaged", []):
+        lines.append(f"  DAMAGED: {d['path']}: {d['problem']}")
     for s in r.get("sinks", []):
         lines.append(
             f"  sink {s['path']}: latest batch {s['latest_batch']}, {s['files']} files, {s['bytes']} bytes, "

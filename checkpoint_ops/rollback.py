@@ -18,10 +18,12 @@ Afterwards the last committed batch is N and Spark plans N+1 from ``offsets/N`` 
 
 from __future__ import annotations
 
+import zipfile
 from datetime import datetime
 
 from .errors import BadInputError, RefusedError
 from .fence import is_fence, parse_fence
+from .restart import Damage, RestartSets, damage_in_removed
 from .model.checkpoint import Checkpoint
 from .model.compactible import (
     CompactibleLog,
@@ -32,10 +34,11 @@ from .model.compactible import (
     previous_compaction,
 )
 from .model.listing import Listing
+from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
 from .plan import SIDECAR_PREFIX, Plan
 from .storage.checksums import hadoop_crc_name, hadoop_crc_target, is_hadoop_crc_name
-from .window import check_target, rollback_window
+from .window import rollback_window
 
 CKPT = "checkpoint"
 
@@ -159,10 +162,16 @@ class _Builder:
             for _, b, rel in op.schema_files:
                 if b > t:
                     self.delete(CKPT, ck.listing, rel, f"state schema written by batches after {t}", "state")
-        # SSTs are shared between snapshots: drop only those no remaining snapshot references.
+        # SSTs are shared between snapshots: drop only those no remaining snapshot references. A zip
+        # we cannot read leaves its store's SSTs alone (Spark's maintenance deletes orphans later).
+        used_by_store: dict[int, set[str] | None] = {}
         for store, z in deleted_zips:
-            used = {n for kz in kept_zips.get(id(store), []) for n in st.zip_ssts(kz)}
-            for name in st.zip_ssts(z):
+            if id(store) not in used_by_store:
+                used_by_store[id(store)] = _ssts_of(st, kept_zips.get(id(store), []))
+            used, names = used_by_store[id(store)], _ssts_of(st, [z])
+            if used is None or names is None:
+                continue
+            for name in names:
                 rel = store.ssts.get(name)
                 if rel and name not in used:
                     self.delete(CKPT, ck.listing, rel, "SST files only deleted snapshots referenced", "state")
@@ -202,7 +211,7 @@ class _Builder:
         if s is None or s <= t:
             self.plan.summary[rid] = f"latest batch {s}: nothing to roll back"
             return
-        before = {e.path: e for e in log.entries_after(s)}
+        before = self._sink_entries_before(sink, s)
         after_entries = self._sink_entries_after(i, sink, t)
         after = {e.path for e in after_entries}
         for b in log.batch_ids:
@@ -241,6 +250,25 @@ class _Builder:
         self._stale_sidecars(rid, L, "_spark_metadata")
         self.plan.summary[rid] = f"batches {t + 1}..{s} removed from the sink log: {removed} data files ({nbytes} bytes)"
 
+    def _sink_entries_before(self, sink: SinkOutput, s: int) -> dict[str, LogEntry]:
+        """What readers of the sink see now (the latest batch ``s``), to tell which data files the
+        removed batches wrote. A damaged log file the rollback removes hides what its batch wrote:
+        those files stay, unlisted, as orphans (Spark's readers ignore them), and the plan says so."""
+        log = sink.log
+        try:
+            return {e.path: e for e in log.entries_after(s)}
+        except LogFormatError as e:
+            out = {}
+            for b in all_valid_batches(s, log.interval):
+                try:
+                    out.update((x.path, x) for x in log.read([b]).get(b, []))
+                except LogFormatError:
+                    pass
+            self.plan.warnings.append(f"the data files some removed batches wrote are unknown ({e.problem}); "
+                                      f"they stay in {sink.url} unlisted, as orphans Spark's readers ignore "
+                                      "(`checkpoint-ops sink orphans` removes them)")
+            return out
+
     def _sink_entries_after(self, i: int, sink: SinkOutput, t: int) -> list[LogEntry]:
         """The sink log's entries as of batch t, writing any file Spark already compacted away."""
         rid, log = f"sink{i}", sink.log
@@ -271,6 +299,17 @@ class _Builder:
                 fix="pass the compactInterval the query runs with (--source-compact-interval / "
                 "--sink-compact-interval): Spark derives the interval from it when one compact file is left",
             )
+
+
+def _ssts_of(st, zips) -> set[str] | None:
+    """The SST and log files these RocksDB zips name, or None if one cannot be read."""
+    out: set[str] = set()
+    for z in zips:
+        try:
+            out.update(st.zip_ssts(z))
+        except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError):
+            return None
+    return out
 
 
 def _batch(e: LogEntry) -> int:
@@ -318,6 +357,7 @@ def plan_rollback(
     sinks: list[SinkOutput] = (),
     keep_files: str | None = None,
     ledger=None,
+    force: bool = False,
 ) -> Plan:
     """The complete plan for rolling ``ckpt`` (and its file sinks) back to one batch."""
     if ckpt.kind != "structured":
@@ -339,23 +379,61 @@ def plan_rollback(
     if target > C:
         raise RefusedError(f"batch {target} was never committed (the last committed batch is {C})", path=ckpt.url,
                            fix=f"choose a batch up to {C}")
-    problems = check_target(ckpt, target, sinks, ledger, exact=True)
-    if problems:
-        window = rollback_window(ckpt, sinks, ledger)
-        reach = (f"the earliest reachable batch is {window.earliest} (window {window.earliest}..{window.latest})"
-                 if window.earliest is not None else "no batch is reachable")
-        raise RefusedError(
-            f"cannot roll back to batch {target}: {'; '.join(problems)}. {reach}",
-            path=ckpt.url,
-            fix=(f"roll back to batch {window.earliest} or later" if window.earliest is not None else
-                 "restore the checkpoint from a backup")
-            + "; a batch ledger (`checkpoint-ops ledger sync`) or a backup taken earlier reaches further",
-        )
+    warnings = check_restart_set(ckpt, target, sinks, ledger, force=force, what="roll back to")
     b = _Builder(ckpt, sinks, target, keep_files, ledger)
+    b.plan.warnings += warnings
     b.logs()
     b.sources()
     b.state()
     for i, s in enumerate(sinks):
         b.sink(i, s)
     b.litter()
+    b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
     return b.plan
+
+
+class RestartSetDamaged(BadInputError):
+    """A file Spark needs to restart after the target batch is damaged (exit 2)."""
+
+    def __init__(self, target: int, damage: list[Damage], what: str):
+        self.damage = damage
+        first = damage[0]
+        more = f" (and {len(damage) - 1} more: {', '.join(d.rel for d in damage[1:4])}" + \
+               (", ..." if len(damage) > 4 else "") + ")" if len(damage) > 1 else ""
+        super().__init__(
+            f"cannot {what} batch {target}: Spark's restart after batch {target} reads {first.rel}, which "
+            f"{first.summary.split(' ', 1)[1]}: {first.problem}{more}",
+            path=first.url,
+            fix=first.fix,
+        )
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "damage": [d.to_dict() for d in self.damage]}
+
+
+def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], ledger, *, force: bool = False,
+                      what: str = "roll back to") -> list[str]:
+    """Refuse unless Spark can restart after ``target`` from what is there: damage in its restart set
+    is unusable input (exit 2); files Spark's retention purged put it out of reach (exit 1, naming the
+    earliest reachable batch). Returns warnings (a missing ``metadata`` accepted with ``force``)."""
+    rs = RestartSets(ckpt, sinks, ledger, deep=True).of(target)
+    warnings = []
+    broken = rs.broken
+    if force:
+        accepted = [d for d in broken if d.code == "missing-metadata"]
+        warnings += [f"{d.summary}, accepted with --force: {d.problem}" for d in accepted]
+        broken = [d for d in broken if d not in accepted]
+    if broken:
+        raise RestartSetDamaged(target, broken, what)
+    if rs.purged:
+        window = rollback_window(ckpt, sinks, ledger)
+        reach = (f"the earliest reachable batch is {window.earliest} (window {window.earliest}..{window.latest})"
+                 if window.earliest is not None else "no batch is reachable")
+        raise RefusedError(
+            f"cannot {what} batch {target}: {'; '.join(d.problem for d in rs.purged)}. {reach}",
+            path=ckpt.url,
+            fix=(f"roll back to batch {window.earliest} or later" if window.earliest is not None else
+                 "restore the checkpoint from a backup")
+            + "; a batch ledger (`checkpoint-ops ledger sync`) or a backup taken earlier reaches further",
+        )
+    return warnings

@@ -92,7 +92,8 @@ def state_file_missing(run):
     assert removed
     for n in removed:
         os.remove(os.path.join(d, n))
-    return "state-missing", "state/0/1"
+    # the finding names the file the load needs first: the delta (HDFS) or changelog (RocksDB) of v
+    return "state-missing", f"state/0/1/{stem}.{'delta' if run.flavour == 'hdfs' else 'changelog'}"
 
 
 def stale_state(run):

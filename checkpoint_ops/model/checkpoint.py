@@ -15,7 +15,7 @@ from .commits import CommitMetadata, parse_commit
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
 from .listing import Listing
-from .logfile import LogFile, LogFormatError, log_files
+from .logfile import LogFile, LogFormatError, log_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
 from .sink import SinkOutput
 from .sources import SourceDir, classify_sources
@@ -41,6 +41,8 @@ class Checkpoint:
         self.listing = listing or Listing.scan(fm, self.root)
         self._offsets: dict[int, OffsetSeq] = {}
         self._commits: dict[int, CommitMetadata] = {}
+        self._bad: dict[tuple[str, int], LogFormatError] = {}  # files that failed to read or parse, once
+        self.metadata_error: LogFormatError | None = None  # set when metadata exists but cannot be read
 
     @classmethod
     def open(cls, url: str, storage_options: dict | None = None, **kw) -> "Checkpoint":
@@ -86,7 +88,13 @@ class Checkpoint:
     def metadata_raw(self) -> bytes | None:
         if "metadata" not in self.listing:
             return None
-        return self.fm.read_bytes(self.listing.abs("metadata"))
+        try:
+            return self.fm.read_bytes(self.listing.abs("metadata"))
+        except FileNotFoundError:
+            return None
+        except OSError as e:  # there, but unreadable: callers that need it see metadata_error
+            self.metadata_error = unreadable(self.listing.url("metadata"), e)
+            return None
 
     @cached_property
     def fence(self):
@@ -131,18 +139,33 @@ class Checkpoint:
 
     def _load(self, files: dict[int, LogFile], cache: dict, parse, batch_ids, errors: list | None, raw: dict | None):
         ids = list(files) if batch_ids is None else [b for b in batch_ids if b in files]
-        need = [b for b in ids if b not in cache]
+        kind = "commits" if cache is self._commits else "offsets"
+        known_bad = [self._bad[(kind, b)] for b in ids if (kind, b) in self._bad]
+        if known_bad:
+            if errors is None:
+                raise known_bad[0]
+            errors.extend(known_bad)
+        need = [b for b in ids if b not in cache and (kind, b) not in self._bad]
         if need:
             paths = {self.listing.abs(files[b].rel): b for b in need}
-            for path, data in self.fm.read_many(paths).items():
+            failed: dict[str, OSError] = {}
+            for path, data in self.fm.read_many(paths, errors=failed).items():
                 b = paths[path]
                 if data is None:
-                    raise LogFormatError("file vanished while reading (is a query running?)", path=self.fm.url(path))
+                    e = (unreadable(self.fm.url(path), failed[path]) if path in failed else
+                         LogFormatError("file vanished while reading (is a query running?)", path=self.fm.url(path),
+                                        kind="missing"))
+                    self._bad[(kind, b)] = e
+                    if errors is None:
+                        raise e
+                    errors.append(e)
+                    continue
                 if raw is not None:
                     raw[path] = data
                 try:
                     cache[b] = parse(data, self.fm.url(path), b)
                 except LogFormatError as e:
+                    self._bad[(kind, b)] = e
                     if errors is None:
                         raise
                     errors.append(e)

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 
 from .listing import Listing
-from .logfile import LogFile, LogFormatError, log_files, parse_json_line, split_versioned
+from .logfile import LogFile, LogFormatError, log_files, parse_json_line, split_versioned, unreadable
 
 SPARK_DEFAULT_COMPACT_INTERVAL = 10
 
@@ -88,6 +88,7 @@ class CompactibleLog:
         self.compact_ids = [b for b, f in self.files.items() if f.compact]
         self.interval, self.interval_source = infer_interval(self.compact_ids, default_interval)
         self._entries: dict[int, list[LogEntry]] = {}
+        self._bad: dict[int, LogFormatError] = {}  # files that failed to read or parse, once
 
     @property
     def batch_ids(self) -> list[int]:
@@ -125,17 +126,29 @@ class CompactibleLog:
         return out
 
     def read(self, batch_ids) -> dict[int, list[LogEntry]]:
-        """Entries of these batch files (reading each file at most once)."""
+        """Entries of these batch files (reading each file at most once); raises on a bad file."""
+        for b in batch_ids:
+            if b in self._bad:
+                raise self._bad[b]
         need = [b for b in batch_ids if b not in self._entries and b in self.files]
         if need:
             paths = {self.listing.abs(self.files[b].rel): b for b in need}
-            data = self.listing.fm.read_many(paths)
+            failed: dict[str, OSError] = {}
+            data = self.listing.fm.read_many(paths, errors=failed)
             for path, blob in data.items():
                 b = paths[path]
-                if blob is None:
-                    raise LogFormatError("file vanished while reading (is a query running?)",
-                                         path=self.listing.fm.url(path), kind="missing")
-                self._entries[b] = self.parse(blob, self.listing.fm.url(path))
+                try:
+                    if path in failed:
+                        raise unreadable(self.listing.fm.url(path), failed[path])
+                    if blob is None:
+                        raise LogFormatError("file vanished while reading (is a query running?)",
+                                             path=self.listing.fm.url(path), kind="missing")
+                    self._entries[b] = self.parse(blob, self.listing.fm.url(path))
+                except LogFormatError as e:
+                    self._bad[b] = e
+            for b in need:
+                if b in self._bad:
+                    raise self._bad[b]
         return {b: self._entries[b] for b in batch_ids if b in self._entries}
 
     def read_all_lenient(self) -> tuple[dict[str, bytes], list[LogFormatError]]:
@@ -145,14 +158,21 @@ class CompactibleLog:
         entries land in the cache that ``read``/``entries_after`` use.
         """
         paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries}
-        raw, errors = {}, []
-        for path, blob in self.listing.fm.read_many(paths).items():
+        raw, errors = {}, [e for b, e in self._bad.items() if self.listing.abs(self.files[b].rel) in paths]
+        paths = {p: b for p, b in paths.items() if b not in self._bad}
+        failed: dict[str, OSError] = {}
+        for path, blob in self.listing.fm.read_many(paths, errors=failed).items():
+            if path in failed:
+                self._bad[paths[path]] = e = unreadable(self.listing.fm.url(path), failed[path])
+                errors.append(e)
+                continue
             if blob is None:
                 continue
             raw[path] = blob
             try:
                 self._entries[paths[path]] = self.parse(blob, self.listing.fm.url(path))
             except LogFormatError as e:
+                self._bad[paths[path]] = e
                 errors.append(e)
         return raw, errors
 

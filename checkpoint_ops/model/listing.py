@@ -20,6 +20,7 @@ class Listing:
         self.files: dict[str, FileInfo] = {}
         self._children: dict[str, dict[str, FileInfo]] = {}
         self._subdirs: dict[str, set[str]] | None = None  # derived from _children when first needed
+        self.empty_dirs: dict[str, FileInfo] = {}  # rel -> entry, where the walk reports them
         cut = len(self.root) + 1
         prefix = self.root + "/"
         files_ = self.files
@@ -29,6 +30,9 @@ class Listing:
             if not path.startswith(prefix):
                 continue
             rel = path[cut:]
+            if f.is_dir:
+                self.empty_dirs[rel] = f
+                continue
             files_[rel] = f
             parent, _, name = rel.rpartition("/")
             d = children.get(parent)
@@ -47,12 +51,23 @@ class Listing:
                         break
                     subs.add(dname)
                     parent = up
+            for rel in self.empty_dirs:
+                up, _, dname = rel.rpartition("/")
+                subdirs.setdefault(up, set()).add(dname)
             self._subdirs = subdirs
         return self._subdirs
 
     @classmethod
     def scan(cls, fm: CheckpointFileManager, root: str) -> "Listing":
-        return cls(fm, root, fm.walk(root))
+        return cls(fm, root, fm.walk(root, empty_dirs=True))
+
+    def dir_entry(self, rel: str) -> FileInfo | None:
+        """A stand-in entry for a directory at ``rel`` (where a file may be expected), or None."""
+        if rel in self.empty_dirs:
+            return self.empty_dirs[rel]
+        if self.has_dir(rel):
+            return FileInfo(self.abs(rel), 0, None, is_dir=True)
+        return None
 
     def abs(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root

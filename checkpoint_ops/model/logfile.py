@@ -50,9 +50,17 @@ def batch_id_from_name(name: str, compactible: bool = False) -> int | None:
 
 
 def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict[int, LogFile]:
-    """Batch files of one log directory, by batch id."""
+    """Batch files of one log directory, by batch id.
+
+    A directory named like a batch file counts, as it does for Spark's ``isBatchFile`` (reading it
+    then fails, and says so).
+    """
     out: dict[int, LogFile] = {}
-    for name, info in listing.files_in(rel_dir).items():
+    entries = dict(listing.files_in(rel_dir))
+    for d in listing.subdirs(rel_dir):
+        if batch_id_from_name(d, compactible) is not None:
+            entries.setdefault(d, listing.dir_entry(f"{rel_dir}/{d}" if rel_dir else d))
+    for name, info in entries.items():
         bid = batch_id_from_name(name, compactible)
         if bid is None:
             continue
@@ -73,6 +81,25 @@ class LogFormatError(BadInputError):
 
 class UnknownVersionError(LogFormatError, UnsupportedVersionError):
     pass
+
+
+def unreadable(path: str, e: OSError) -> LogFormatError:
+    """The error for a file that cannot be read at all (what Spark would hit too)."""
+    import errno
+
+    if isinstance(e, IsADirectoryError) or e.errno == errno.EISDIR:
+        what = "is a directory where Spark expects a file: Spark lists it as a batch file and fails to read it"
+        fix = "move the directory out of the checkpoint (keep a copy), then run fsck again"
+    elif isinstance(e, PermissionError):
+        what = "cannot be read: permission denied"
+        fix = "give the user that runs Spark and checkpoint-ops read access (Spark fails the same way)"
+    elif e.errno == errno.ELOOP:
+        what = "cannot be read: a symbolic link loop"
+        fix = "replace the link with the file it should point to (restore it from a backup)"
+    else:
+        what = f"cannot be read: {e.strerror or e}"
+        fix = "check the storage, then restore this file from a backup"
+    return LogFormatError(what, path=path, kind="unreadable", fix=fix)
 
 
 def split_versioned(data: bytes, path: str, log_kind: str, *, strip_nul: bool = False) -> tuple[int, list[str]]:

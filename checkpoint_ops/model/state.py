@@ -136,6 +136,8 @@ class Build:
     files: list[StateFile] = field(default_factory=list)
     reason: str | None = None
     base_version: int | None = None
+    missing: str | None = None  # rel of the file whose absence (or damage) stops the load
+    missing_version: int | None = None  # its state version (SSTs: the zip's)
 
 
 IdsForVersion = Callable[[int], "str | None"]
@@ -149,6 +151,7 @@ class StateModel:
         self.other_files: list[str] = []  # anything under state/ we do not recognise
         self._lineage_cache: dict[str, list[tuple[int, str]] | None] = {}
         self._zip_cache: dict[str, dict] = {}
+        self._blobs: dict[str, bytes | None] = {}  # contents a caller already read (see preload)
         self._scan()
         self.provider = self._provider(provider_class)
 
@@ -260,7 +263,7 @@ class StateModel:
                 paths[L.abs(op.metadata_v1_rel)] = (op, 1)
             if op.metadata_v2:
                 paths[L.abs(op.metadata_v2[max(op.metadata_v2)])] = (op, 2)
-        for path, data in fm.read_many(paths).items():
+        for path, data in fm.read_many(paths, errors={}).items():  # unreadable: no name shown, fsck says why
             op, v = paths[path]
             doc = _parse_versioned_json(data)
             if v == 1:
@@ -287,7 +290,8 @@ class StateModel:
             return self._check_chain(store, version, "zip", "changelog", exact)
         z = store.file(version, "zip")
         if z is None:
-            return Build(False, reason=f"{store.label}: version {version} needs {version}.zip, which is missing")
+            return Build(False, reason=f"{store.label}: version {version} needs {version}.zip, which is missing",
+                         missing=f"{store.rel_dir}/{version}.zip", missing_version=version)
         return self._with_ssts(store, Build(True, [z], base_version=version), exact)
 
     def _check_chain(self, store: Store, version: int, snap_kind: str, delta_kind: str, exact: bool) -> Build:
@@ -299,7 +303,8 @@ class StateModel:
             if f is None:
                 where = f"{base}.{snap_kind}" if base else "empty state"
                 return Build(False, reason=f"{store.label}: version {version} loads from {where} but "
-                                            f"{v}.{delta_kind} is missing", base_version=base)
+                                            f"{v}.{delta_kind} is missing", base_version=base,
+                             missing=f"{store.rel_dir}/{v}.{delta_kind}", missing_version=v)
             chain.append(f)
         return self._with_ssts(store, Build(True, chain, base_version=base), exact)
 
@@ -319,18 +324,21 @@ class StateModel:
             c = store.file(k, "changelog", u)
             if c is None:
                 return Build(False, reason=f"{store.label}: version {k} (id {u}) has neither {k}_{u}.zip nor "
-                                            f"{k}_{u}.changelog")
+                                            f"{k}_{u}.changelog", missing=f"{store.rel_dir}/{k}_{u}.changelog",
+                             missing_version=k)
             chain.append(c)
             nxt = (ids_for(k - 1) if ids_for else None) or lineage.get(k - 1)
             if nxt is None and k - 1 > 0:
                 items = self.lineage(c)
                 if items is None:
-                    return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}")
+                    return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}",
+                                 missing=c.rel, missing_version=k)
                 lineage.update(dict(items))
                 nxt = lineage.get(k - 1)
                 if nxt is None:
                     return Build(False, reason=f"{store.label}: lineage of {c.name} does not reach version "
-                                                f"{k - 1} and no snapshot was found")
+                                                f"{k - 1} and no snapshot was found", missing=c.rel,
+                                 missing_version=k - 1)
             k, u = k - 1, nxt
 
     def _check_v2_lineage(self, store: Store, version: int, uid: str) -> Build:
@@ -340,16 +348,20 @@ class StateModel:
             return self._with_ssts(store, Build(True, [z], base_version=version), True)
         c = store.file(version, "changelog", uid)
         if c is None:
-            return Build(False, reason=f"{store.label}: neither {version}_{uid}.zip nor {version}_{uid}.changelog exists")
+            return Build(False, reason=f"{store.label}: neither {version}_{uid}.zip nor {version}_{uid}.changelog exists",
+                         missing=f"{store.rel_dir}/{version}_{uid}.changelog", missing_version=version)
         items = self.lineage(c)
         if items is None:
-            return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}")
+            return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}", missing=c.rel,
+                         missing_version=version)
         lineage = sorted(items + [(version, uid)])
         base = next(((v, u) for v, u in reversed(lineage) if store.file(v, "zip", u)), None)
         if base is None:
             if lineage[0][0] != 1:
+                first_v, first_u = lineage[0]
                 return Build(False, reason=f"{store.label}: no snapshot of the lineage of {c.name} "
-                                            f"({lineage[0][0]}..{version}) exists")
+                                            f"({lineage[0][0]}..{version}) exists",
+                             missing=f"{store.rel_dir}/{first_v - 1}_<id>.zip", missing_version=first_v - 1)
             base_v, chain = 0, []
         else:
             base_v, chain = base[0], [store.file(base[0], "zip", base[1])]
@@ -358,7 +370,8 @@ class StateModel:
                 continue
             f = store.file(v, "changelog", u)
             if f is None:
-                return Build(False, reason=f"{store.label}: lineage of {c.name} needs {v}_{u}.changelog, which is missing")
+                return Build(False, reason=f"{store.label}: lineage of {c.name} needs {v}_{u}.changelog, which is missing",
+                             missing=f"{store.rel_dir}/{v}_{u}.changelog", missing_version=v)
             chain.append(f)
         return self._with_ssts(store, Build(True, chain, base_version=base_v), True)
 
@@ -368,18 +381,31 @@ class StateModel:
         for f in build.files:
             if f.kind != "zip":
                 continue
-            missing = [n for n in self.zip_ssts(f) if n not in store.ssts]
+            try:
+                names = self.zip_ssts(f)
+            except (zipfile.BadZipFile, KeyError, OSError, ValueError, EOFError) as e:
+                return Build(False, build.files, f"{store.label}: {f.name} is not a readable RocksDB checkpoint zip "
+                                                 f"({e})", build.base_version, missing=f.rel, missing_version=f.version)
+            missing = [n for n in names if n not in store.ssts]
             if missing:
+                sub = "logs" if missing[0].endswith(".log") else "SSTs"
                 return Build(False, build.files, f"{store.label}: {f.name} references missing "
-                                                 f"SSTs/{missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
-                             build.base_version)
+                                                 f"{sub}/{missing[0]}" + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""),
+                             build.base_version, missing=f"{store.rel_dir}/{sub}/{missing[0]}",
+                             missing_version=f.version)
         return build
 
     # -- file contents ---------------------------------------------------------------------------
+    def preload(self, blobs: dict[str, bytes | None] | None) -> None:
+        """Let the next checks use these contents (rel -> bytes) instead of reading again; None clears."""
+        self._blobs = dict(blobs or {})
+
     def lineage(self, f: StateFile) -> list[tuple[int, str]] | None:
         if f.rel not in self._lineage_cache:
             try:
-                head = self.listing.fm.read_prefix(self.listing.abs(f.rel), _LINEAGE_PREFIX_BYTES)
+                blob = self._blobs.get(f.rel)
+                head = blob[:_LINEAGE_PREFIX_BYTES] if blob is not None else \
+                    self.listing.fm.read_prefix(self.listing.abs(f.rel), _LINEAGE_PREFIX_BYTES)
                 _, items = changelog_header(decompress_prefix(head, self.codec))
                 self._lineage_cache[f.rel] = items or []
             except (CodecError, ValueError, OSError):
@@ -389,7 +415,9 @@ class StateModel:
     def zip_metadata(self, f: StateFile) -> dict:
         """The ``metadata`` entry of a RocksDB checkpoint zip (its SST list)."""
         if f.rel not in self._zip_cache:
-            data = self.listing.fm.read_bytes(self.listing.abs(f.rel))
+            data = self._blobs.get(f.rel)
+            if data is None:
+                data = self.listing.fm.read_bytes(self.listing.abs(f.rel))
             with zipfile.ZipFile(io.BytesIO(data)) as z:
                 self._zip_cache[f.rel] = _parse_versioned_json(z.read("metadata"))
         return self._zip_cache[f.rel]

@@ -119,12 +119,12 @@ class DirectPutFileManager(CheckpointFileManager):
         self._count("get")
         return self.fs.cat_file(path, start=0, end=n)
 
-    def read_many(self, paths: Iterable[str]) -> dict[str, bytes | None]:
+    def read_many(self, paths: Iterable[str], errors: dict | None = None) -> dict[str, bytes | None]:
         paths = list(paths)
         if not paths:
             return {}
         if not getattr(self.fs, "async_impl", False):
-            return super().read_many(paths)
+            return super().read_many(paths, errors)
         from fsspec.asyn import sync
 
         sem_holder: dict = {}
@@ -135,6 +135,11 @@ class DirectPutFileManager(CheckpointFileManager):
                 try:
                     return p, await self.fs._cat_file(p, **self._cat_kwargs)
                 except FileNotFoundError:
+                    return p, None
+                except OSError as e:
+                    if errors is None:
+                        raise
+                    errors[p] = e
                     return p, None
 
         async def run():
@@ -163,7 +168,7 @@ class DirectPutFileManager(CheckpointFileManager):
         except FileNotFoundError:
             return []
 
-    def walk(self, path: str) -> list[FileInfo]:
+    def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         if self.location.scheme == "s3":
             return self._s3_walk(path)
         self._count("list")

@@ -24,15 +24,25 @@ from .paths import Location, basename, dirname, join
 
 
 class FileInfo:
-    """One listed file (or directory): full fsspec path, size in bytes, mtime in seconds."""
+    """One listed file (or directory): full fsspec path, size in bytes, mtime in seconds.
 
-    __slots__ = ("path", "_size", "_mtime", "is_dir")
+    ``error`` holds the OSError met while looking at it (a symlink loop, no permission): the
+    listing still shows the name, as Spark's listing would, and whoever needs the file says why
+    it cannot be used.
+    """
+
+    __slots__ = ("path", "_size", "_mtime", "is_dir", "_error")
 
     def __init__(self, path: str, size: int | None = None, mtime: float | None = None, is_dir: bool = False):
         self.path = path
         self._size = size
         self._mtime = mtime
         self.is_dir = is_dir
+        self._error = None
+
+    @property
+    def error(self) -> OSError | None:
+        return self._error
 
     @property
     def size(self) -> int:
@@ -153,13 +163,22 @@ class CheckpointFileManager(abc.ABC):
         """The first ``n`` bytes (fewer if the file is shorter)."""
         return self.read_bytes(path)[:n]
 
-    def read_many(self, paths: Iterable[str]) -> dict[str, bytes | None]:
-        """Several files (concurrently where the backend can); missing ones map to None."""
+    def read_many(self, paths: Iterable[str], errors: dict | None = None) -> dict[str, bytes | None]:
+        """Several files (concurrently where the backend can); missing ones map to None.
+
+        Any other OSError (no permission, a directory, a symlink loop) is raised, unless ``errors``
+        is given: then it is put there by path, and the path maps to None.
+        """
         out: dict[str, bytes | None] = {}
         for p in paths:
             try:
                 out[p] = self.read_bytes(p)
             except FileNotFoundError:
+                out[p] = None
+            except OSError as e:
+                if errors is None:
+                    raise
+                errors[p] = e
                 out[p] = None
         return out
 
@@ -175,8 +194,12 @@ class CheckpointFileManager(abc.ABC):
         """Direct children (files and directories); empty if ``path`` does not exist."""
 
     @abc.abstractmethod
-    def walk(self, path: str) -> list[FileInfo]:
-        """Every file below ``path`` (recursively), in as few requests as the backend allows."""
+    def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
+        """Every file below ``path`` (recursively), in as few requests as the backend allows.
+
+        With ``empty_dirs``, directories holding nothing are listed too (``is_dir``): Spark's
+        listing sees a directory named like a batch file as that batch. Object stores have none.
+        """
 
     # -- deleting and moving ---------------------------------------------------------------
     @abc.abstractmethod

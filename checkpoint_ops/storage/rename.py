@@ -34,6 +34,14 @@ class _LazyStatInfo(FileInfo):
             self._size, self._mtime = st.st_size, st.st_mtime
         except FileNotFoundError:
             self._size, self._mtime = 0, None
+        except OSError as e:  # a symlink loop, or a link to something we may not see
+            self._size, self._mtime, self._error = 0, None, e
+
+    @property
+    def error(self) -> OSError | None:
+        if self._size is None:
+            self._stat()
+        return self._error
 
     @property
     def size(self) -> int:
@@ -198,7 +206,7 @@ class LocalFileManager(CheckpointFileManager):
             out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir()))
         return out
 
-    def walk(self, path: str) -> list[FileInfo]:
+    def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         out: list[FileInfo] = []
         stack = [path]
         while stack:
@@ -208,12 +216,21 @@ class LocalFileManager(CheckpointFileManager):
                 it = os.scandir(d)
             except (FileNotFoundError, NotADirectoryError):
                 continue
+            except OSError as e:  # a directory we may not read: say so where it is used
+                info = FileInfo(d, 0, None, is_dir=True)
+                info._error = e
+                out.append(info)
+                continue
+            empty = True
             with it:
                 for e in it:
+                    empty = False
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
                     else:
                         out.append(_LazyStatInfo(e.path))
+            if empty and empty_dirs and d != path:
+                out.append(FileInfo(d, 0, None, is_dir=True))
         return out
 
     def delete_many(self, paths: Iterable[str]) -> None:
@@ -361,7 +378,7 @@ class RenameFileManager(CheckpointFileManager):
         except FileNotFoundError:
             return []
 
-    def walk(self, path: str) -> list[FileInfo]:
+    def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         self.counter.add("list")
         try:
             found = self.fs.find(path, detail=True)
