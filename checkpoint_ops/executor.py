@@ -17,14 +17,12 @@ byte-for-byte what it was. It refuses if anything was written since (Spark ran a
 from __future__ import annotations
 
 import base64
-import os
-import signal
 import sys
 from dataclasses import dataclass
 
 from .errors import BadInputError, RefusedError
 from .fence import Fence, fence_bytes, is_fence, parse_fence
-from .journal import Journal, list_journals, load_journal, new_op_id, ops_dir, write_journal
+from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
 from .ledger import ledger_at
 from .model.checkpoint import Checkpoint
 from .model.listing import Listing
@@ -33,8 +31,7 @@ from .plan import DELETE, KEEP, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, open_file_manager
 from .storage.paths import join
 
-FAULT_ENV = "CHECKPOINT_OPS_FAULT_AFTER"  # test hook: SIGKILL ourselves after N steps
-CHUNK = 1000
+CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
 
 
 @dataclass
@@ -61,9 +58,7 @@ class Executor:
         self.keep = keep
         self.plan = plan if plan is not None else Plan.from_journal(journal.record["plan"])
         self.original_metadata = _b64(journal.record.get("original_metadata"))
-        fault = os.environ.get(FAULT_ENV)
-        self.fault_after = int(fault) if fault else None
-        self.chunk = 1 if self.fault_after is not None else CHUNK
+        self.chunk = CHUNK
         self.steps = 0
         self._scanned: dict[str, Listing] | None = None
         self._bar = None
@@ -77,8 +72,6 @@ class Executor:
         self.steps += n
         if self._bar is not None:
             self._bar.update(n)
-        if self.fault_after is not None and self.steps >= self.fault_after:
-            os.kill(os.getpid(), signal.SIGKILL)  # simulate a crash at exactly this point
 
     def close(self) -> None:
         if self._bar is not None:
@@ -163,10 +156,10 @@ class Executor:
     def apply(self, resuming: bool) -> None:
         plan = self.plan
         actions = plan.ordered()
-        self._step(0)  # a crash point between the journal and the fence
         self._fence("rollback")
         if resuming:
             actions = self._pending(actions)
+            self._drop_stray_temps(self._listings())
         self._retire([a for a in actions if a.kind == DELETE and a.phase == "write"])  # replaced files
         for a in actions:
             if a.kind == WRITE:
@@ -198,6 +191,17 @@ class Executor:
                 done += a.rel not in listings[a.root]
         return done
 
+    def _drop_stray_temps(self, listings: dict[str, Listing]) -> None:
+        """Temp files of our own writes that a crash left behind (hidden ``.<name>.<uuid>.tmp``, not
+        in the plan): the fence kept Spark away, so every such file is ours. Deleted, not kept: they
+        were never part of the tree."""
+        for rid, listing in listings.items():
+            planned = {a.rel for a in self.plan.actions if a.root == rid}
+            stray = [rel for rel in listing.files if rel not in planned and _is_temp(rel)]
+            if stray:
+                root = self.roots[rid]
+                root.fm.delete_many([root.abs(r) for r in stray])
+
     def _pending(self, actions: list[FileAction]) -> list[FileAction]:
         """On resume: the actions whose effect is not on disk yet."""
         listings = self._listings()
@@ -216,7 +220,11 @@ class Executor:
         listings = {rid: Listing.scan(r.fm, r.path) for rid, r in self.roots.items()}
         if applied:
             self._check_untouched(listings)
+        # "undoing" before anything changes: an undo that got past its unfence but not to its
+        # "undone" marker would otherwise look like an applied rollback whose files came back.
+        self.journal.mark("undoing")
         self._fence("undo")
+        self._drop_stray_temps(listings)
         # 1. what the operation wrote goes
         removed = set()
         for a in plan.actions:
@@ -278,6 +286,11 @@ class Executor:
                 path=root.url,
                 fix="stop the query and roll back to the batch you want instead",
             )
+
+
+def _is_temp(rel: str) -> bool:
+    name = rel.rsplit("/", 1)[-1]
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 def _transfer(src_fm: CheckpointFileManager, dst_fm: CheckpointFileManager, pairs: list[tuple[str, str]]) -> None:
@@ -357,20 +370,23 @@ def _result(journal: Journal, status: str, roots: dict[str, Root]) -> dict:
 def find_journal(ckpt: Checkpoint, want: str) -> tuple[Journal, str]:
     """The journal ``--resume`` (want="resume") or ``undo`` (want="undo") acts on, and its state.
 
-    States: ``fenced-rollback``, ``fenced-undo``, ``unfinished`` (journal written, not fenced yet or
-    unfenced but not marked), ``applied``.
+    States: ``fenced-<operation>``, ``fenced-undo``, ``undoing`` (an undo interrupted while the
+    checkpoint was not fenced), ``unfinished`` (journal written, not fenced yet or unfenced but not
+    marked), ``applied``.
     """
     fm = ckpt.fm
     ops = ops_dir(fm, ckpt.root)
     if is_fence(ckpt.metadata_raw):
         f = parse_fence(ckpt.metadata_raw)
         return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
-    for path in reversed(list_journals(fm, ops)):
+    for path, markers in reversed(scan_journals(fm, ops).items()):
         j = load_journal(fm, path)
-        if j.has_marker("undone") or j.has_marker("abandoned"):
+        if "undone" in markers or "abandoned" in markers:
             continue
-        if j.has_marker("applied"):
-            if want == "undo" and j.has_marker("pruned"):
+        if "undoing" in markers:
+            return j, "undoing"  # an undo was interrupted (after its unfence, or before its fence)
+        if "applied" in markers:
+            if want == "undo" and "pruned" in markers:
                 raise RefusedError(
                     f"the last {j.record['operation']} ({j.op_id}, to batch {j.record['plan']['target_batch']}) "
                     "cannot be undone: its undo record was pruned", path=fm.url(j.path),
@@ -413,7 +429,7 @@ def resume(ckpt: Checkpoint, storage_options: dict | None = None, progress: bool
     journal, state = find_journal(ckpt, "resume")
     if state == "applied":
         raise RefusedError(f"the last operation ({journal.op_id}) completed: nothing to resume", path=ckpt.url)
-    if state == "fenced-undo":
+    if state in ("fenced-undo", "undoing"):
         raise RefusedError(f"an undo of {journal.op_id} was interrupted", path=ckpt.url,
                            fix=f"run `checkpoint-ops undo {ckpt.url}` again to finish it")
     ex = _reopen(ckpt, journal, storage_options, progress)

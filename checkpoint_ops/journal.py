@@ -100,7 +100,20 @@ def load_journal(fm: CheckpointFileManager, path: str) -> Journal:
     return Journal(fm, path, record)
 
 
+def scan_journals(fm: CheckpointFileManager, ops: str) -> dict[str, set[str]]:
+    """Journal directory -> the files in it (``plan.json`` and markers), oldest first, from one
+    listing. A directory without ``plan.json`` is a crash while the journal itself was written:
+    nothing had changed yet, so it is no operation at all and is left out."""
+    base = join(ops, "journal")
+    found: dict[str, set[str]] = {}
+    for f in fm.walk(base):
+        rest = f.path[len(base) + 1:]
+        op, _, name = rest.partition("/")
+        if name and "/" not in name and not name.startswith("."):
+            found.setdefault(join(base, op), set()).add(name)
+    return {p: found[p] for p in sorted(found) if "plan.json" in found[p]}
+
+
 def list_journals(fm: CheckpointFileManager, ops: str) -> list[str]:
     """Journal directories, oldest first (op ids start with a UTC timestamp)."""
-    entries = fm.list(join(ops, "journal"))
-    return sorted(e.path for e in entries if e.is_dir or not e.name.startswith("."))
+    return list(scan_journals(fm, ops))

@@ -14,7 +14,7 @@ from calendar import timegm
 
 from .errors import BadInputError
 from .fence import is_fence, parse_fence
-from .journal import Journal, list_journals, load_journal, ops_dir
+from .journal import Journal, load_journal, ops_dir, scan_journals
 from .model.checkpoint import Checkpoint
 from .plan import Plan
 from .storage import CheckpointFileManager, FileInfo, open_file_manager
@@ -30,10 +30,12 @@ def _created_s(j: Journal) -> float:
 def _status(j: Journal, markers: set[str], fenced_op: str | None) -> str:
     if j.op_id == fenced_op:
         return "in-progress"  # the checkpoint is fenced by it: resume or undo it first
-    for marker in ("undone", "abandoned", "applied"):
+    for marker in ("undone", "abandoned"):
         if marker in markers:
             return marker
-    return "unfinished"
+    if "undoing" in markers:
+        return "in-progress"  # an interrupted undo: run undo again to finish it
+    return "applied" if "applied" in markers else "unfinished"
 
 
 def history(ckpt: Checkpoint) -> list[dict]:
@@ -41,10 +43,9 @@ def history(ckpt: Checkpoint) -> list[dict]:
     ops = ops_dir(ckpt.fm, ckpt.root)
     fenced = parse_fence(ckpt.metadata_raw).op_id if is_fence(ckpt.metadata_raw) else None
     out = []
-    for path in list_journals(ckpt.fm, ops):
+    for path, markers in scan_journals(ckpt.fm, ops).items():  # one listing for every journal and marker
         j = load_journal(ckpt.fm, path)
         plan = j.record["plan"]
-        markers = {f.name for f in ckpt.fm.list(path)}  # one listing, not a request per marker
         status = _status(j, markers, fenced)
         pruned = PRUNED in markers
         out.append({

@@ -11,7 +11,8 @@ from checkpoint_ops.model.checkpoint import Checkpoint
 from checkpoint_ops.prune import plan_prune
 from tests.helpers import cli_json, tree_snapshot
 from tests.test_rollback_s3 import objects, upload
-from tests.test_rollback_spark import INTERVALS, _rollback_subprocess, content_snapshot, target_before_last_compaction
+from tests.test_rollback_spark import FENCED, INTERVALS, _rollback_subprocess, content_snapshot, \
+    target_before_last_compaction
 
 
 # the `run` fixture (conftest) of one state-store flavour: pruning does not depend on it
@@ -92,7 +93,7 @@ def test_prune_by_age(run):
 @HDFS
 def test_prune_never_touches_an_interrupted_rollback(run):
     n = target_before_last_compaction(run)
-    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_FAULT_AFTER": "9"})
+    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_KILL_AT": str(FENCED + 8)})
     assert proc.returncode == -9
     before = tree_snapshot(run.base)
     code, r = cli_json("prune", run.checkpoint, "--keep-last", "0", "--yes")

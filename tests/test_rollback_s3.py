@@ -98,7 +98,7 @@ def test_killed_rollback_on_s3_resumes(v2_run, bucket, s3_server):
     url = upload(run, bucket, s3_server, versioned=True)
     n = target_before_last_compaction(run)
     code, dry = cli_json("rollback", url, "--to-batch", n, "--sink", run.output, *INTERVALS, "--dry-run")
-    env = dict(os.environ, CHECKPOINT_OPS_FAULT_AFTER="12")
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="12")  # journal, ledger, fence (no .crc on S3), then deletes
     proc = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", url, "--to-batch", str(n),
                            "--sink", run.output, *INTERVALS, "--yes"], env=env, capture_output=True, text=True)
     assert proc.returncode == -9, proc.stderr[-2000:]

@@ -205,6 +205,13 @@ def test_keep_files_moves_sink_data_aside(spark, run, tmp_path):
     assert code == 0 and all(os.path.exists(os.path.join(run.output, rel)) for rel in moved)
 
 
+# Mutating calls of a rollback on local disk (storage/killswitch.py counts them): the journal and its
+# .crc (1, 2), the ledger truncation and its .crc (3, 4), the fence over metadata and its .crc (5, 6),
+# then one per file moved aside. The crash matrix (test_crash_matrix.py) kills at every one of them.
+FENCE_AT = 5
+FENCED = FENCE_AT + 2
+
+
 def _rollback_subprocess(run, n, env_extra):
     env = dict(os.environ, **env_extra)
     cmd = [sys.executable, "-m", "checkpoint_ops.cli", "rollback", run.checkpoint, "--to-batch", str(n),
@@ -212,11 +219,11 @@ def _rollback_subprocess(run, n, env_extra):
     return subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
 
 
-@pytest.mark.parametrize("kill_after", [1, 9, 40])
-def test_killed_rollback_is_fenced_then_resumed(run, kill_after):
+@pytest.mark.parametrize("kill_at", [FENCED, FENCED + 8, FENCED + 39])
+def test_killed_rollback_is_fenced_then_resumed(run, kill_at):
     n = target_before_last_compaction(run)
     code, dry = rollback(run, n, "--dry-run")
-    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_FAULT_AFTER": str(kill_after)})
+    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_KILL_AT": str(kill_at)})
     assert proc.returncode == -9, proc.stderr[-2000:]
     # Spark cannot start from a half-done rollback: metadata is fenced, and fsck says what to do.
     assert open(os.path.join(run.checkpoint, "metadata"), "rb").read().startswith(b"CHECKPOINT-OPS-FENCE")
@@ -233,7 +240,7 @@ def test_killed_rollback_is_fenced_then_resumed(run, kill_after):
 
 def test_killed_rollback_resumed_then_spark_is_exact(spark, run):
     n = target_before_last_compaction(run)
-    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_FAULT_AFTER": "25"})
+    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_KILL_AT": str(FENCED + 24)})
     assert proc.returncode == -9
     with pytest.raises(Exception):  # Spark refuses the fenced checkpoint instead of guessing
         run.run_query(spark)
@@ -245,7 +252,7 @@ def test_killed_rollback_resumed_then_spark_is_exact(spark, run):
 def test_killed_rollback_can_be_undone_byte_for_byte(run):
     n = target_before_last_compaction(run)
     before = content_snapshot(run.checkpoint, run.output)
-    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_FAULT_AFTER": "30"})
+    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_KILL_AT": str(FENCED + 29)})
     assert proc.returncode == -9
     code, u = cli_json("undo", run.checkpoint, "--yes")
     assert code == 0, u
@@ -310,7 +317,7 @@ def test_journal_written_but_never_fenced_is_abandoned_not_resumed(run):
     """A crash between writing the journal and fencing changed nothing; Spark may have run since,
     so resuming the old plan could mix timelines: it is dropped instead."""
     n = target_before_last_compaction(run)
-    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_FAULT_AFTER": "0"})  # killed before the fence
+    proc = _rollback_subprocess(run, n, {"CHECKPOINT_OPS_KILL_AT": str(FENCE_AT)})  # killed before the fence
     assert proc.returncode == -9
     assert not open(os.path.join(run.checkpoint, "metadata"), "rb").read().startswith(b"CHECKPOINT-OPS")
     before = tree_snapshot(run.checkpoint, run.output)

@@ -1,0 +1,81 @@
+"""A test-only crash switch: ``CHECKPOINT_OPS_KILL_AT=k`` kills the process at its k-th mutating call.
+
+Every change any operation makes goes through a file manager, so counting there covers them all:
+each published atomic write, each file deleted, moved, copied or undeleted (batch calls count file
+by file and, while the switch is armed, run file by file so a crash can land between any two). The
+process is killed with SIGKILL *before* call k takes effect: no ``finally`` block, no flush, as
+when a machine dies. The crash-matrix tests run an operation with k = 1, 2, ... until it finishes
+without being killed.
+
+Unset (the normal case) it costs one dictionary lookup per call.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+
+KILL_ENV = "CHECKPOINT_OPS_KILL_AT"
+
+_count = {"pid": None, "n": 0}
+
+
+def armed() -> bool:
+    return KILL_ENV in os.environ
+
+
+def tick(n: int = 1) -> None:
+    """One mutating call is about to happen."""
+    at = os.environ.get(KILL_ENV)
+    if at is None:
+        return
+    if _count["pid"] != os.getpid():  # a forked child counts from zero
+        _count["pid"], _count["n"] = os.getpid(), 0
+    for _ in range(n):
+        _count["n"] += 1
+        if _count["n"] >= int(at):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def counted(fn):
+    """A mutating method that acts on one thing."""
+
+    @functools.wraps(fn)
+    def wrapper(self, *args, **kwargs):
+        tick()
+        return fn(self, *args, **kwargs)
+
+    wrapper.__killswitch__ = True
+    return wrapper
+
+
+def counted_each(fn):
+    """A mutating method whose first argument is a batch: one call per item while armed."""
+
+    @functools.wraps(fn)
+    def wrapper(self, items, *args, **kwargs):
+        if not armed():
+            return fn(self, items, *args, **kwargs)
+        out = None
+        for item in list(items):
+            tick()
+            r = fn(self, [item], *args, **kwargs)
+            if r is not None:
+                out = (out or []) + list(r)
+        return out if out is not None else ([] if fn.__name__ != "delete_many" else None)
+
+    wrapper.__killswitch__ = True
+    return wrapper
+
+
+SINGLE = ("rename", "copy", "remove_empty_dirs", "_put_plain")
+EACH = ("delete_many", "move_many", "undelete_many")
+
+
+def instrument(cls) -> None:
+    """Wrap the mutating methods a file manager class defines itself."""
+    for name in SINGLE + EACH:
+        fn = cls.__dict__.get(name)
+        if fn is not None and not getattr(fn, "__killswitch__", False):
+            setattr(cls, name, (counted_each if name in EACH else counted)(fn))

@@ -1,0 +1,44 @@
+"""Runs ``checkpoint-ops`` commands in forked children of one warm interpreter.
+
+The crash matrix runs an operation hundreds of times, killed at each mutating call in turn; a new
+interpreter for each run would spend most of the suite importing. This process imports the CLI
+once; per request (one JSON line on stdin: args, env, stdout/stderr files) it forks a child that
+runs the command, and answers with the child's exit status (negative: killed by that signal).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from checkpoint_ops.cli import main
+
+
+def serve() -> None:
+    print("ready", flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:  # the child: run one command and exit with its code, whatever happens
+            code = 70
+            try:
+                os.environ.update(req.get("env", {}))
+                for k in req.get("unset", []):
+                    os.environ.pop(k, None)
+                for fd, path in ((1, req["stdout"]), (2, req["stderr"])):
+                    f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.dup2(f, fd)
+                    os.close(f)
+                code = main(req["args"])
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code if isinstance(code, int) else 70)
+        _, status = os.waitpid(pid, 0)
+        code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+        print(json.dumps({"code": code}), flush=True)
+
+
+if __name__ == "__main__":
+    serve()

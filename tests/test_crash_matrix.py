@@ -1,0 +1,248 @@
+"""The crash matrix: every operation, killed at every mutating call, on local disk and on the S3 server.
+
+For each k the operation is started on a fresh copy and SIGKILLed just before its k-th mutating call
+through the file manager (``CHECKPOINT_OPS_KILL_AT``), until a run finishes unkilled. After each crash
+the recovery a user would run (``rollback --resume`` or the same command again) must leave exactly
+the tree an uninterrupted run leaves. For rollback, Spark then resumes from sampled results with
+exact output. The rows go to docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import shutil
+
+import boto3
+import pytest
+import s3fs
+
+from pipelines.event_counts import event_rows, write_event_files
+from tests.crash import ForkRunner, MatrixRow, record, tree_digest
+from tests.spark_runs import run_stateless
+from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, target_before_last_compaction
+
+HDFS = pytest.mark.parametrize("flavour", ["hdfs"])
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = ForkRunner()
+    yield r
+    r.close()
+
+
+def _rollback_args(ckpt: str, run, n: int) -> list:
+    return ["rollback", ckpt, "--to-batch", n, "--sink", run.output, *INTERVALS, "--yes", "--json"]
+
+
+def _recover_rollback(runner, ckpt, run, n) -> None:
+    code, out, err = runner.run("rollback", ckpt, "--resume", *INTERVALS, "--json")
+    if code == 1 and ("nothing to resume" in err or "stopped before changing anything" in err):
+        code, out, err = runner.run(*_rollback_args(ckpt, run, n))  # the crash came before any change
+    assert code == 0, (out, err)
+
+
+def matrix(row: MatrixRow, runner, reset, command, recover, snapshot, expected, after=None) -> MatrixRow:
+    """Kill ``command`` at k = 1, 2, ... until it completes; recover each time; compare the tree."""
+    k = 1
+    while True:
+        reset()
+        code, out, err = runner.run(*command, kill_at=k)
+        if code != -9:
+            assert code == 0, (k, out, err)
+            assert snapshot() == expected, "the uninterrupted run does not give the expected tree"
+            break
+        row.points += 1
+        try:
+            recover()
+        except AssertionError as e:
+            raise AssertionError(f"recovery after a crash at k={k} failed: {e}") from None
+        got = snapshot()
+        if got == expected and (after is None or after(k)):
+            row.converged += 1
+        else:
+            diff = sorted(set(got.items()) ^ set(expected.items()))[:4]
+            row.failures.append(f"k={k}: {diff}")
+        k += 1
+    record(row)
+    assert row.points > 0 and row.converged == row.points, row.failures
+    return row
+
+
+# ---- local disk ---------------------------------------------------------------------------------------
+
+
+@HDFS
+def test_rollback_undo_prune_crash_matrix_local(spark, run, runner, tmp_path):
+    n = target_before_last_compaction(run)
+    roots = (run.checkpoint, run.output)
+    ops = os.path.join(run.base, ".checkpoint-ops")
+    original = tree_digest(*roots)
+
+    # the tree an uninterrupted rollback leaves, and a saved copy of that state (with its undo record)
+    code, out, err = runner.run(*_rollback_args(run.checkpoint, run, n))
+    assert code == 0, err
+    rolled = tree_digest(*roots)
+    saved = str(tmp_path / "rolled-back")
+    shutil.copytree(run.base, saved, symlinks=True)
+
+    def reset_original():
+        run.reset()
+        shutil.rmtree(ops, ignore_errors=True)
+
+    def reset_rolled():
+        shutil.rmtree(run.base)
+        shutil.copytree(saved, run.base, symlinks=True)
+
+    sampled = []
+    row = matrix(MatrixRow("rollback", "local"), runner, reset_original, _rollback_args(run.checkpoint, run, n),
+                 lambda: _recover_rollback(runner, run.checkpoint, run, n), lambda: tree_digest(*roots), rolled)
+    # Spark resumes exactly from recovered results at sampled crash points (first, middle, last)
+    for k in sorted({1, row.points // 2, row.points}):
+        reset_original()
+        assert runner.run(*_rollback_args(run.checkpoint, run, n), kill_at=k)[0] == -9
+        _recover_rollback(runner, run.checkpoint, run, n)
+        assert finish_and_read(spark, run) == exact(run)
+        sampled.append(k)
+    row.spark_checked = sampled
+    record(MatrixRow("rollback (Spark resumed)", "local", len(sampled), len(sampled), sampled))
+
+    matrix(MatrixRow("undo", "local"), runner, reset_rolled, ["undo", run.checkpoint, "--yes", "--json"],
+           lambda: _ok(runner.run("undo", run.checkpoint, "--yes", "--json")), lambda: tree_digest(*roots), original)
+
+    def pruned(k):
+        code, _, err = runner.run("undo", run.checkpoint, "--yes", "--json")
+        trash = os.path.join(ops, "checkpoint", "trash")
+        left = [f for d, _, fs in os.walk(trash) for f in fs]
+        return code == 1 and "pruned" in err and not left
+
+    matrix(MatrixRow("prune", "local"), runner, reset_rolled, ["prune", run.checkpoint, "--keep-last", "0", "--yes"],
+           lambda: _ok(runner.run("prune", run.checkpoint, "--keep-last", "0", "--yes")), lambda: tree_digest(*roots),
+           rolled, after=pruned)
+    reset_original()
+
+
+def _ok(result):
+    """Recovery by running the command again: done now, or it had already finished before the kill."""
+    code, out, err = result
+    assert code == 0 or (code == 1 and "nothing to undo" in err), (out, err)
+
+
+# ---- the S3 server ----------------------------------------------------------------------------------------
+
+
+def _listing(s3, bucket: str, prefix: str) -> dict[str, str]:
+    """key (below prefix/) -> ETag."""
+    out, token = {}, None
+    while True:
+        kw = {"Bucket": bucket, "Prefix": prefix + "/", **({"ContinuationToken": token} if token else {})}
+        resp = s3.list_objects_v2(**kw)
+        for o in resp.get("Contents", []):
+            out[o["Key"][len(prefix) + 1:]] = o["ETag"]
+        if not resp.get("IsTruncated"):
+            return out
+        token = resp["NextContinuationToken"]
+
+
+def _copy_prefix(s3, bucket: str, src: str, dst: str, want: dict | None = None) -> None:
+    """Make ``dst/`` an exact copy of ``src/`` (whose listing ``want`` may be given), changing only what
+    differs: an operation touches a few of the objects, and each request costs a round trip."""
+    have, want = _listing(s3, bucket, dst), want if want is not None else _listing(s3, bucket, src)
+    extra = [f"{dst}/{k}" for k in have if k not in want]
+    for i in range(0, len(extra), 1000):
+        s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": k} for k in extra[i:i + 1000]], "Quiet": True})
+    todo = [k for k, etag in want.items() if have.get(k) != etag]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda k: s3.copy_object(Bucket=bucket, Key=f"{dst}/{k}",
+                                               CopySource={"Bucket": bucket, "Key": f"{src}/{k}"}), todo))
+
+
+@pytest.fixture(scope="module")
+def small_run(spark, tmp_path_factory):
+    """A small stateless query's checkpoint (6 batches, one compaction): on the S3 server every crash
+    point costs HTTP round trips, and the objects an operation touches, not their kind, set the count."""
+    base = str(tmp_path_factory.mktemp("small") / "run")
+    write_event_files(os.path.join(base, "input"), 0, 6)
+    run_stateless(spark, base)
+    shutil.copytree(base, base + ".pristine", symlinks=True)
+    return base
+
+
+def _reset_local(base: str) -> None:
+    shutil.rmtree(base)
+    shutil.copytree(base + ".pristine", base, symlinks=True)
+
+
+def _exact_rows(spark, base: str, files: int) -> None:
+    rows = sorted(tuple(r) for r in spark.read.parquet(os.path.join(base, "output")).collect())
+    assert rows == sorted((e["key"], e["value"]) for i in range(files) for e in event_rows(i))
+
+
+def test_rollback_undo_prune_crash_matrix_s3(spark, small_run, runner, bucket, s3_server, tmp_path):
+    """The checkpoint on the S3 server (unversioned: moves are copies and deletes), its file sink on
+    local disk: one operation spans both stores."""
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    base = small_run
+    _reset_local(base)
+    local_ckpt, output = os.path.join(base, "checkpoint"), os.path.join(base, "output")
+    last = max(int(x) for x in os.listdir(os.path.join(local_ckpt, "commits")) if x.isdigit())
+    n = last - 1
+    s3fs.S3FileSystem(endpoint_url=s3_server).put(local_ckpt + "/", f"{bucket}/pristine/ckpt", recursive=True)
+    pristine = _listing(s3, bucket, "pristine")
+    ckpt = f"s3://{bucket}/work/ckpt"
+    args = ["rollback", ckpt, "--to-batch", n, "--sink", output, *INTERVALS, "--yes", "--json"]
+
+    def snapshot():
+        return {"s3": _listing(s3, bucket, "work/ckpt"), "local": tree_digest(output)}
+
+    def reset_original():
+        _copy_prefix(s3, bucket, "pristine", "work", pristine)
+        _reset_local(base)
+
+    def recover_rollback():
+        code, out, err = runner.run("rollback", ckpt, "--resume", *INTERVALS, "--json")
+        if code == 1 and ("nothing to resume" in err or "stopped before changing anything" in err):
+            code, out, err = runner.run(*args)
+        assert code == 0, (out, err)
+
+    reset_original()
+    original = snapshot()
+    code, out, err = runner.run(*args)
+    assert code == 0, err
+    rolled = snapshot()
+    _copy_prefix(s3, bucket, "work", "saved")
+    saved = _listing(s3, bucket, "saved")
+    saved_local = str(tmp_path / "rolled-back-local")
+    shutil.copytree(base, saved_local, symlinks=True)
+
+    def reset_rolled():
+        _copy_prefix(s3, bucket, "saved", "work", saved)
+        shutil.rmtree(base)
+        shutil.copytree(saved_local, base, symlinks=True)
+
+    row = matrix(MatrixRow("rollback", "s3 + local sink"), runner, reset_original, args, recover_rollback,
+                 snapshot, rolled)
+    # Spark resumes exactly from a recovered result (copied down: Spark cannot write s3a:// here)
+    reset_original()
+    k = max(1, row.points // 2)
+    assert runner.run(*args, kill_at=k)[0] == -9
+    recover_rollback()
+    shutil.rmtree(local_ckpt)
+    s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True).get(f"{bucket}/work/ckpt/", local_ckpt + "/",
+                                                                            recursive=True)
+    run_stateless(spark, base)
+    _exact_rows(spark, base, 6)
+    record(MatrixRow("rollback (Spark resumed)", "s3 + local sink", 1, 1, [k]))
+
+    matrix(MatrixRow("undo", "s3 + local sink"), runner, reset_rolled, ["undo", ckpt, "--yes", "--json"],
+           lambda: _ok(runner.run("undo", ckpt, "--yes", "--json")), snapshot, original)
+
+    def pruned(k):
+        code, _, err = runner.run("undo", ckpt, "--yes", "--json")
+        return code == 1 and "pruned" in err and not [key for key in _listing(s3, bucket, "work/.checkpoint-ops/ckpt")
+                                                      if "/trash/" in "/" + key]
+
+    matrix(MatrixRow("prune", "s3 + local sink"), runner, reset_rolled, ["prune", ckpt, "--keep-last", "0", "--yes"],
+           lambda: _ok(runner.run("prune", ckpt, "--keep-last", "0", "--yes")), snapshot, rolled, after=pruned)
+    _reset_local(base)
