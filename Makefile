@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo bench check-java venv clean
+.PHONY: test demo bench reliability check-java venv clean
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -36,6 +36,13 @@ test: check-java $(STAMP)
 
 demo: check-java $(STAMP)
 	$(PY) -m pipelines.demo
+
+# The crash matrix and bad-input corpus (also part of `make test`), recorded into docs/reliability.md.
+reliability: check-java $(STAMP)
+	rm -f .reliability.jsonl
+	CHECKPOINT_OPS_MATRIX_OUT=$(CURDIR)/.reliability.jsonl $(PY) -m pytest tests/test_crash_matrix.py tests/test_bad_input_corpus.py
+	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
+	rm -f .reliability.jsonl
 
 bench: check-java $(STAMP)
 	$(PY) benchmarks/rollback.py

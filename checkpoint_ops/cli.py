@@ -222,9 +222,12 @@ def cmd_ledger_sync(args) -> int:
     ckpt, sinks = _open(args)
     r = sync(ckpt, sinks)
     rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"
-    _emit(args, r, f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
-                   + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
-    return EXIT_OK
+    text = (f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
+            + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
+    for d in r["skipped"]:
+        text += f"\n  skipped (damaged, not recorded): {d['path']}: {d['problem']}"
+    _emit(args, r, text)
+    return EXIT_FINDINGS if r["skipped"] else EXIT_OK
 
 
 def cmd_ledger_show(args) -> int:
@@ -336,6 +339,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _is_storage_client_error(e: Exception) -> bool:
+    """Errors of the object-store clients (no credentials, endpoint unreachable, access denied)."""
+    return type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -353,8 +361,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as e:  # a bug, or a storage failure we did not anticipate
-        if isinstance(e, OSError):
+        if isinstance(e, OSError) or _is_storage_client_error(e):
             print(f"checkpoint-ops: storage error: {e}", file=sys.stderr)
+            print("  fix: check the location, credentials (AWS_* / --storage-options) and the endpoint",
+                  file=sys.stderr)
             if getattr(args, "json", False):
                 print(json.dumps({"error": "StorageError", "problem": str(e)}))
             return EXIT_BAD_INPUT

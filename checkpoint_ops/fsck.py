@@ -12,7 +12,9 @@ from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
-from .restart import log_finding_code, metadata_damage, restart_set
+from .model.logfile import unreadable
+from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
+from .window import rollback_window
 from .storage.checksums import (
     hadoop_crc_matches,
     hadoop_crc_size,
@@ -67,7 +69,24 @@ class Fsck:
         for sink in self.sinks:
             self._sink(sink)
         self._restart_set()
+        self._window()
         return self.findings
+
+    def _window(self) -> None:
+        """Damage further down that cuts the rollback window short (Spark's retention deletes from the
+        bottom only, so a missing or broken file above it is damage). Harmless for a restart now."""
+        C = self.ckpt.latest_commit
+        if C is None or self.ckpt.fence is not None:
+            return
+        w = rollback_window(self.ckpt, self.sinks)
+        d = w.stop
+        if d is None or d.kind == PURGED or w.earliest is None:
+            return
+        if any(f.path == d.url for f in self.findings):
+            return
+        self.add(WARNING, "window-cut", d.url,
+                 f"no rollback can reach batch {w.earliest - 1} or earlier: {d.problem} (a restart from the "
+                 "latest batch does not need it)", d.fix)
 
     def _restart_set(self) -> None:
         """The files Spark reads to restart after the latest committed batch, in the same words a
@@ -226,7 +245,7 @@ class Fsck:
                 to_verify.append((rel, target))
         if to_verify:
             need = [L.abs(t) for _, t in to_verify if L.abs(t) not in self._read] + [L.abs(r) for r, _ in to_verify]
-            data = fm.read_many(need)
+            data = fm.read_many(need, errors={})  # unreadable files are reported where they are parsed
             for rel, target in to_verify:
                 content = self._read.get(L.abs(target))
                 if content is None:
@@ -244,22 +263,46 @@ class Fsck:
             self._spark_checksums()
 
     def _spark_checksums(self) -> None:
-        """Deep: verify Spark's own CRC32C checksum files of V2 state files."""
+        """Deep: every state file's bytes (LZ4 framing, zip structure, format version) and Spark's own
+        CRC32C checksum files of V2 state files. Read a store at a time (bounded memory)."""
         ck = self.ckpt
-        pairs = []
+        L = ck.listing
         for store in ck.state.stores():
+            pairs = []
             for f in store.files:
-                ck_rel = next((s for s in f.sidecars if s.endswith(f.name + ".crc") and not s.rsplit("/", 1)[-1].startswith(".")), None)
-                if ck_rel:
-                    pairs.append((f.rel, ck_rel))
-        data = ck.fm.read_many([ck.listing.abs(r) for p in pairs for r in p])
-        for main, chk in pairs:
-            m, c = data.get(ck.listing.abs(main)), data.get(ck.listing.abs(chk))
-            if m is not None and c is not None and not spark_checksum_matches(m, c):
-                self.add(ERROR, "stale-checksum-file", ck.listing.url(chk),
-                         f"Spark checksum file does not match {main.rsplit('/', 1)[-1]}: loading it fails "
-                         "checksum verification",
-                         "restore the state file from a backup; if the file is right, delete its checksum file")
+                ck_rel = next((s for s in f.sidecars if s.endswith(f.name + ".crc")
+                               and not s.rsplit("/", 1)[-1].startswith(".")), None)
+                pairs.append((f, ck_rel))
+            failed: dict = {}
+            data = ck.fm.read_many([L.abs(f.rel) for f, _ in pairs] + [L.abs(c) for _, c in pairs if c], errors=failed)
+            for f, chk in pairs:
+                m = data.get(L.abs(f.rel))
+                if L.abs(f.rel) in failed:
+                    self.add(ERROR, "state-file-damaged", L.url(f.rel), unreadable(L.url(f.rel), failed[L.abs(f.rel)]).problem,
+                             "restore it from a backup, or roll back to a batch before the damage")
+                    continue
+                if m is None:
+                    continue
+                problem = state_bytes_problem(f, m, ck.state.codec)
+                if problem:
+                    self.add(ERROR, "state-file-damaged", L.url(f.rel), problem,
+                             "restore it from a backup, or roll back to a batch before the damage")
+                    continue
+                if f.kind == "zip":
+                    ck.state.preload({f.rel: m})
+                    for name in ck.state.zip_ssts(f):
+                        if name not in store.ssts:
+                            sub = "logs" if name.endswith(".log") else "SSTs"
+                            self.add(ERROR, "state-missing", L.url(f"{store.rel_dir}/{sub}/{name}"),
+                                     f"{f.name} names {sub}/{name}, which is missing: RocksDB cannot restore that "
+                                     "version", "restore it from a backup, or roll back to a batch that does not "
+                                     "load this version")
+                    ck.state.preload(None)
+                c = data.get(L.abs(chk)) if chk else None
+                if c is not None and not spark_checksum_matches(m, c):
+                    self.add(ERROR, "stale-checksum-file", L.url(chk),
+                             f"Spark checksum file does not match {f.name}: loading it fails checksum verification",
+                             "restore the state file from a backup; if the file is right, delete its checksum file")
 
     # -- sinks -------------------------------------------------------------------------------------
     def _sink(self, sink: SinkOutput) -> None:

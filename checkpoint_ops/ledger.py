@@ -24,6 +24,7 @@ from .journal import ops_dir, utc_stamp
 from .model.checkpoint import Checkpoint
 from .model.commits import CommitMetadata, parse_commit
 from .model.compactible import CompactibleLog, LogEntry, is_compaction_batch
+from .model.logfile import LogFormatError
 from .model.offsets import OffsetSeq, parse_offsets
 from .model.sink import SinkOutput
 from .storage import CheckpointFileManager
@@ -169,8 +170,9 @@ def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
 
     L = ckpt.listing
     raw: dict[str, bytes] = {}
-    offsets = ckpt.load_offsets(raw=raw)  # one read per file: the parsed and the raw form
-    commits = ckpt.load_commits(raw=raw)
+    damaged: list = []  # files Spark could not read either: never recorded, named in the result
+    offsets = ckpt.load_offsets(raw=raw, errors=damaged)  # one read per file: the parsed and the raw form
+    commits = ckpt.load_commits(raw=raw, errors=damaged)
     need = [L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
     need += [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)]
     raw.update(ckpt.fm.read_many([p for p in need if p not in raw]))  # parsed earlier in this process
@@ -188,7 +190,7 @@ def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
     sink_counts = {}
     for sink in sinks:
         count = 0
-        for b, entries in attribute_sink_batches(sink.log).items():
+        for b, entries in attribute_sink_batches(sink.log, damaged).items():
             if ledger.sink_entries(sink, b) is None:
                 rec(b).setdefault("sinks", {})[sink.url] = {"entries": [e.raw for e in entries]}
                 count += 1
@@ -206,24 +208,31 @@ def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
         "sink_batches_recorded": sink_counts,
         "ledger_batches": {"first": min(ledger.records.keys() | new.keys(), default=None),
                            "last": max(ledger.records.keys() | new.keys(), default=None)},
+        "skipped": [{"path": e.path, "problem": e.problem} for e in {e.path: e for e in damaged}.values()],
     }
 
 
-def attribute_sink_batches(log: CompactibleLog) -> dict[int, list[LogEntry]]:
+def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None) -> dict[int, list[LogEntry]]:
     """Which entries each batch added, for every batch Spark's files still let us tell.
 
     A plain file is exactly its batch's entries. A compact file's own batch added what it holds
-    beyond the log state just before it, when that state can still be read.
+    beyond the log state just before it, when that state can still be read. Batches whose files
+    cannot be read are left out (and their errors added to ``damaged``, else raised).
     """
     out: dict[int, list[LogEntry]] = {}
     for b, f in log.files.items():
-        if not f.compact:
-            out[b] = log.read([b])[b]
-        elif b > 0 and not log.missing_for(b - 1):
-            before = {e.path for e in log.entries_after(b - 1)}
-            out[b] = [e for e in log.read([b])[b] if e.path not in before]
-        elif b == 0:
-            out[b] = log.read([b])[b]
+        try:
+            if not f.compact:
+                out[b] = log.read([b])[b]
+            elif b > 0 and not log.missing_for(b - 1):
+                before = {e.path for e in log.entries_after(b - 1)}
+                out[b] = [e for e in log.read([b])[b] if e.path not in before]
+            elif b == 0:
+                out[b] = log.read([b])[b]
+        except LogFormatError as e:
+            if damaged is None:
+                raise
+            damaged.append(e)
     return out
 
 

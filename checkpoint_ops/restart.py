@@ -168,6 +168,9 @@ class RestartSets:
     # -- public -------------------------------------------------------------------------------
     def of(self, batch: int) -> RestartSet:
         rs = RestartSet(batch)
+        # the small files of the set in two concurrent reads (a round trip each on object stores)
+        self.ckpt.load_offsets([batch, batch - 1], errors=[])
+        self.ckpt.load_commits([batch], errors=[])
         self._add_metadata(rs)
         for kind, b in (("offsets", batch), ("offsets", batch - 1), ("commits", batch)):
             if b >= 0:
@@ -257,6 +260,7 @@ class RestartSets:
         None if any is unusable."""
         ok = []
         lowest = min(log.files) if log.files else None
+        log.prefetch(all_valid_batches(upto, log.interval))
         for b in all_valid_batches(upto, log.interval):
             rel = log.rel(b)
             f = log.files.get(b)
@@ -435,6 +439,12 @@ class RestartSets:
                           "restore the state file from a backup, or roll back to a batch whose state is intact")
         lowest = min(store.versions) if store.versions else None
         if b.missing_version is not None and lowest is not None and b.missing_version < lowest:
+            if not _cleanup_could_leave(store, lowest):
+                return Damage(CKPT, store.rel_dir, L.url(store.rel_dir), "state", MISSING, "state-missing",
+                              f"{problem}; the oldest file left is version {lowest} without a snapshot, which "
+                              "Spark's cleanup never leaves: a snapshot or zip was deleted",
+                              "restore the store's files from a backup, or roll back to a batch whose state is "
+                              "complete (see `checkpoint-ops inspect`)")
             return Damage(CKPT, rel, L.url(rel), "state", PURGED, "purged", problem,
                           "choose a later batch (see `checkpoint-ops inspect`): state maintenance deleted the files "
                           "older batches need (minBatchesToRetain)")
@@ -502,7 +512,7 @@ class RestartSets:
         if data is None:
             e = getattr(self, "_read_errors", {}).get(L.abs(f.rel))
             return bad(UNREADABLE, unreadable(url, e).problem) if e else bad(MISSING, "vanished while being read")
-        problem = _state_bytes_problem(f, data, self.ckpt.state.codec)
+        problem = state_bytes_problem(f, data, self.ckpt.state.codec)
         if problem:
             return bad(FUTURE if problem.startswith("is from a newer") else TORN if "truncated" in problem
                        else UNREADABLE, problem)
@@ -541,7 +551,13 @@ class RestartSets:
                       "from a backup")
 
 
-def _state_bytes_problem(f: StateFile, data: bytes, codec: str) -> str | None:
+def _cleanup_could_leave(store: Store, lowest: int) -> bool:
+    """Whether Spark's state cleanup can leave ``lowest`` as a store's oldest version: it keeps the
+    snapshot (HDFS) or zip (RocksDB) the oldest retained version loads from, or everything from 1."""
+    return lowest <= 1 or any(f.version == lowest and f.kind in ("snapshot", "zip") for f in store.files)
+
+
+def state_bytes_problem(f: StateFile, data: bytes, codec: str) -> str | None:
     """Whether a state file's bytes can be loaded at all: framing, zip structure, format version."""
     if not data:
         return "is empty (0 bytes): Spark fails to load the state from it"
@@ -630,13 +646,30 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
         if d:
             out.append(d)
             continue
-        bid = name.split(".", 1)[0]
-        if a.phase != "state" and bid.isdigit():
-            cur = newest.get((a.root, parent))
+        bid = name.split(".", 1)[0].split("_", 1)[0]
+        if bid.isdigit() and not name.startswith("."):
+            key = (a.root, parent, a.phase == "state")
+            cur = newest.get(key)
             if cur is None or int(bid) > cur[0]:
-                newest[(a.root, parent)] = (int(bid), a.rel)
+                newest[key] = (int(bid), [a.rel])
+            elif int(bid) == cur[0]:
+                cur[1].append(a.rel)
     parsers = {"offsets": ckpt.load_offsets, "commits": ckpt.load_commits}
-    for (root, parent), (b, rel) in newest.items():
+    state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files}
+    newest_state = [rel for (root, _, is_state), (_, rels) in newest.items() if is_state for rel in rels
+                    if rel in state_files]
+    if newest_state:
+        blobs = ckpt.fm.read_many([ckpt.listing.abs(r) for r in newest_state], errors={})
+        for rel in newest_state:
+            data = blobs.get(ckpt.listing.abs(rel))
+            problem = state_bytes_problem(state_files[rel], data, ckpt.state.codec) if data is not None else None
+            if problem:
+                kind = TORN if "truncated" in problem or "empty" in problem else UNREADABLE
+                out.append(f"{rel} {_SUMMARY[kind]} ({problem.split(':')[0]})")
+    for (root, parent, is_state), (b, rels) in newest.items():
+        if is_state:
+            continue
+        rel = rels[0]
         errors: list = []
         if root == CKPT and parent in parsers:
             parsers[parent]([b], errors=errors)

@@ -220,19 +220,25 @@ class _Builder:
                             "sink-log")
         self._check_readable(log, t, rid)
         removed, nbytes, outside = 0, 0, []
-        for path, e in before.items():
-            if path in after:
-                continue
-            rel = sink.rel_of(e)
-            if rel is None:
-                outside.append(path)
-                continue
-            if rel not in L:
-                continue  # already gone
-            removed += 1
-            size = int(e.doc.get("size") or 0)  # the sink log records it
-            nbytes += size
+        if before is None:  # what the removed batches wrote is unknown: take it from the listing
+            kept = {r for r in (sink.rel_of(e) for e in after_entries) if r is not None}
+            gone = [(rel, size) for rel, size in sink.data_files().items() if rel not in kept]
+            reason = (f"data files no sink log entry lists as of batch {t} (the removed batches' log is damaged, so "
+                      "what they wrote is taken from the listing)")
+        else:
+            gone = []
+            for path, e in before.items():
+                if path in after:
+                    continue
+                rel = sink.rel_of(e)
+                if rel is None:
+                    outside.append(path)
+                elif rel in L:  # else already gone
+                    gone.append((rel, int(e.doc.get("size") or 0)))  # the sink log records the size
             reason = f"data files batches after {t} wrote"
+        for rel, size in gone:
+            removed += 1
+            nbytes += size
             if self.plan.keep_dir:
                 self.plan.keep(rid, rel, reason, size)
                 self.deleted[rid].add(rel)
@@ -250,24 +256,13 @@ class _Builder:
         self._stale_sidecars(rid, L, "_spark_metadata")
         self.plan.summary[rid] = f"batches {t + 1}..{s} removed from the sink log: {removed} data files ({nbytes} bytes)"
 
-    def _sink_entries_before(self, sink: SinkOutput, s: int) -> dict[str, LogEntry]:
+    def _sink_entries_before(self, sink: SinkOutput, s: int) -> dict[str, LogEntry] | None:
         """What readers of the sink see now (the latest batch ``s``), to tell which data files the
-        removed batches wrote. A damaged log file the rollback removes hides what its batch wrote:
-        those files stay, unlisted, as orphans (Spark's readers ignore them), and the plan says so."""
-        log = sink.log
+        removed batches wrote; None if a log file the rollback removes is too damaged to say."""
         try:
-            return {e.path: e for e in log.entries_after(s)}
-        except LogFormatError as e:
-            out = {}
-            for b in all_valid_batches(s, log.interval):
-                try:
-                    out.update((x.path, x) for x in log.read([b]).get(b, []))
-                except LogFormatError:
-                    pass
-            self.plan.warnings.append(f"the data files some removed batches wrote are unknown ({e.problem}); "
-                                      f"they stay in {sink.url} unlisted, as orphans Spark's readers ignore "
-                                      "(`checkpoint-ops sink orphans` removes them)")
-            return out
+            return {e.path: e for e in sink.log.entries_after(s)}
+        except LogFormatError:
+            return None  # damage_in_removed names the file in the plan's warnings
 
     def _sink_entries_after(self, i: int, sink: SinkOutput, t: int) -> list[LogEntry]:
         """The sink log's entries as of batch t, writing any file Spark already compacted away."""

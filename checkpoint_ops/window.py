@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from .model.checkpoint import Checkpoint
 from .model.sink import SinkOutput
-from .restart import RestartSets
+from .restart import Damage, RestartSets
 
 
 @dataclass
@@ -23,6 +23,7 @@ class RollbackWindow:
     latest: int | None
     reason: str | None = None  # why earliest - 1 (or anything) is out of reach
     latest_reason: str | None = None  # why batches above ``latest`` (committed ones) are out of reach
+    stop: Damage | None = None  # the problem behind ``reason`` (None when the window ends at batch 0)
 
     def to_dict(self) -> dict:
         return {"earliest": self.earliest, "latest": self.latest, "earliest_reason": self.reason,
@@ -39,9 +40,12 @@ def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None,
     sets = sets or RestartSets(ckpt, sinks, ledger, deep=False)
     ckpt.load_offsets(errors=[])  # every retained file in one concurrent read; bad ones are judged below
     ckpt.load_commits(errors=[])
-    candidates = sorted(set(ckpt.commit_files) | (set(ledger.batches("commits")) if ledger else set()), reverse=True)
+    known = set(ckpt.commit_files) | (set(ledger.batches("commits")) if ledger else set())
+    # every batch id from the newest down, holes included: a missing commit stops the window there
+    candidates = list(range(last, min(known) - 1, -1))
     earliest = latest = None
     reason = latest_reason = None
+    stop = None
     for t in candidates:
         if t > last:
             continue
@@ -50,11 +54,11 @@ def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None,
             d = rs.damage[0]
             why = f"batch {t}: {d.text()}"
             if d.role == "metadata":  # no batch can be restarted
-                return RollbackWindow(None, None, why)
+                return RollbackWindow(None, None, why, stop=d)
             if latest is None:
                 latest_reason = latest_reason or why
                 continue  # the newest batches are damaged: look for the newest reachable one
-            reason = why
+            reason, stop = why, d
             break
         if latest is None:
             latest = t
@@ -65,4 +69,4 @@ def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None,
         lowest = min(candidates)
         reason = (f"batch {lowest - 1}: commits/{lowest - 1} is gone (purged after minBatchesToRetain)"
                   if lowest > 0 else "batch 0 is the first batch")
-    return RollbackWindow(earliest, latest, reason, latest_reason)
+    return RollbackWindow(earliest, latest, reason, latest_reason, stop)

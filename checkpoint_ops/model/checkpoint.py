@@ -222,7 +222,8 @@ class Checkpoint:
     def checkpoint_format_version(self) -> int | None:
         if not self.state.operators:
             return None
-        c = self.commit(self.latest_commit) if self.latest_commit is not None else None
+        c = next((got[b] for b in sorted(self.commit_files, reverse=True)
+                  if b in (got := self.load_commits([b], errors=[]))), None)  # the newest that parses
         if (c and c.state_unique_ids) or self.state.has_unique_ids:
             return 2
         return 1
@@ -231,7 +232,10 @@ class Checkpoint:
         """``ids_for(version)`` from the commit log: version v's id is in ``commits/v-1``."""
 
         def ids_for(version: int) -> str | None:
-            c = self.commit(version - 1) if (version - 1) in self.commit_files else None
+            if (version - 1) not in self.commit_files:
+                return None
+            got = self.load_commits([version - 1], errors=[])  # a damaged commit: fall back to the lineage
+            c = got.get(version - 1)
             return c.unique_id(op_id, partition, store_index) if c else None
 
         return ids_for

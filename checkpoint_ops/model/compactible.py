@@ -151,6 +151,16 @@ class CompactibleLog:
                     raise self._bad[b]
         return {b: self._entries[b] for b in batch_ids if b in self._entries}
 
+    def prefetch(self, batch_ids) -> None:
+        """Read these files in one concurrent batch (object stores) without raising: errors are kept
+        for ``read`` to raise when someone asks for that file."""
+        need = [b for b in batch_ids if b in self.files and b not in self._entries and b not in self._bad]
+        if len(need) > 1:
+            try:
+                self.read(need)
+            except LogFormatError:
+                pass  # recorded per file in _bad
+
     def read_all_lenient(self) -> tuple[dict[str, bytes], list[LogFormatError]]:
         """Read and parse every file once, collecting errors per file instead of stopping.
 
