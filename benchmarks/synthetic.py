@@ -51,14 +51,26 @@ def files(batches: int, partitions: int, retain_state: int, snapshot_every: int 
         f'[{{"storeName":"default","numColsPrefixKey":0,"numPartitions":{partitions}}}]}}').encode()
     top = batches  # batch B-1 committed version B
     low = top - retain_state
-    payload = b"LZ4Block" + bytes(range(64))
+    payload = lz4_block_stream(bytes(range(64)))
     for p in range(partitions):
         if p == 0:
             yield "state/0/0/_metadata/schema", b"\x00\x02v2" + b"\x00" * 16
         for v in range(low, top + 1):
             yield f"state/0/{p}/{v}.delta", payload
             if v % snapshot_every == 0:
-                yield f"state/0/{p}/{v}.snapshot", payload * 4
+                yield f"state/0/{p}/{v}.snapshot", lz4_block_stream(bytes(range(64)) * 4)
+
+
+def lz4_block_stream(data: bytes) -> bytes:
+    """``data`` framed as lz4-java's LZ4BlockOutputStream writes it: one raw (uncompressed) block,
+    then the empty end-of-stream block (reference §5.1). Spark state files use this framing."""
+    import struct
+    import zlib
+
+    token = 0x10 | 6  # raw method, compression level of a 64 KiB block size
+    head = b"LZ4Block" + bytes([token])
+    block = head + struct.pack("<iii", len(data), len(data), zlib.crc32(data) & 0xFFFFFFF) + data
+    return block + head + struct.pack("<iii", 0, 0, 0)
 
 
 def write_local(root: str, hadoop_crc: bool = True, **kw) -> int:

@@ -126,7 +126,7 @@ def _confirm(args, what: str) -> None:
 
 def cmd_rollback(args) -> int:
     from .activity import refuse_if_active
-    from .executor import apply_plan, resume
+    from .executor import Anchor, apply_plan, resume
     from .rollback import plan_rollback
 
     ckpt, sinks = _open(args)
@@ -135,7 +135,7 @@ def cmd_rollback(args) -> int:
         if args.to_batch is not None or args.to_time is not None:
             raise BadInputError("--resume finishes the interrupted rollback's own plan: drop --to-batch/--to-time")
         refuse_if_active(ckpt, args.force)
-        result = resume(ckpt, _storage_options(args.storage_options), progress)
+        result = resume(Anchor.of_checkpoint(ckpt), _storage_options(args.storage_options), progress)
         _emit(args, {"resumed": True, "result": result},
               f"Resumed and finished {result['op_id']} (plan {result['plan_hash'][:12]}); last committed batch is now "
               f"{result['target_batch']}")
@@ -156,51 +156,83 @@ def cmd_rollback(args) -> int:
     if not args.json:
         print(plan.render(verbose=args.verbose))
     _confirm(args, f"plan {plan.hash[:12]}")
-    sink_roots = {f"sink{i}": (s.fm, s.root) for i, s in enumerate(sinks)}
-    result = apply_plan(plan, ckpt, sink_roots, _storage_options(args.storage_options), progress)
+    roots = {"checkpoint": (ckpt.fm, ckpt.root), **{f"sink{i}": (s.fm, s.root) for i, s in enumerate(sinks)}}
+    result = apply_plan(plan, Anchor.of_checkpoint(ckpt), roots, _storage_options(args.storage_options), progress)
     _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": result},
           f"Applied plan {plan.hash[:12]} ({result['op_id']}): last committed batch is now {plan.target_batch}. "
           f"Undo with: checkpoint-ops undo {ckpt.url}")
     return EXIT_OK
 
 
-def cmd_undo(args) -> int:
+def _anchor(args):
+    """What a journal-level command (undo, resume, history, prune) acts on: a checkpoint, or the
+    output of a file sink whose operations had no checkpoint."""
     from .activity import refuse_if_active
+    from .executor import Anchor
+    from .model.sink import SINK_LOG_DIR
+    from .storage import open_file_manager
+
+    opts = _storage_options(args.storage_options)
+    fm, root = open_file_manager(args.checkpoint, opts)
+    ckpt = Checkpoint(fm, root, source_compact_interval=args.source_compact_interval)
+    if ckpt.kind == "unknown" and ckpt.listing.has_dir(SINK_LOG_DIR):
+        return Anchor(fm, root, fm.url(root), None, checkpoint=False)
+    ckpt.require_checkpoint(args.checkpoint)
+    if getattr(args, "force", None) is not None:
+        refuse_if_active(ckpt, args.force)
+    return Anchor.of_checkpoint(ckpt)
+
+
+def cmd_undo(args) -> int:
     from .executor import find_journal, undo
 
-    ckpt, _ = _open(args)
-    refuse_if_active(ckpt, args.force)
-    journal, state = find_journal(ckpt, "undo")
+    anchor = _anchor(args)
+    journal, state = find_journal(anchor, "undo")
     if not args.json:
         plan = journal.record["plan"]
-        print(f"Undo {journal.op_id} ({state}): rollback to batch {plan['target_batch']}, plan {plan['plan_hash'][:12]}, "
-              f"restoring {plan['counts']['delete'] + plan['counts']['keep']} files and removing {plan['counts']['write']}")
+        c = plan["counts"]
+        print(f"Undo {journal.op_id} ({state}): {journal.record['operation']}"
+              + (f" to batch {plan['target_batch']}" if plan.get("target_batch") is not None else "")
+              + f", plan {plan['plan_hash'][:12]}, restoring {c['delete'] + c['keep'] + c.get('replace', 0)} files "
+              f"and removing {c['write']}")
     _confirm(args, f"undo of {journal.op_id}")
-    result = undo(ckpt, _storage_options(args.storage_options), not args.json)
-    _emit(args, {"result": result}, f"Undone {result['op_id']}: the checkpoint is as it was before it.")
+    result = undo(anchor, _storage_options(args.storage_options), not args.json)
+    _emit(args, {"result": result}, f"Undone {result['op_id']}: everything it changed is as it was before it.")
+    return EXIT_OK
+
+
+def cmd_resume(args) -> int:
+    from .executor import resume
+
+    anchor = _anchor(args)
+    result = resume(anchor, _storage_options(args.storage_options), not args.json)
+    _emit(args, {"resumed": True, "result": result},
+          f"Resumed and finished {result['op_id']} ({result['operation']}, plan {result['plan_hash'][:12]})")
     return EXIT_OK
 
 
 def cmd_history(args) -> int:
     from .prune import history
 
-    ckpt, _ = _open(args)
-    entries = [{k: v for k, v in e.items() if not k.startswith("_")} for e in history(ckpt)]
-    lines = [f"{len(entries)} operation(s) journaled for {ckpt.url}" + (":" if entries else "")]
+    anchor = _anchor(args)
+    entries = [{k: v for k, v in e.items() if not k.startswith("_")} for e in history(anchor)]
+    lines = [f"{len(entries)} operation(s) journaled for {anchor.url}" + (":" if entries else "")]
     for e in entries:
         c = e["counts"]
-        lines.append(f"  {e['op_id']}  {e['operation']} to batch {e['target_batch']}  {e['status']}, undo record "
-                     f"{e['undo_record']}  (deleted {c['delete']}, wrote {c['write']}, moved {c['keep']})")
-    _emit(args, {"checkpoint": ckpt.url, "operations": entries}, "\n".join(lines))
+        target = f" to batch {e['target_batch']}" if e["target_batch"] is not None else ""
+        lines.append(f"  {e['op_id']}  {e['operation']}{target}  {e['status']}, undo record "
+                     f"{e['undo_record']}  (deleted {c['delete']}, wrote {c['write']}, rewrote {c.get('replace', 0)}, "
+                     f"moved {c['keep']})")
+    _emit(args, {"checkpoint": anchor.url, "operations": entries}, "\n".join(lines))
     return EXIT_OK
 
 
 def cmd_prune(args) -> int:
     from .prune import apply_prune, plan_prune
 
-    ckpt, _ = _open(args)
+    anchor = _anchor(args)
     opts = _storage_options(args.storage_options)
-    plan = plan_prune(ckpt, args.keep_last, args.older_than, opts)
+    plan = plan_prune(anchor, args.keep_last, args.older_than, opts)
     nothing = plan.summary["prune"] == "nothing"
     if args.dry_run or nothing:
         _emit(args, {"dry_run": bool(args.dry_run), "plan": plan.to_dict() if args.json else None},
@@ -209,7 +241,7 @@ def cmd_prune(args) -> int:
     if not args.json:
         print(plan.render(verbose=args.verbose))
     _confirm(args, f"pruning of {len(plan.summary['prune'])} undo record(s)")
-    result = apply_prune(plan, ckpt, opts)
+    result = apply_prune(plan, anchor, opts)
     _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": result},
           f"Pruned {', '.join(result['pruned'])}: deleted {result['files_deleted']} file(s); "
           "these operations can no longer be undone.")
@@ -321,7 +353,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--yes", "-y", action="store_true", help="undo without asking")
     p.add_argument("--force", action="store_true", help="skip the check that no query is running")
 
-    _command(sub, "history", cmd_history, "the operations journaled for a checkpoint, and which can be undone")
+    _command(sub, "history", cmd_history, "the operations journaled for a checkpoint (or a sink output), and "
+             "which can be undone")
+
+    p = _command(sub, "resume", cmd_resume, "finish an interrupted operation (its journaled plan)")
+    p.add_argument("--force", action="store_true", help="skip the check that no query is running")
 
     p = _command(sub, "prune", cmd_prune, "delete the undo records (trash) of older finished operations")
     p.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K applied operations undoable")

@@ -1,22 +1,28 @@
 """Applying a plan, resuming it after a crash, and undoing it.
 
-Apply, in order (every step is idempotent, so ``--resume`` simply runs them again):
+Every operation that changes files (rollback, restore, sink-log compaction, retention, orphan cleanup)
+is a ``Plan`` applied here. Its **anchor** is the checkpoint it concerns, or the sink output when an
+operation has no checkpoint; the journal and the undo records (trash) live beside it. Apply, in order
+(every step is idempotent, so ``--resume`` simply runs them again):
 
-1. write the journal (plan, new file contents, original ``metadata``) beside the checkpoint;
-2. **fence**: replace ``metadata`` with text Spark cannot parse, so no query starts mid-way;
-3. write new files (atomically, never replacing anything);
-4. move deleted files aside into the trash, phase by phase: sink log (newest first), commits,
-   offsets, source logs, state, litter, then sink data files (or into ``--keep-files``). On an
-   object store with versioning the delete itself is reversible and nothing is copied;
-5. **unfence**: put the original ``metadata`` back; 6. mark the journal ``applied``.
+1. write the journal (plan, new small file contents, ``metadata`` before and after) beside the anchor;
+2. **fence** (checkpoint anchors): replace ``metadata`` with text Spark cannot parse, so no query starts
+   mid-way;
+3. write new files (atomically, never replacing anything), then rewrite replaced files in place
+   (atomically; the old content is copied into the trash first);
+4. move deleted files aside into the trash, phase by phase: sink log (newest first), commits, offsets,
+   source logs, state, litter, then sink data files (or into the user's directory). On an object store
+   with versioning the delete itself is reversible and nothing is copied;
+5. **unfence**: put ``metadata`` back (or the new one a restore brings); 6. mark the journal ``applied``.
 
-Undo deletes what was written, moves everything back, and restores ``metadata``: the tree is
-byte-for-byte what it was. It refuses if anything was written since (Spark ran after the rollback).
+Undo deletes what was written, puts back what was rewritten or moved, and restores ``metadata``: the
+tree is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import sys
 from dataclasses import dataclass
 
@@ -24,14 +30,37 @@ from .errors import BadInputError, RefusedError
 from .fence import Fence, fence_bytes, is_fence, parse_fence
 from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
 from .ledger import ledger_at
-from .model.checkpoint import Checkpoint
 from .model.listing import Listing
 from .model.logfile import log_files
-from .plan import DELETE, KEEP, WRITE, FileAction, Plan
+from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, open_file_manager
 from .storage.paths import join
 
 CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
+_STREAM = 8 * 2**20
+
+
+@dataclass
+class Anchor:
+    """What an operation's journal hangs off: a checkpoint (fenced while it runs), or a sink output."""
+
+    fm: CheckpointFileManager
+    root: str
+    url: str
+    metadata: bytes | None = None  # the checkpoint's current metadata (None: missing, or not a checkpoint)
+    checkpoint: bool = True
+
+    @classmethod
+    def of_checkpoint(cls, ckpt) -> "Anchor":
+        return cls(ckpt.fm, ckpt.root, ckpt.url, ckpt.metadata_raw, True)
+
+    @classmethod
+    def of_sink(cls, sink) -> "Anchor":
+        return cls(sink.fm, sink.root, sink.url, None, False)
+
+    @property
+    def ops(self) -> str:
+        return ops_dir(self.fm, self.root)
 
 
 @dataclass
@@ -51,16 +80,23 @@ class Root:
 
 class Executor:
     def __init__(self, journal: Journal, roots: dict[str, Root], keep: tuple[CheckpointFileManager, str] | None,
-                 progress: bool = False, plan: Plan | None = None, current_metadata: bytes | None = None):
+                 progress: bool = False, plan: Plan | None = None, current_metadata: bytes | None = None,
+                 storage_options: dict | None = None):
         self.journal = journal
         self._current_metadata = current_metadata  # known when applying fresh: no re-read
         self.roots = roots
         self.keep = keep
+        self.storage_options = storage_options
         self.plan = plan if plan is not None else Plan.from_journal(journal.record["plan"])
         self.original_metadata = _b64(journal.record.get("original_metadata"))
+        # what unfencing leaves: the original metadata, unless the operation brings its own (a restore)
+        final = journal.record.get("final_metadata", journal.record.get("original_metadata"))
+        self.final_metadata = _b64(final)
+        self.fenced = "checkpoint" in roots and journal.record.get("fence", True)
         self.chunk = CHUNK
         self.steps = 0
         self._scanned: dict[str, Listing] | None = None
+        self._sources: dict[str, tuple[CheckpointFileManager, str]] = {}
         self._bar = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
@@ -83,6 +119,8 @@ class Executor:
 
     # -- fence ------------------------------------------------------------------------------------------
     def _fence(self, operation: str) -> None:
+        if not self.fenced:
+            return
         meta = self.ckpt.abs("metadata")
         current, self._current_metadata = self._current_metadata, None
         if current is None:
@@ -98,29 +136,77 @@ class Executor:
             if f.operation == operation:
                 return
         fence = Fence(operation, self.journal.op_id, self.journal.fm.url(self.journal.path),
-                      self.original_metadata or b"")
+                      self.original_metadata or self.final_metadata or b"")
         self.ckpt.fm.write_bytes(meta, fence_bytes(fence, self.ckpt.url), overwrite=True)
         self._step()
 
-    def _unfence(self) -> None:
+    def _unfence(self, metadata: bytes | None) -> None:
+        if not self.fenced:
+            return
         meta = self.ckpt.abs("metadata")
-        if self.original_metadata is None:
+        if metadata is None:
             self.ckpt.fm.delete(meta)
         else:
-            self.ckpt.fm.write_bytes(meta, self.original_metadata, overwrite=True)
+            self.ckpt.fm.write_bytes(meta, metadata, overwrite=True)
         self._step()
+
+    # -- content --------------------------------------------------------------------------------------
+    def _source(self, sha: str) -> tuple[CheckpointFileManager, str]:
+        url = self.plan.sources[sha]
+        if url not in self._sources:
+            self._sources[url] = open_file_manager(url, self.storage_options)
+        return self._sources[url]
+
+    def _put(self, root: Root, a: FileAction, overwrite: bool) -> None:
+        """Publish the action's content at its path, checking it against the plan's hash as it goes
+        (a mismatch publishes nothing)."""
+        path = root.abs(a.rel)
+        if a.sha256 in self.plan.contents:
+            root.fm.write_bytes(path, self.plan.contents[a.sha256], overwrite=overwrite)
+            return
+        sfm, spath = self._source(a.sha256)
+        h = hashlib.sha256()
+        with sfm.open_read(spath) as src, root.fm.create_atomic(path, overwrite=overwrite) as out:
+            while chunk := src.read(_STREAM):
+                h.update(chunk)
+                out.write(chunk)
+            if h.hexdigest() != a.sha256:
+                raise RefusedError(f"the content for {a.rel} does not match its checksum (sha256 {a.sha256[:12]}...)",
+                                   path=sfm.url(spath), fix="the stored copy is damaged: nothing was written for it; "
+                                   "undo this operation and use another copy")
+
+    def _matches(self, root: Root, a: FileAction) -> bool:
+        """Whether the file at the action's path already holds the action's content."""
+        path = root.abs(a.rel)
+        if a.sha256 in self.plan.contents:
+            try:
+                return root.fm.read_bytes(path) == self.plan.contents[a.sha256]
+            except FileNotFoundError:
+                return False
+        return _sha256_of(root.fm, path) == a.sha256
 
     # -- primitive steps ---------------------------------------------------------------------------
     def _write(self, a: FileAction) -> None:
         root = self.roots[a.root]
-        content = self.plan.contents[a.sha256]
         try:
-            root.fm.write_bytes(root.abs(a.rel), content, overwrite=False)
+            self._put(root, a, overwrite=False)
         except FileExistsError:
-            if root.fm.read_bytes(root.abs(a.rel)) != content:  # a resumed run wrote it already?
+            if not self._matches(root, a):  # a resumed run wrote it already?
                 raise RefusedError("a file the plan creates already exists with other content",
                                    path=root.fm.url(root.abs(a.rel)),
-                                   fix="something changed the checkpoint during the operation; undo it and re-plan")
+                                   fix="something changed the files during the operation; undo it and re-plan")
+        self._step()
+
+    def _replace(self, a: FileAction) -> None:
+        """Keep the old content in the trash, then rewrite the file in one atomic step (readers never
+        see it missing). On resume: done if the file already holds the new content."""
+        root = self.roots[a.root]
+        if self._matches(root, a):
+            self._step()
+            return
+        if not root.fm.exists(root.trash_path(a.rel)):
+            root.fm.copy(root.abs(a.rel), root.trash_path(a.rel))
+        self._put(root, a, overwrite=True)
         self._step()
 
     def _retire(self, actions: list[FileAction]) -> None:
@@ -156,7 +242,7 @@ class Executor:
     def apply(self, resuming: bool) -> None:
         plan = self.plan
         actions = plan.ordered()
-        self._fence("rollback")
+        self._fence(plan.operation)
         if resuming:
             actions = self._pending(actions)
             self._drop_stray_temps(self._listings())
@@ -164,12 +250,15 @@ class Executor:
         for a in actions:
             if a.kind == WRITE:
                 self._write(a)
+        for a in actions:
+            if a.kind == REPLACE:
+                self._replace(a)
         # Each root's deletes go in as few batches as possible, in phase order. The one barrier:
         # a sink's data files go only after its log no longer lists them (readers stay consistent).
         self._retire([a for a in actions if a.kind == DELETE and a.phase not in ("write", "sink-data")])
         self._retire([a for a in actions if a.kind == DELETE and a.phase == "sink-data"])
         self._keep([a for a in actions if a.kind == KEEP])
-        self._unfence()
+        self._unfence(self.final_metadata)
         self.journal.mark("applied")
         self._step()
 
@@ -180,13 +269,15 @@ class Executor:
         return self._scanned
 
     def effects_on_disk(self) -> int:
-        """How many of the plan's actions have taken effect (moved away, or written)."""
+        """How many of the plan's actions have taken effect (moved away, written, or rewritten)."""
         listings = self._listings()
         done = 0
         for a in self.plan.actions:
             root = self.roots[a.root]
             if a.kind == WRITE:
-                done += a.rel in listings[a.root] and root.fm.read_bytes(root.abs(a.rel)) == self.plan.contents[a.sha256]
+                done += a.rel in listings[a.root] and self._matches(root, a)
+            elif a.kind == REPLACE:
+                done += root.fm.exists(root.trash_path(a.rel))
             else:
                 done += a.rel not in listings[a.root]
         return done
@@ -203,16 +294,10 @@ class Executor:
                 root.fm.delete_many([root.abs(r) for r in stray])
 
     def _pending(self, actions: list[FileAction]) -> list[FileAction]:
-        """On resume: the actions whose effect is not on disk yet."""
+        """On resume: the actions whose effect is not on disk yet (writes and rewrites check their
+        content themselves)."""
         listings = self._listings()
-        out = []
-        for a in actions:
-            present = a.rel in listings[a.root]
-            if a.kind == WRITE:
-                out.append(a)  # _write is idempotent (compares content)
-            elif present:
-                out.append(a)
-        return out
+        return [a for a in actions if a.kind in (WRITE, REPLACE) or a.rel in listings[a.root]]
 
     # -- undo --------------------------------------------------------------------------------------
     def undo(self, applied: bool) -> None:
@@ -221,23 +306,29 @@ class Executor:
         if applied:
             self._check_untouched(listings)
         # "undoing" before anything changes: an undo that got past its unfence but not to its
-        # "undone" marker would otherwise look like an applied rollback whose files came back.
+        # "undone" marker would otherwise look like an applied operation whose files came back.
         self.journal.mark("undoing")
         self._fence("undo")
         self._drop_stray_temps(listings)
-        # 1. what the operation wrote goes
+        # 1. what the operation wrote goes, and what it rewrote gets its old content back
         removed = set()
         for a in plan.actions:
-            if a.kind != WRITE:
-                continue
             root = self.roots[a.root]
-            if a.rel in listings[a.root]:
-                if root.fm.read_bytes(root.abs(a.rel)) != plan.contents[a.sha256]:
-                    raise RefusedError("a file the rollback wrote was changed since", path=root.fm.url(root.abs(a.rel)),
-                                       fix="restore the checkpoint from a backup")
+            if a.kind == WRITE and a.rel in listings[a.root]:
+                if not self._matches(root, a):
+                    raise RefusedError(f"a file the {plan.operation} wrote was changed since",
+                                       path=root.fm.url(root.abs(a.rel)), fix="restore the files from a backup")
                 root.fm.delete(root.abs(a.rel))
                 removed.add((a.root, a.rel))
-            self._step()
+            elif a.kind == REPLACE and root.fm.exists(root.trash_path(a.rel)):
+                if self._matches(root, a):
+                    with root.fm.open_read(root.trash_path(a.rel)) as old, \
+                            root.fm.create_atomic(root.abs(a.rel), overwrite=True) as out:
+                        while chunk := old.read(_STREAM):
+                            out.write(chunk)
+                root.fm.delete_many([root.trash_path(a.rel)])
+            if a.kind in (WRITE, REPLACE):
+                self._step()
         # 2. what it moved aside comes back
         for rid, root in self.roots.items():
             retired = [a for a in plan.actions if a.root == rid and a.kind == DELETE
@@ -252,7 +343,7 @@ class Executor:
             if lost:
                 raise RefusedError(f"{len(lost)} moved-aside files are missing from the trash (e.g. {lost[0]})",
                                    path=root.fm.url(root.trash),
-                                   fix="the trash was modified; restore the checkpoint from a backup")
+                                   fix="the trash was modified; restore the files from a backup")
         kept = [a for a in plan.actions if a.kind == KEEP]
         if kept:
             kfm, kpath = self.keep
@@ -262,15 +353,15 @@ class Executor:
                          if a.root == rid and a.rel not in listings[rid]]
                 _transfer(kfm, root.fm, pairs)
             self._step(len(kept))
-        self._unfence()
+        self._unfence(self.original_metadata)
         self.journal.mark("undone")
         self._step()
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:
-        """Undo is only safe if nothing was written to the roots since the rollback."""
+        """Undo is only safe if nothing was written to the roots since the operation."""
         t = self.plan.target_batch
         newer = []
-        if t is not None:  # a batch above the target means the query ran after the rollback
+        if t is not None and self.plan.operation == "rollback":  # a batch above the target: the query ran since
             for rid, listing in listings.items():
                 dirs = ("offsets", "commits") if rid == "checkpoint" else ("_spark_metadata",)
                 for d in dirs:
@@ -278,14 +369,27 @@ class Executor:
         for a in self.plan.actions:
             if a.kind in (DELETE, KEEP) and a.rel in listings[a.root]:
                 newer.append(a.rel)
+            elif a.kind == REPLACE and not self._matches(self.roots[a.root], a):
+                newer.append(a.rel)
         if newer:
-            root = self.roots["checkpoint"]
+            root = next(iter(self.roots.values()))
             raise RefusedError(
-                f"{newer[0]} is new since the rollback: something wrote here after it (did the query run?), and "
-                "undo would mix two timelines",
+                f"{newer[0]} is new or changed since the {self.plan.operation}: something wrote here after it (did "
+                "the query run?), and undo would mix two timelines",
                 path=root.url,
-                fix="stop the query and roll back to the batch you want instead",
+                fix="stop the query; to go back further, roll back to the batch you want instead",
             )
+
+
+def _sha256_of(fm: CheckpointFileManager, path: str) -> str | None:
+    h = hashlib.sha256()
+    try:
+        with fm.open_read(path) as f:
+            while chunk := f.read(_STREAM):
+                h.update(chunk)
+    except FileNotFoundError:
+        return None
+    return h.hexdigest()
 
 
 def _is_temp(rel: str) -> bool:
@@ -309,6 +413,10 @@ def _b64(v: str | None) -> bytes | None:
     return None if v is None else base64.b64decode(v)
 
 
+def _b64e(v: bytes | None) -> str | None:
+    return None if v is None else base64.b64encode(v).decode()
+
+
 # ---- entry points ---------------------------------------------------------------------------------
 
 
@@ -321,32 +429,38 @@ def _open_roots(urls: dict[str, str], trash: dict[str, str], versioned: dict[str
     return roots
 
 
-def apply_plan(plan: Plan, ckpt: Checkpoint, sink_roots: dict[str, tuple[CheckpointFileManager, str]],
-               storage_options: dict | None = None, progress: bool = False) -> dict:
-    """Journal and apply ``plan`` (built from ``ckpt`` and those sinks just now)."""
+def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileManager, str]],
+               storage_options: dict | None = None, progress: bool = False,
+               final_metadata: bytes | None = None, journal_extra: dict | None = None) -> dict:
+    """Journal and apply ``plan`` (built just now from what is at its roots: ``fms``, root id ->
+    (file manager, path)). A plan with a ``checkpoint`` root is fenced while it runs;
+    ``final_metadata`` is what its ``metadata`` holds afterwards (default: what it holds now)."""
     op_id = new_op_id(plan.operation)
-    ops = ops_dir(ckpt.fm, ckpt.root)
-    fms = {"checkpoint": (ckpt.fm, ckpt.root), **sink_roots}
     trash, versioned, roots = {}, {}, {}
     for rid, (fm, path) in fms.items():
-        trash[rid] = join(ops_dir(fm, path) if rid != "checkpoint" else ops, "trash", op_id)
+        trash[rid] = join(ops_dir(fm, path), "trash", op_id)
         # only probe versioning where something is deleted there
-        versioned[rid] = fm.versioning_enabled(path) if any(a.root == rid for a in plan.actions) else False
+        versioned[rid] = fm.versioning_enabled(path) if any(a.root == rid and a.kind == DELETE
+                                                            for a in plan.actions) else False
         roots[rid] = Root(plan.roots[rid], fm, path, trash[rid], versioned[rid])
     keep = open_file_manager(plan.keep_dir, storage_options) if plan.keep_dir else None
     record = {
         "op_id": op_id,
         "operation": plan.operation,
-        "checkpoint": ckpt.url,
+        "checkpoint": anchor.url,
+        "anchor": {"url": anchor.url, "checkpoint": anchor.checkpoint},
         "plan": plan.to_journal(),
         "trash": trash,
         "versioned": versioned,
-        "original_metadata": base64.b64encode(ckpt.metadata_raw).decode() if ckpt.metadata_raw is not None else None,
+        "original_metadata": _b64e(anchor.metadata),
+        **({"final_metadata": _b64e(final_metadata)} if final_metadata is not None else {}),
+        **(journal_extra or {}),
     }
-    journal = write_journal(ckpt.fm, ops, record)
+    journal = write_journal(anchor.fm, anchor.ops, record)
     if plan.operation == "rollback":  # ledger records above the target belong to the old timeline
-        ledger_at(ckpt.fm, ckpt.root).truncate(plan.target_batch, op_id)
-    ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=ckpt.metadata_raw)
+        ledger_at(anchor.fm, anchor.root).truncate(plan.target_batch, op_id)
+    ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=anchor.metadata,
+                  storage_options=storage_options)
     try:
         ex.apply(resuming=False)
     finally:
@@ -358,6 +472,7 @@ def _result(journal: Journal, status: str, roots: dict[str, Root]) -> dict:
     plan = journal.record["plan"]
     return {
         "op_id": journal.op_id,
+        "operation": journal.record["operation"],
         "status": status,
         "plan_hash": plan["plan_hash"],
         "target_batch": plan["target_batch"],
@@ -367,17 +482,16 @@ def _result(journal: Journal, status: str, roots: dict[str, Root]) -> dict:
     }
 
 
-def find_journal(ckpt: Checkpoint, want: str) -> tuple[Journal, str]:
+def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
     """The journal ``--resume`` (want="resume") or ``undo`` (want="undo") acts on, and its state.
 
     States: ``fenced-<operation>``, ``fenced-undo``, ``undoing`` (an undo interrupted while the
     checkpoint was not fenced), ``unfinished`` (journal written, not fenced yet or unfenced but not
     marked), ``applied``.
     """
-    fm = ckpt.fm
-    ops = ops_dir(fm, ckpt.root)
-    if is_fence(ckpt.metadata_raw):
-        f = parse_fence(ckpt.metadata_raw)
+    fm, ops = anchor.fm, anchor.ops
+    if anchor.checkpoint and is_fence(anchor.metadata):
+        f = parse_fence(anchor.metadata)
         return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
     for path, markers in reversed(scan_journals(fm, ops).items()):
         j = load_journal(fm, path)
@@ -390,53 +504,54 @@ def find_journal(ckpt: Checkpoint, want: str) -> tuple[Journal, str]:
                 raise RefusedError(
                     f"the last {j.record['operation']} ({j.op_id}, to batch {j.record['plan']['target_batch']}) "
                     "cannot be undone: its undo record was pruned", path=fm.url(j.path),
-                    fix="restore the checkpoint from a backup taken before it; `checkpoint-ops history` lists "
-                        "what can still be undone")
+                    fix="restore from a backup taken before it; `checkpoint-ops history` lists what can still be "
+                        "undone")
             return j, "applied"
         return j, "unfinished"
     raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))
 
 
-def _reopen(ckpt: Checkpoint, journal: Journal, storage_options: dict | None, progress: bool) -> Executor:
+def _reopen(anchor: Anchor, journal: Journal, storage_options: dict | None, progress: bool) -> Executor:
     rec = journal.record
     plan = rec["plan"]
     roots = _open_roots(plan["roots"], rec["trash"], rec.get("versioned", {}), storage_options)
-    roots["checkpoint"] = Root(plan["roots"]["checkpoint"], ckpt.fm, ckpt.root, rec["trash"]["checkpoint"],
-                               rec.get("versioned", {}).get("checkpoint", False))
+    if "checkpoint" in roots:
+        roots["checkpoint"] = Root(plan["roots"]["checkpoint"], anchor.fm, anchor.root, rec["trash"]["checkpoint"],
+                                   rec.get("versioned", {}).get("checkpoint", False))
     keep = open_file_manager(plan["keep_dir"], storage_options) if plan.get("keep_dir") else None
     try:
-        return Executor(journal, roots, keep, progress)
+        return Executor(journal, roots, keep, progress, storage_options=storage_options)
     except ValueError as e:
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
 
 
-def _abandon_if_unstarted(ckpt: Checkpoint, journal: Journal, ex: "Executor", want: str) -> None:
+def _abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, want: str) -> None:
     """A journal whose operation never fenced the checkpoint and changed nothing has a plan that
     may be stale (Spark may have run since): drop it, and its ledger truncation, instead."""
     if ex.effects_on_disk() > 0:
         return  # it did change something: carry on
     journal.mark("abandoned")
-    ledger_at(ckpt.fm, ckpt.root).remove_truncation(journal.op_id)
+    ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
     raise RefusedError(
         f"the interrupted {journal.record['operation']} {journal.op_id} stopped before changing anything, so "
         f"there is nothing to {want}; its plan may be stale now and was dropped",
-        path=ckpt.url,
-        fix="plan the rollback again (checkpoint-ops rollback ... --dry-run)",
+        path=anchor.url,
+        fix=f"plan the {journal.record['operation']} again (with --dry-run first)",
     )
 
 
-def resume(ckpt: Checkpoint, storage_options: dict | None = None, progress: bool = False) -> dict:
-    journal, state = find_journal(ckpt, "resume")
+def resume(anchor: Anchor, storage_options: dict | None = None, progress: bool = False) -> dict:
+    journal, state = find_journal(anchor, "resume")
     if state == "applied":
-        raise RefusedError(f"the last operation ({journal.op_id}) completed: nothing to resume", path=ckpt.url)
+        raise RefusedError(f"the last operation ({journal.op_id}) completed: nothing to resume", path=anchor.url)
     if state in ("fenced-undo", "undoing"):
-        raise RefusedError(f"an undo of {journal.op_id} was interrupted", path=ckpt.url,
-                           fix=f"run `checkpoint-ops undo {ckpt.url}` again to finish it")
-    ex = _reopen(ckpt, journal, storage_options, progress)
+        raise RefusedError(f"an undo of {journal.op_id} was interrupted", path=anchor.url,
+                           fix=f"run `checkpoint-ops undo {anchor.url}` again to finish it")
+    ex = _reopen(anchor, journal, storage_options, progress)
     if state == "unfinished":
-        _abandon_if_unstarted(ckpt, journal, ex, "resume")
+        _abandon_if_unstarted(anchor, journal, ex, "resume")
     if journal.record["operation"] == "rollback":
-        ledger_at(ckpt.fm, ckpt.root).ensure_truncation(journal.record["plan"]["target_batch"], journal.op_id)
+        ledger_at(anchor.fm, anchor.root).ensure_truncation(journal.record["plan"]["target_batch"], journal.op_id)
     try:
         ex.apply(resuming=True)
     finally:
@@ -444,14 +559,14 @@ def resume(ckpt: Checkpoint, storage_options: dict | None = None, progress: bool
     return _result(journal, "applied", ex.roots)
 
 
-def undo(ckpt: Checkpoint, storage_options: dict | None = None, progress: bool = False) -> dict:
-    journal, state = find_journal(ckpt, "undo")
-    ex = _reopen(ckpt, journal, storage_options, progress)
+def undo(anchor: Anchor, storage_options: dict | None = None, progress: bool = False) -> dict:
+    journal, state = find_journal(anchor, "undo")
+    ex = _reopen(anchor, journal, storage_options, progress)
     if state == "unfinished":
-        _abandon_if_unstarted(ckpt, journal, ex, "undo")
+        _abandon_if_unstarted(anchor, journal, ex, "undo")
     try:
         ex.undo(applied=(state == "applied"))
     finally:
         ex.close()
-    ledger_at(ckpt.fm, ckpt.root).remove_truncation(journal.op_id)
+    ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
     return _result(journal, "undone", ex.roots)

@@ -32,10 +32,19 @@ def fence_bytes(f: Fence, checkpoint_url: str) -> bytes:
         f"original-metadata: {f.original_metadata.decode('utf-8', 'replace')}\n"
         "A checkpoint-ops operation on this checkpoint is in progress or was interrupted.\n"
         "Spark must not start from it until the operation is finished or reverted:\n"
-        f"  checkpoint-ops rollback {checkpoint_url} --resume   (finish it)\n"
-        f"  checkpoint-ops undo {checkpoint_url}                (revert it)\n"
+        f"  {resume_command(f.operation, checkpoint_url)}   (finish it)\n"
+        f"  checkpoint-ops undo {checkpoint_url}   (revert it)\n"
     )
     return text.encode()
+
+
+def resume_command(operation: str, checkpoint_url: str) -> str:
+    """How to finish an interrupted operation (``undo`` finishes an interrupted undo)."""
+    if operation == "undo":
+        return f"checkpoint-ops undo {checkpoint_url}"
+    if operation == "rollback":
+        return f"checkpoint-ops rollback {checkpoint_url} --resume"
+    return f"checkpoint-ops resume {checkpoint_url}"
 
 
 def parse_fence(data: bytes) -> Fence:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .fence import resume_command
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
@@ -115,7 +116,7 @@ class Fsck:
             self.add(ERROR, "operation-interrupted", ck.listing.url("metadata"),
                      f"a checkpoint-ops {f.operation} ({f.op_id}) is in progress or was interrupted: metadata is "
                      "fenced so Spark cannot start from a half-changed checkpoint",
-                     f"finish it with `checkpoint-ops rollback {ck.url} --resume` or revert it with "
+                     f"finish it with `{resume_command(f.operation, ck.url)}` or revert it with "
                      f"`checkpoint-ops undo {ck.url}`")
             return
         d = metadata_damage(ck)

@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 
 DELETE = "delete"  # moved aside into the journal's trash (kept for undo)
 WRITE = "write"  # a new file, published atomically
-KEEP = "keep"  # a sink data file moved to the user's --keep-files directory
+REPLACE = "replace"  # an existing file rewritten in place, atomically (its old content kept in the trash)
+KEEP = "keep"  # a file moved to the user's directory (--keep-files, --quarantine)
 
 SIDECAR_PREFIX = "checksum sidecars of: "
 
 # The order in which the executor applies groups (see executor.py for why).
-PHASES = ("write", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data", "trash")
+PHASES = ("write", "replace", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data", "trash")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,10 @@ class Plan:
     roots: dict[str, str]  # root id -> URL as the user gave it
     target_batch: int | None
     actions: list[FileAction] = field(default_factory=list)
-    contents: dict[str, bytes] = field(default_factory=dict)  # sha256 -> bytes for WRITE actions
+    contents: dict[str, bytes] = field(default_factory=dict)  # sha256 -> bytes for WRITE/REPLACE actions
+    # sha256 -> URL of a file holding that content, for contents too big to carry in the journal (a
+    # staged rewrite) or already stored elsewhere (a backup's objects); checked against the hash on use
+    sources: dict[str, str] = field(default_factory=dict)
     summary: dict = field(default_factory=dict)  # what changes, per component (for people)
     warnings: list[str] = field(default_factory=list)
     keep_dir: str | None = None
@@ -75,9 +79,23 @@ class Plan:
         self.contents[digest] = content
         self.actions.append(FileAction(WRITE, root, rel, reason, "write", len(content), digest))
 
-    def keep(self, root: str, rel: str, reason: str, size: int | None) -> None:
+    def write_from(self, root: str, rel: str, sha256: str, size: int, source: str, reason: str,
+                   kind: str = WRITE) -> None:
+        """A new (or, with ``kind=REPLACE``, rewritten) file whose content is the file at ``source``."""
         self._changed()
-        self.actions.append(FileAction(KEEP, root, rel, reason, "sink-data", size, dest=rel))
+        self.sources[sha256] = source
+        self.actions.append(FileAction(kind, root, rel, reason, "write" if kind == WRITE else "replace", size,
+                                       sha256))
+
+    def replace(self, root: str, rel: str, content: bytes, reason: str) -> None:
+        self._changed()
+        digest = hashlib.sha256(content).hexdigest()
+        self.contents[digest] = content
+        self.actions.append(FileAction(REPLACE, root, rel, reason, "replace", len(content), digest))
+
+    def keep(self, root: str, rel: str, reason: str, size: int | None, phase: str = "sink-data") -> None:
+        self._changed()
+        self.actions.append(FileAction(KEEP, root, rel, reason, phase, size, dest=rel))
 
     # -- identity --------------------------------------------------------------------------------
     @property
@@ -126,7 +144,7 @@ class Plan:
         """The journal form: compact rows, a reason table, and the new files' contents."""
         reasons: dict[str, int] = {}
         rows = [a.to_row(reasons) for a in self.ordered()]
-        return {**self._header(), "reasons": list(reasons), "rows": rows,
+        return {**self._header(), "reasons": list(reasons), "rows": rows, "sources": self.sources,
                 "contents": {k: base64.b64encode(v).decode() for k, v in self.contents.items()}}
 
     @classmethod
@@ -137,12 +155,13 @@ class Plan:
         p.actions = [FileAction(k, root, rel, reasons[r], phase, size, sha, dest)
                      for k, root, rel, r, phase, size, sha, dest in d["rows"]]
         p.contents = {k: base64.b64decode(v) for k, v in d.get("contents", {}).items()}
+        p.sources = dict(d.get("sources", {}))
         if p.hash != d["plan_hash"]:
             raise ValueError("plan hash does not match its actions (the journal was edited or is corrupt)")
         return p
 
     def counts(self) -> dict:
-        c = {DELETE: 0, WRITE: 0, KEEP: 0, "bytes_deleted": 0}
+        c = {DELETE: 0, WRITE: 0, REPLACE: 0, KEEP: 0, "bytes_deleted": 0}
         for a in self.actions:
             c[a.kind] += 1
             if a.kind == DELETE:
@@ -172,7 +191,7 @@ class Plan:
             else:
                 groups.setdefault((a.kind, a.root, reason, a.phase), []).append(a)
         rank = {p: i for i, p in enumerate(PHASES)}
-        verb = {DELETE: "delete", WRITE: "write", KEEP: f"move to {self.keep_dir}"}
+        verb = {DELETE: "delete", WRITE: "write", REPLACE: "rewrite in place", KEEP: f"move to {self.keep_dir}"}
         for key in sorted(groups, key=lambda k: rank[k[3]]):
             kind, root, reason, _ = key
             acts = groups[key]
@@ -180,13 +199,13 @@ class Plan:
             lines.append(f"  {verb[kind]} {len(acts)} file(s) in {root}{extra}: {reason}")
             shown = sorted(acts, key=_order_key) if verbose else heapq.nsmallest(limit, acts, key=_order_key)
             for a in shown:
-                size = f" ({a.size} bytes)" if a.kind == WRITE else ""
+                size = f" ({a.size} bytes)" if a.kind in (WRITE, REPLACE) else ""
                 lines.append(f"      {a.rel}{size}")
             if len(acts) > len(shown):
                 lines.append(f"      ... and {len(acts) - len(shown)} more (--verbose or --json lists all)")
         c = self.counts()
         known = f" ({c['bytes_deleted']} bytes of files whose size is known)" if c["bytes_deleted"] else ""
-        lines.append(f"  total: delete {c[DELETE]}{known}, write {c[WRITE]}, move {c[KEEP]}")
+        lines.append(f"  total: delete {c[DELETE]}{known}, write {c[WRITE]}, rewrite {c[REPLACE]}, move {c[KEEP]}")
         return "\n".join(lines)
 
 

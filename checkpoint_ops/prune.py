@@ -14,8 +14,8 @@ from calendar import timegm
 
 from .errors import BadInputError
 from .fence import is_fence, parse_fence
-from .journal import Journal, load_journal, ops_dir, scan_journals
-from .model.checkpoint import Checkpoint
+from .executor import Anchor
+from .journal import Journal, load_journal, scan_journals
 from .plan import Plan
 from .storage import CheckpointFileManager, FileInfo, open_file_manager
 from .storage.paths import basename, dirname
@@ -38,13 +38,13 @@ def _status(j: Journal, markers: set[str], fenced_op: str | None) -> str:
     return "applied" if "applied" in markers else "unfinished"
 
 
-def history(ckpt: Checkpoint) -> list[dict]:
+def history(anchor: Anchor) -> list[dict]:
     """Every journaled operation, oldest first: what it did, its state, and whether undo can revert it."""
-    ops = ops_dir(ckpt.fm, ckpt.root)
-    fenced = parse_fence(ckpt.metadata_raw).op_id if is_fence(ckpt.metadata_raw) else None
+    ops = anchor.ops
+    fenced = parse_fence(anchor.metadata).op_id if anchor.checkpoint and is_fence(anchor.metadata) else None
     out = []
-    for path, markers in scan_journals(ckpt.fm, ops).items():  # one listing for every journal and marker
-        j = load_journal(ckpt.fm, path)
+    for path, markers in scan_journals(anchor.fm, ops).items():  # one listing for every journal and marker
+        j = load_journal(anchor.fm, path)
         plan = j.record["plan"]
         status = _status(j, markers, fenced)
         pruned = PRUNED in markers
@@ -67,8 +67,8 @@ class _TrashDirs:
     """Each trash directory (beside the checkpoint, beside each sink) listed once for all operations:
     on an object store every listing is a request, and the history can be long."""
 
-    def __init__(self, ckpt: Checkpoint, storage_options: dict | None):
-        self.ckpt = ckpt
+    def __init__(self, anchor: Anchor, storage_options: dict | None):
+        self.anchor = anchor
         self.storage_options = storage_options
         self._fms: dict[str, CheckpointFileManager] = {}
         self._by_op: dict[str, dict[str, list[FileInfo]]] = {}
@@ -76,7 +76,7 @@ class _TrashDirs:
     def fm(self, j: Journal, rid: str) -> CheckpointFileManager:
         """The file manager of one root the operation touched (its trash lives beside that root)."""
         if rid == "checkpoint":
-            return self.ckpt.fm
+            return self.anchor.fm
         url = j.record["plan"]["roots"][rid]
         if url not in self._fms:
             self._fms[url] = open_file_manager(url, self.storage_options)[0]
@@ -96,7 +96,7 @@ class _TrashDirs:
         return fm, trash, self._by_op[key].get(basename(trash), [])
 
 
-def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: float | None = None,
+def plan_prune(anchor: Anchor, keep_last: int | None = None, older_than_days: float | None = None,
                storage_options: dict | None = None, now: float | None = None) -> Plan:
     """Plan deleting the undo records (trash) of applied operations beyond the newest ``keep_last``
     and, if given, created more than ``older_than_days`` ago. Undone or abandoned operations, and
@@ -106,11 +106,11 @@ def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: 
     if (keep_last is not None and keep_last < 0) or (older_than_days is not None and older_than_days < 0):
         raise BadInputError("--keep-last and --older-than must not be negative")
     now = time.time() if now is None else now
-    entries = history(ckpt)
+    entries = history(anchor)
     applied = [e for e in entries if e["status"] == "applied" and e["undo_record"] == "kept"]
     kept_newest = {e["op_id"] for e in applied[len(applied) - keep_last:]} if keep_last else set()
     plan = Plan("prune", {}, None)
-    trash_dirs = _TrashDirs(ckpt, storage_options)
+    trash_dirs = _TrashDirs(anchor, storage_options)
     chosen, kept, skipped = [], [], []
     for e in entries:
         j: Journal = e["_journal"]
@@ -146,17 +146,17 @@ def plan_prune(ckpt: Checkpoint, keep_last: int | None = None, older_than_days: 
     return plan
 
 
-def apply_prune(plan: Plan, ckpt: Checkpoint, storage_options: dict | None = None) -> dict:
+def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None) -> dict:
     """Mark each chosen operation pruned (undo refuses it from then on), then delete its trash."""
-    ops = ops_dir(ckpt.fm, ckpt.root)
-    trash_dirs = _TrashDirs(ckpt, storage_options)
+    ops = anchor.ops
+    trash_dirs = _TrashDirs(anchor, storage_options)
     chosen = plan.summary.get("prune")
     chosen = chosen if isinstance(chosen, list) else []
     by_root: dict[str, list[str]] = {}
     for a in plan.actions:
         by_root.setdefault(a.root, []).append(a.rel)
     for op_id in chosen:
-        j = load_journal(ckpt.fm, f"{ops}/journal/{op_id}")
+        j = load_journal(anchor.fm, f"{ops}/journal/{op_id}")
         j.mark(PRUNED)
         for rid, trash in j.record.get("trash", {}).items():
             rels = by_root.get(f"{op_id}/{rid}")

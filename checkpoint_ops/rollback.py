@@ -22,7 +22,7 @@ import zipfile
 from datetime import datetime
 
 from .errors import BadInputError, RefusedError
-from .fence import is_fence, parse_fence
+from .fence import is_fence, parse_fence, resume_command
 from .restart import Damage, RestartSets, damage_in_removed
 from .model.checkpoint import Checkpoint
 from .model.compactible import (
@@ -363,7 +363,7 @@ def plan_rollback(
         raise RefusedError(
             f"an earlier {fence.operation} ({fence.op_id}) was interrupted and the checkpoint is fenced",
             path=ckpt.listing.url("metadata"),
-            fix=f"finish it with `checkpoint-ops rollback {ckpt.url} --resume` or revert it with "
+            fix=f"finish it with `{resume_command(fence.operation, ckpt.url)}` or revert it with "
             f"`checkpoint-ops undo {ckpt.url}` first",
         )
     sinks = list(sinks)

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from checkpoint_ops.model.checkpoint import Checkpoint
+from checkpoint_ops.executor import Anchor
 from checkpoint_ops.prune import plan_prune
 from tests.helpers import cli_json, tree_snapshot
 from tests.test_rollback_s3 import objects, upload
@@ -82,7 +83,7 @@ def test_prune_keeps_the_newest_undoable_and_undo_refuses_the_pruned(run):
 @HDFS
 def test_prune_by_age(run):
     op = _rollback(run, target_before_last_compaction(run))
-    ckpt = Checkpoint.open(run.checkpoint)
+    ckpt = Anchor.of_checkpoint(Checkpoint.open(run.checkpoint))
     assert plan_prune(ckpt, older_than_days=1).summary["prune"] == "nothing"
     later = plan_prune(ckpt, older_than_days=1, now=time.time() + 2 * 86400)
     assert later.summary["prune"] == [op] and len(later.actions) > 0

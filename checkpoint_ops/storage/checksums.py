@@ -79,6 +79,55 @@ def hadoop_crc_matches(data: bytes, crc: bytes) -> bool:
     return hadoop_crc_bytes(data, bpc) == crc
 
 
+class HadoopCrc:
+    """The ``.crc`` sidecar of a file written in pieces (memory: four bytes per 512 of content)."""
+
+    def __init__(self, bytes_per_checksum: int = HADOOP_BYTES_PER_CHECKSUM):
+        self.bpc = bytes_per_checksum
+        self._tail = b""
+        self._sums = bytearray()
+
+    def update(self, data: bytes) -> None:
+        data = self._tail + data if self._tail else data
+        bpc, n = self.bpc, len(data) - len(data) % self.bpc
+        for start in range(0, n, bpc):
+            self._sums += struct.pack(">I", zlib.crc32(data[start:start + bpc]) & 0xFFFFFFFF)
+        self._tail = bytes(data[n:])
+
+    def digest(self) -> bytes:
+        tail = struct.pack(">I", zlib.crc32(self._tail) & 0xFFFFFFFF) if self._tail else b""
+        return HADOOP_CRC_MAGIC + struct.pack(">i", self.bpc) + bytes(self._sums) + tail
+
+
+class Crc32c:
+    """CRC32C of a file written in pieces (native ``google-crc32c`` when installed)."""
+
+    def __init__(self):
+        self.size = 0
+        try:
+            import google_crc32c
+
+            self._native = google_crc32c.Checksum()
+        except ImportError:  # pragma: no cover - the dependency is declared; pure Python still works
+            self._native = None
+            self._crc = 0xFFFFFFFF
+
+    def update(self, data: bytes) -> None:
+        self.size += len(data)
+        if self._native is not None:
+            self._native.update(data)
+            return
+        crc, table = self._crc, _CRC32C
+        for b in data:
+            crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+        self._crc = crc
+
+    def value(self) -> int:
+        if self._native is not None:
+            return int.from_bytes(self._native.digest(), "big")
+        return self._crc ^ 0xFFFFFFFF
+
+
 def _crc32c_table() -> list[int]:
     table = []
     for i in range(256):
@@ -94,23 +143,26 @@ _CRC32C = _crc32c_table()
 
 def crc32c(data: bytes) -> int:
     """CRC32C (Castagnoli), as ``java.util.zip.CRC32C`` computes it."""
-    crc = 0xFFFFFFFF
-    table = _CRC32C
-    for b in data:
-        crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
+    c = Crc32c()
+    c.update(data)
+    return c.value()
 
 
 def _signed32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def spark_checksum_json(data: bytes, *, timestamp_ms: int | None = None) -> bytes:
-    """A Spark checksum file for ``data`` (Spark stores the CRC32C as a signed int)."""
+def spark_checksum_json(data: bytes | Crc32c, *, timestamp_ms: int | None = None) -> bytes:
+    """A Spark checksum file for ``data`` (or a finished ``Crc32c`` of it; Spark stores the CRC32C as a
+    signed int)."""
+    if not isinstance(data, Crc32c):
+        c = Crc32c()
+        c.update(data)
+        data = c
     doc = {
         "algorithm": "CRC32C",
-        "value": _signed32(crc32c(data)),
-        "mainFileSize": len(data),
+        "value": _signed32(data.value()),
+        "mainFileSize": data.size,
         "timestampMs": int(time.time() * 1000) if timestamp_ms is None else timestamp_ms,
         "creator": {"executorId": "checkpoint-ops", "taskInfo": ""},
     }

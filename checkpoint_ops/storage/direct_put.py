@@ -119,6 +119,10 @@ class DirectPutFileManager(CheckpointFileManager):
         self._count("get")
         return self.fs.cat_file(path, start=0, end=n)
 
+    def open_read(self, path: str):
+        self._count("get")
+        return self.fs.open(path, "rb", block_size=_SINGLE_PUT_MAX, cache_type="readahead")
+
     def read_many(self, paths: Iterable[str], errors: dict | None = None) -> dict[str, bytes | None]:
         paths = list(paths)
         if not paths:

@@ -17,7 +17,7 @@ import abc
 import collections
 import threading
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 from . import killswitch
 from .checksums import sidecar_names
@@ -168,6 +168,12 @@ class CheckpointFileManager(abc.ABC):
     def read_prefix(self, path: str, n: int) -> bytes:
         """The first ``n`` bytes (fewer if the file is shorter)."""
         return self.read_bytes(path)[:n]
+
+    def open_read(self, path: str) -> BinaryIO:
+        """A binary stream of the file (for files too big to hold in memory); FileNotFoundError."""
+        import io
+
+        return io.BytesIO(self.read_bytes(path))
 
     def read_many(self, paths: Iterable[str], errors: dict | None = None) -> dict[str, bytes | None]:
         """Several files (concurrently where the backend can); missing ones map to None.

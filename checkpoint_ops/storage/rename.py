@@ -12,6 +12,8 @@ import uuid
 from typing import Iterable
 
 from .checksums import (
+    Crc32c,
+    HadoopCrc,
     hadoop_crc_bytes,
     hadoop_crc_name,
     may_have_spark_checksum,
@@ -71,11 +73,15 @@ class _LocalWriter(AtomicWriter):
         os.makedirs(self._dir, exist_ok=True)
         self._tmp = os.path.join(self._dir, temp_name(os.path.basename(path)))
         self._f = open(self._tmp, "xb")
-        self._crc_data = bytearray() if fm.hadoop_crc or may_have_spark_checksum(basename(path)) else None
+        # checksums as the bytes go by: a restore writes files of any size
+        self._hadoop = HadoopCrc() if fm.hadoop_crc else None
+        self._crc32c = Crc32c() if may_have_spark_checksum(basename(path)) else None
 
     def write(self, data: bytes) -> int:
-        if self._crc_data is not None:
-            self._crc_data += data
+        if self._hadoop is not None:
+            self._hadoop.update(data)
+        if self._crc32c is not None:
+            self._crc32c.update(data)
         return self._f.write(data)
 
     def _publish(self) -> None:
@@ -110,18 +116,16 @@ class _LocalWriter(AtomicWriter):
                 fm.counter.add("rename")
             fm._unlink_quiet(self._tmp)
         fm._fsync_dir(self._dir)
-        data = bytes(self._crc_data) if self._crc_data is not None else b""
-        if fm.hadoop_crc:
-            fm._put_plain(crc_path, hadoop_crc_bytes(data))
-        if may_have_spark_checksum(name):
+        if self._hadoop is not None:
+            fm._put_plain(crc_path, self._hadoop.digest())
+        if self._crc32c is not None:
             checksum = os.path.join(self._dir, spark_checksum_name(name))
             if os.path.exists(checksum):  # Spark wrote one: keep it truthful
-                fm._put_plain(checksum, spark_checksum_json(data))
+                doc = spark_checksum_json(self._crc32c)
+                fm._put_plain(checksum, doc)
                 if fm.hadoop_crc:
-                    fm._put_plain(
-                        os.path.join(self._dir, hadoop_crc_name(spark_checksum_name(name))),
-                        hadoop_crc_bytes(spark_checksum_json(data)),
-                    )
+                    fm._put_plain(os.path.join(self._dir, hadoop_crc_name(spark_checksum_name(name))),
+                                  hadoop_crc_bytes(doc))
         fm.counter.add("write")
 
     def _discard(self) -> None:
@@ -185,6 +189,10 @@ class LocalFileManager(CheckpointFileManager):
         self.counter.add("read")
         with open(path, "rb") as f:
             return f.read(n)
+
+    def open_read(self, path: str):
+        self.counter.add("read")
+        return open(path, "rb")
 
     def info(self, path: str) -> FileInfo | None:
         self.counter.add("stat")
@@ -362,6 +370,10 @@ class RenameFileManager(CheckpointFileManager):
     def read_bytes(self, path: str) -> bytes:
         self.counter.add("read")
         return self.fs.cat_file(path)
+
+    def open_read(self, path: str):
+        self.counter.add("read")
+        return self.fs.open(path, "rb")
 
     def info(self, path: str) -> FileInfo | None:
         self.counter.add("stat")
