@@ -53,6 +53,18 @@ def active_reasons(ckpt: Checkpoint, fresh_seconds: int = DEFAULT_FRESH_SECONDS,
     return reasons
 
 
+def sink_active_reasons(sink, fresh_seconds: int = DEFAULT_FRESH_SECONDS, now: float | None = None) -> list[str]:
+    """Why a file sink's output looks in use when its checkpoint is not known: a fresh newest log file."""
+    now = time.time() if now is None else now
+    log = sink.log
+    if log.latest is None:
+        return []
+    info = log.files[log.latest].info
+    if info.mtime is not None and now - info.mtime < fresh_seconds:
+        return [f"{log.rel(log.latest)} was written {int(now - info.mtime)} s ago: the query is probably running"]
+    return []
+
+
 def refuse_if_active(ckpt: Checkpoint, force: bool, fresh_seconds: int = DEFAULT_FRESH_SECONDS) -> None:
     reasons = active_reasons(ckpt, fresh_seconds)
     if reasons and not force:

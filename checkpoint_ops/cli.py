@@ -91,7 +91,8 @@ def cmd_fsck(args) -> int:
     from .fsck import render_findings, run_fsck
 
     ckpt, sinks = _open(args)
-    findings = run_fsck(ckpt, sinks, deep=args.deep)
+    findings = run_fsck(ckpt, sinks, deep=args.deep,
+                        ledger=_ledger(ckpt, args) if ckpt.kind == "structured" else None)
     data = {
         "path": ckpt.url,
         "healthy": not findings,
@@ -294,6 +295,119 @@ def cmd_ledger_show(args) -> int:
     return EXIT_OK
 
 
+# ---- sink ---------------------------------------------------------------------------------------
+
+
+def _sink_context(args, data: bool = False):
+    from .sinklog import open_context
+
+    return open_context(args.output, getattr(args, "checkpoint", None), _storage_options(args.storage_options),
+                        args.sink_compact_interval, data=data)
+
+
+def _refuse_if_sink_active(args, ctx) -> None:
+    from .activity import refuse_if_active, sink_active_reasons
+
+    if ctx.ckpt is not None:
+        refuse_if_active(ctx.ckpt, args.force)
+        return
+    reasons = sink_active_reasons(ctx.sink)
+    if reasons and not args.force:
+        raise RefusedError("the query writing this sink looks active: " + "; ".join(reasons), path=ctx.sink.url,
+                           fix="stop the query and try again (pass --checkpoint so its lease is checked too); --force "
+                           "overrides this check")
+
+
+def _apply_sink_plan(args, ctx, build, what: str, report_only: bool = False) -> int:
+    """Dry run, or plan (staging rewrites), show, confirm and apply: as rollback does."""
+    from .sinklog import apply, clear_staging, sweep_staging
+
+    if args.dry_run or report_only:
+        plan = build(stage=False)
+        _emit(args, {"dry_run": True, "plan": plan.to_dict() if args.json else None}, plan.render(verbose=args.verbose))
+        return EXIT_OK
+    _refuse_if_sink_active(args, ctx)
+    sweep_staging(ctx)
+    plan = build(stage=True)
+    try:
+        if plan.empty:
+            _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": None},
+                  plan.render(verbose=args.verbose))
+            return EXIT_OK
+        if args.plan_hash and not plan.hash.startswith(args.plan_hash):
+            raise RefusedError(f"the plan changed since it was reviewed: now {plan.hash[:12]}, expected {args.plan_hash}",
+                               path=ctx.sink.url, fix="review the new plan with --dry-run")
+        if not args.json:
+            print(plan.render(verbose=args.verbose))
+        _confirm(args, f"{what} plan {plan.hash[:12]}")
+    except BaseException:
+        clear_staging(ctx, plan)
+        raise
+    result = apply(ctx, plan, _storage_options(args.storage_options), not args.json)
+    _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": result},
+          f"Applied {what} plan {plan.hash[:12]} ({result['op_id']}). Undo with: checkpoint-ops undo "
+          f"{ctx.anchor.url}")
+    return EXIT_OK
+
+
+def cmd_sink_files(args) -> int:
+    from .sinklog import batch_files
+
+    ctx = _sink_context(args)
+    r = batch_files(ctx, args.batch)
+    lines = [f"Batch {r['batch']} wrote {len(r['files'])} file(s), {r['bytes']} bytes, to {r['output']} "
+             f"(from the {r['source']}):"]
+    lines += [f"  {f['path']} ({f['size']} bytes)" for f in r["files"]]
+    _emit(args, r, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_sink_compact(args) -> int:
+    from .sinklog import plan_compact
+
+    ctx = _sink_context(args, data=args.drop_missing)
+    return _apply_sink_plan(args, ctx, lambda stage: plan_compact(ctx, args.drop_missing, stage), "sink compaction")
+
+
+def cmd_sink_retain(args) -> int:
+    from .sinklog import parse_duration, plan_retain
+
+    older = parse_duration(args.older_than) if args.older_than else None
+    ctx = _sink_context(args, data=args.delete_files)
+    return _apply_sink_plan(args, ctx, lambda stage: plan_retain(ctx, args.keep_after_batch, older,
+                                                                 args.delete_files, stage), "sink retention")
+
+
+def cmd_sink_orphans(args) -> int:
+    from .sinklog import parse_duration, plan_orphans
+
+    ctx = _sink_context(args, data=True)
+    min_age = parse_duration(args.min_age)
+    return _apply_sink_plan(args, ctx, lambda stage: plan_orphans(ctx, min_age, args.delete, args.quarantine),
+                            "orphan cleanup", report_only=not (args.delete or args.quarantine))
+
+
+def _sink_command(sub, name: str, func, help: str, mutating: bool = True, checkpoint: str = "optional"):
+    p = sub.add_parser(name, help=help)
+    p.add_argument("output", metavar="OUTPUT_PATH", help="the file sink's output directory (holding _spark_metadata/)")
+    if checkpoint != "none":
+        p.add_argument("--checkpoint", metavar="CKPT", required=checkpoint == "required",
+                       help="the query's checkpoint: its batch ledger is used, its lease checked, and it is fenced "
+                       "while the operation runs")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON (keys: docs/cli.md)")
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as JSON")
+    p.add_argument("--sink-compact-interval", type=int, default=SPARK_DEFAULT_COMPACT_INTERVAL, metavar="N",
+                   help="spark.sql.streaming.fileSink.log.compactInterval, if you changed it (default %(default)s)")
+    if mutating:
+        p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+        p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+        p.add_argument("--force", action="store_true", help="skip the check that the query is not running")
+        p.add_argument("--plan-hash", metavar="HASH", help="apply only if the plan's hash starts with HASH")
+        p.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+    p.set_defaults(func=func)
+    return p
+
+
 def _ledger(ckpt: Checkpoint, args):
     """The checkpoint's batch ledger (read only if Spark's own files do not answer)."""
     from .ledger import Ledger
@@ -366,6 +480,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     p.add_argument("--yes", "-y", action="store_true", help="apply without asking")
     p.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+
+    p = sub.add_parser("sink", help="a file sink's log at batch granularity: files of a batch, compaction, "
+                       "retention, orphans")
+    ssub = p.add_subparsers(dest="sink_command", required=True, metavar="ACTION")
+    q = _sink_command(ssub, "files", cmd_sink_files, "the files batch N wrote (from Spark's log, else the ledger)",
+                      mutating=False)
+    q.add_argument("--batch", type=int, required=True, metavar="N")
+    q = _sink_command(ssub, "compact", cmd_sink_compact, "offline compaction Spark keeps reading and compacting after")
+    q.add_argument("--drop-missing", action="store_true", help="drop entries whose data file is gone (readers would "
+                   "fail on them)")
+    q = _sink_command(ssub, "retain", cmd_sink_retain, "drop whole old batches from the log (and their files)",
+                      checkpoint="required")
+    g = q.add_mutually_exclusive_group(required=True)
+    g.add_argument("--keep-after-batch", type=int, metavar="N", help="drop batches up to and including N")
+    g.add_argument("--older-than", metavar="DURATION", help="drop batches that ran longer ago (e.g. 30d, 12h)")
+    q.add_argument("--delete-files", action="store_true", help="also delete the dropped batches' data files")
+    q = _sink_command(ssub, "orphans", cmd_sink_orphans, "data files no log entry references", checkpoint="none")
+    q.add_argument("--min-age", default="1h", metavar="DURATION",
+                   help="only files older than this (in-flight writers are younger; default %(default)s)")
+    g = q.add_mutually_exclusive_group()
+    g.add_argument("--delete", action="store_true", help="delete them (kept for undo until pruned)")
+    g.add_argument("--quarantine", metavar="DIR", help="move them into DIR")
 
     p = sub.add_parser("ledger", help="the batch ledger: which files each batch wrote, kept past compaction")
     lsub = p.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")

@@ -195,6 +195,7 @@ class Executor:
                 raise RefusedError("a file the plan creates already exists with other content",
                                    path=root.fm.url(root.abs(a.rel)),
                                    fix="something changed the files during the operation; undo it and re-plan")
+            root.fm.ensure_checksum(root.abs(a.rel))  # the crash may have come before its sidecar
         self._step()
 
     def _replace(self, a: FileAction) -> None:
@@ -202,6 +203,7 @@ class Executor:
         see it missing). On resume: done if the file already holds the new content."""
         root = self.roots[a.root]
         if self._matches(root, a):
+            root.fm.ensure_checksum(root.abs(a.rel))  # the crash may have come before its sidecar
             self._step()
             return
         if not root.fm.exists(root.trash_path(a.rel)):
@@ -361,9 +363,13 @@ class Executor:
         """Undo is only safe if nothing was written to the roots since the operation."""
         t = self.plan.target_batch
         newer = []
-        if t is not None and self.plan.operation == "rollback":  # a batch above the target: the query ran since
+        if t is not None and self.plan.operation in ("rollback", "sink-compact", "sink-retain", "sink-orphans"):
+            # a batch above the one the operation left: the query ran since
             for rid, listing in listings.items():
-                dirs = ("offsets", "commits") if rid == "checkpoint" else ("_spark_metadata",)
+                if rid == "checkpoint":
+                    dirs = ("offsets", "commits") if self.plan.operation == "rollback" else ()
+                else:
+                    dirs = ("_spark_metadata",)
                 for d in dirs:
                     newer += [f.rel for b, f in log_files(listing, d, compactible=True).items() if b > t]
         for a in self.plan.actions:

@@ -41,8 +41,9 @@ class Finding:
 
 
 class Fsck:
-    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False):
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None):
         self.ckpt = ckpt
+        self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
         self.deep = deep
         self.findings: list[Finding] = []
@@ -79,7 +80,7 @@ class Fsck:
         C = self.ckpt.latest_commit
         if C is None or self.ckpt.fence is not None:
             return
-        w = rollback_window(self.ckpt, self.sinks)
+        w = rollback_window(self.ckpt, self.sinks, self.ledger)
         d = w.stop
         if d is None or d.kind == PURGED or w.earliest is None:
             return
@@ -372,8 +373,8 @@ class Fsck:
                      "delete it while the application is stopped")
 
 
-def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False) -> list[Finding]:
-    return Fsck(ckpt, sinks, deep).run()
+def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None) -> list[Finding]:
+    return Fsck(ckpt, sinks, deep, ledger).run()
 
 
 def render_findings(findings: list[Finding], url: str) -> str:

@@ -20,17 +20,19 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from .errors import BadInputError
 from .journal import ops_dir, utc_stamp
 from .model.checkpoint import Checkpoint
 from .model.commits import CommitMetadata, parse_commit
-from .model.compactible import CompactibleLog, LogEntry, is_compaction_batch
-from .model.logfile import LogFormatError
+from .model.compactible import CompactibleLog, LogEntry, all_valid_batches, is_compaction_batch
+from .model.logfile import LogFormatError, parse_json_line
 from .model.offsets import OffsetSeq, parse_offsets
 from .model.sink import SinkOutput
 from .storage import CheckpointFileManager
 from .storage.paths import join
 
 FORMAT = 1
+MAX_SYNC_RUN = 8  # consecutive sync segments kept before they are merged into one
 
 
 @dataclass
@@ -63,15 +65,21 @@ class Ledger:
             blob = data.get(join(self.path, n))
             if blob is None:
                 continue
-            if "-truncate-" in n:
-                after = json.loads(blob)["after_batch"]
-                for b in [b for b in records if b > after]:
-                    del records[b]
-                continue
-            for line in blob.decode().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    _merge(records.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
+            try:
+                if "-truncate-" in n:
+                    after = json.loads(blob)["after_batch"]
+                    for b in [b for b in records if b > after]:
+                        del records[b]
+                    continue
+                for line in blob.decode().splitlines():
+                    if line.strip():
+                        rec = json.loads(line)
+                        _merge(records.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                raise BadInputError("batch ledger segment is not what this tool writes (not JSON lines of batch "
+                                    "records)", path=self.fm.url(join(self.path, n)),
+                                    fix="restore the ledger from a backup, or move this segment away (the ledger "
+                                    "then forgets what it recorded)") from None
         self._records = records
 
     def has(self, kind: str, batch: int) -> bool:
@@ -151,6 +159,40 @@ class Ledger:
         for n in self._truncations(op_id):
             self.fm.delete(join(self.path, n))
 
+    def compact_segments(self, max_run: int = MAX_SYNC_RUN) -> list[str]:
+        """Merge each run of consecutive sync segments longer than ``max_run`` into one, so the file
+        count grows with rollbacks (each leaves a truncation segment, kept so undo can remove it), not
+        with every sync. The merged segment sorts where the run's last segment was; it is written
+        before the run is deleted, and records merge idempotently, so a crash in between is harmless.
+        Returns the names of the merged segments written."""
+        if self._records is None:
+            self.load()
+        runs: list[list[str]] = [[]]
+        for n in self.segments:
+            if "-truncate-" in n:
+                runs.append([])
+            else:
+                runs[-1].append(n)
+        written = []
+        for run in runs:
+            if len(run) <= max_run:
+                continue
+            data = self.fm.read_many([join(self.path, n) for n in run])
+            merged: dict[int, dict] = {}
+            for n in run:
+                for line in (data.get(join(self.path, n)) or b"").decode().splitlines():
+                    if line.strip():
+                        rec = json.loads(line)
+                        _merge(merged.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
+            stamp = run[-1].split("-", 1)[0]
+            name = f"{stamp}-merged-{uuid.uuid4().hex[:8]}.jsonl"
+            body = "\n".join(json.dumps(merged[b], separators=(",", ":")) for b in sorted(merged)).encode()
+            self.fm.write_bytes(join(self.path, name), body, overwrite=False)
+            self.fm.delete_many([join(self.path, n) for n in run])
+            self.segments = sorted([n for n in self.segments if n not in run] + [name])
+            written.append(name)
+        return written
+
 
 def _merge(into: dict, rec: dict) -> None:
     for k, v in rec.items():
@@ -160,33 +202,36 @@ def _merge(into: dict, rec: dict) -> None:
             into[k] = v
 
 
-def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
-    """Record every batch Spark's files still describe and the ledger does not have yet."""
-    ledger = Ledger.for_checkpoint(ckpt)
+def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger | None" = None) -> dict:
+    """Record every batch Spark's files still describe and the ledger does not have yet.
+
+    Without a checkpoint (``ledger`` given) only the sinks' batches are recorded."""
+    ledger = ledger or Ledger.for_checkpoint(ckpt)
     new: dict[int, dict] = {}
 
     def rec(b: int) -> dict:
         return new.setdefault(b, {"batch": b})
 
-    L = ckpt.listing
-    raw: dict[str, bytes] = {}
     damaged: list = []  # files Spark could not read either: never recorded, named in the result
-    offsets = ckpt.load_offsets(raw=raw, errors=damaged)  # one read per file: the parsed and the raw form
-    commits = ckpt.load_commits(raw=raw, errors=damaged)
-    need = [L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
-    need += [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)]
-    raw.update(ckpt.fm.read_many([p for p in need if p not in raw]))  # parsed earlier in this process
-    for b, o in offsets.items():
-        if not ledger.has("offsets", b):
-            r = rec(b)
-            r["offsets"] = raw[L.abs(f"offsets/{b}")].decode("utf-8")
-            r["timestamp_ms"], r["watermark_ms"] = o.timestamp_ms, o.watermark_ms
-            r["source_offsets"] = {s.source_id: s.value for s in o.offsets}
-    for b, c in commits.items():
-        if not ledger.has("commits", b):
-            r = rec(b)
-            r["commits"] = raw[L.abs(f"commits/{b}")].decode("utf-8")
-            r["state"] = {"version": b + 1, "unique_ids": c.state_unique_ids}
+    if ckpt is not None:
+        L = ckpt.listing
+        raw: dict[str, bytes] = {}
+        offsets = ckpt.load_offsets(raw=raw, errors=damaged)  # one read per file: the parsed and the raw form
+        commits = ckpt.load_commits(raw=raw, errors=damaged)
+        need = [L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
+        need += [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)]
+        raw.update(ckpt.fm.read_many([p for p in need if p not in raw]))  # parsed earlier in this process
+        for b, o in offsets.items():
+            if not ledger.has("offsets", b):
+                r = rec(b)
+                r["offsets"] = raw[L.abs(f"offsets/{b}")].decode("utf-8")
+                r["timestamp_ms"], r["watermark_ms"] = o.timestamp_ms, o.watermark_ms
+                r["source_offsets"] = {s.source_id: s.value for s in o.offsets}
+        for b, c in commits.items():
+            if not ledger.has("commits", b):
+                r = rec(b)
+                r["commits"] = raw[L.abs(f"commits/{b}")].decode("utf-8")
+                r["state"] = {"version": b + 1, "unique_ids": c.state_unique_ids}
     sink_counts = {}
     for sink in sinks:
         count = 0
@@ -199,6 +244,7 @@ def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
     if new:
         body = "\n".join(json.dumps(new[b], separators=(",", ":")) for b in sorted(new)).encode()
         segment = ledger._write_segment("sync", body)
+        ledger.compact_segments()
     recorded = sorted(new)
     return {
         "ledger": ledger.fm.url(ledger.path),
@@ -212,27 +258,51 @@ def sync(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> dict:
     }
 
 
-def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None) -> dict[int, list[LogEntry]]:
-    """Which entries each batch added, for every batch Spark's files still let us tell.
+def attribute_batch(log: CompactibleLog, b: int) -> list[LogEntry] | None:
+    """The entries batch ``b`` added, if Spark's files still tell (None if not). A plain file is
+    exactly its batch's entries; a compact file's own batch added what it holds beyond the log state
+    just before it, when that state can still be read. Raises LogFormatError on a damaged file."""
+    f = log.files.get(b)
+    if f is None:
+        return None
+    if not f.compact or b == 0:
+        return log.read([b])[b]
+    if log.missing_for(b - 1):
+        return None
+    # Spark's compaction writes the previous log state, in order, then this batch's entries: compare the
+    # bytes of the two in blocks (fast, and memory stays flat however big the log); if they part (a
+    # `retention` option filtered entries) fall back to comparing sets of paths.
+    rest = log.common_prefix_rest(b, list(all_valid_batches(b - 1, log.interval)))
+    if rest is None:
+        before = {e.path for e in log.entries_after(b - 1)}
+        return [e for e in log.read([b])[b] if e.path not in before]
+    tail = []
+    url = log.listing.url(log.rel(b))
+    for line in rest.split(b"\n"):
+        if not line:
+            continue
+        text = line.decode("utf-8", "replace")
+        doc = parse_json_line(text, url, len(tail) + 2, last=False)
+        if not isinstance(doc, dict):
+            raise LogFormatError("a line is not a JSON object", path=url, kind="malformed")
+        tail.append(LogEntry(text, doc))
+    return tail
 
-    A plain file is exactly its batch's entries. A compact file's own batch added what it holds
-    beyond the log state just before it, when that state can still be read. Batches whose files
-    cannot be read are left out (and their errors added to ``damaged``, else raised).
-    """
+
+def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None) -> dict[int, list[LogEntry]]:
+    """Which entries each batch added, for every batch Spark's files still let us tell. Batches whose
+    files cannot be read are left out (and their errors added to ``damaged``, else raised)."""
     out: dict[int, list[LogEntry]] = {}
-    for b, f in log.files.items():
+    for b in log.files:
         try:
-            if not f.compact:
-                out[b] = log.read([b])[b]
-            elif b > 0 and not log.missing_for(b - 1):
-                before = {e.path for e in log.entries_after(b - 1)}
-                out[b] = [e for e in log.read([b])[b] if e.path not in before]
-            elif b == 0:
-                out[b] = log.read([b])[b]
+            got = attribute_batch(log, b)
         except LogFormatError as e:
             if damaged is None:
                 raise
             damaged.append(e)
+            continue
+        if got is not None:
+            out[b] = got
     return out
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import os
 import shutil
+import time
 
 import boto3
 import pytest
@@ -19,7 +20,8 @@ import s3fs
 
 from pipelines.event_counts import event_rows, write_event_files
 from tests.crash import ForkRunner, MatrixRow, record, tree_digest
-from tests.spark_runs import run_stateless
+from tests.spark_runs import COMPACT_INTERVAL, run_stateless
+from tests.test_sink_spark import sink_run  # noqa: F401  (a fixture)
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, target_before_last_compaction
 
 HDFS = pytest.mark.parametrize("flavour", ["hdfs"])
@@ -245,4 +247,49 @@ def test_rollback_undo_prune_crash_matrix_s3(spark, small_run, runner, bucket, s
 
     matrix(MatrixRow("prune", "s3 + local sink"), runner, reset_rolled, ["prune", ckpt, "--keep-last", "0", "--yes"],
            lambda: _ok(runner.run("prune", ckpt, "--keep-last", "0", "--yes")), snapshot, rolled, after=pruned)
+    _reset_local(base)
+
+
+# ---- the sink operations (local disk) -----------------------------------------------------------------------
+
+
+def test_sink_operations_crash_matrix_local(spark, sink_run, runner):
+    """sink compact, retain (deleting files) and orphan cleanup, killed at every mutating call (the
+    ledger sync they start with included), then resumed or run again: the output converges to what an
+    uninterrupted run leaves, and Spark's readers see exactly the expected rows."""
+    base = sink_run
+    out, ckpt = f"{base}/output", f"{base}/checkpoint"
+    S = ("--sink-compact-interval", str(COMPACT_INTERVAL))
+    orphan = f"{out}/part-00000-00000000-0000-0000-0000-00000000dead-c000.snappy.parquet"
+
+    def reset():
+        _reset_local(base)
+        parts = sorted(f for f in os.listdir(out) if f.endswith(".parquet"))
+        shutil.copy(f"{out}/{parts[0]}", orphan)
+        for d, _, names in os.walk(out):  # the query stopped an hour ago (there is no checkpoint to ask)
+            for n in names:
+                os.utime(os.path.join(d, n), (time.time() - 3600, time.time() - 3600))
+
+    ops = {
+        "sink compact": (["sink", "compact", out, "--checkpoint", ckpt, *S, "--yes"], ckpt),
+        "sink retain --delete-files": (["sink", "retain", out, "--checkpoint", ckpt, "--keep-after-batch", 9,
+                                        "--delete-files", *S, "--yes"], ckpt),
+        "sink orphans --delete": (["sink", "orphans", out, "--min-age", "10m", "--delete", *S, "--yes"], out),
+    }
+    for name, (args, anchor) in ops.items():
+        reset()
+        code, o, err = runner.run(*args)
+        assert code == 0, err
+        done = tree_digest(out)
+        expected_rows = sorted(tuple(r) for r in spark.read.parquet(out).collect())
+
+        def recover(args=args, anchor=anchor):
+            code, o, err = runner.run("resume", anchor, "--json")
+            if code == 1 and ("nothing to resume" in err or "stopped before changing anything" in err):
+                if "completed" not in err:
+                    code, o, err = runner.run(*args)
+            assert code in (0, 1), (o, err)
+
+        matrix(MatrixRow(name, "local"), runner, reset, args, recover, lambda: tree_digest(out), done)
+        assert sorted(tuple(r) for r in spark.read.parquet(out).collect()) == expected_rows
     _reset_local(base)

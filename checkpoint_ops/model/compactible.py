@@ -151,6 +151,68 @@ class CompactibleLog:
                     raise self._bad[b]
         return {b: self._entries[b] for b in batch_ids if b in self._entries}
 
+    def stream_lines(self, batch_id: int):
+        """The entry lines of one file as bytes, streamed (the log can be far bigger than memory).
+        Checks only the version line; callers that need entries parse what they keep."""
+        path = self.listing.abs(self.files[batch_id].rel)
+        url = self.listing.fm.url(path)
+        try:
+            with self.listing.fm.open_read(path) as f:
+                head = f.readline().rstrip(b"\r\n")
+                if not head:
+                    raise LogFormatError("file is empty (0 bytes)", path=url, kind="empty")
+                if head != b"v1":
+                    raise LogFormatError(f"first line {head[:20]!r} is not 'v1'", path=url, kind="no-version")
+                for line in f:
+                    line = line.rstrip(b"\r\n")
+                    if line:
+                        yield line
+        except OSError as e:
+            raise unreadable(url, e) from None
+
+    def common_prefix_rest(self, batch_id: int, previous: list[int], block: int = 4 * 2**20) -> bytes | None:
+        """If file ``batch_id`` is the entries of ``previous`` (in order) followed by more, those more
+        (newline-separated entry lines); None if it is not. Compared in blocks of bytes."""
+        fm = self.listing.fm
+
+        def entry_bytes(b: int):
+            with fm.open_read(self.listing.abs(self.files[b].rel)) as f:
+                if f.readline().rstrip(b"\r\n") != b"v1":
+                    raise LogFormatError("not a v1 log file", path=self.listing.url(self.files[b].rel),
+                                         kind="no-version")
+                while chunk := f.read(block):
+                    yield chunk
+
+        def joined():  # what the previous files contribute: their entry lines, newline-separated
+            first = True
+            for b in previous:
+                sep = b"" if first else b"\n"
+                for chunk in entry_bytes(b):
+                    if sep:
+                        chunk, sep = sep + chunk, b""
+                    if chunk:
+                        first = False
+                    yield chunk
+
+        try:
+            mine = entry_bytes(batch_id)
+            buf = b""
+            for want in joined():
+                while len(buf) < len(want):
+                    more = next(mine, None)
+                    if more is None:
+                        return None
+                    buf += more
+                if buf[:len(want)] != want:
+                    return None
+                buf = buf[len(want):]
+            rest = buf + b"".join(mine)
+        except OSError as e:
+            raise unreadable(self.listing.url(self.files[batch_id].rel), e) from None
+        if previous and rest and not rest.startswith(b"\n"):
+            return None
+        return rest
+
     def prefetch(self, batch_ids) -> None:
         """Read these files in one concurrent batch (object stores) without raising: errors are kept
         for ``read`` to raise when someone asks for that file."""

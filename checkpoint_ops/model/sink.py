@@ -11,12 +11,19 @@ SINK_LOG_DIR = "_spark_metadata"
 
 
 class SinkOutput:
-    """``<output>/``: data files plus the sink log, from one listing of the output directory."""
+    """``<output>/``: data files plus the sink log, from one listing of the output directory.
 
-    def __init__(self, fm: CheckpointFileManager, root: str, default_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL):
+    ``data=False`` lists only ``_spark_metadata/``: an output can hold millions of data files, and
+    commands that only read or rewrite the log should not pay for (or hold) their listing.
+    """
+
+    def __init__(self, fm: CheckpointFileManager, root: str, default_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL,
+                 data: bool = True):
         self.fm = fm
         self.root = root.rstrip("/")
-        self.listing = Listing.scan(fm, self.root)
+        self.data_listed = data
+        self.listing = Listing.scan(fm, self.root) if data else \
+            Listing(fm, self.root, fm.walk(f"{self.root}/{SINK_LOG_DIR}", empty_dirs=True))
         self.log = CompactibleLog(self.listing, SINK_LOG_DIR, "sink log", default_interval)
 
     @property
@@ -35,10 +42,14 @@ class SinkOutput:
 
     def rel_of(self, e: LogEntry) -> str | None:
         """Path of an entry's file relative to the output root, or None if it lies elsewhere."""
-        p = self.entry_location(e)
-        if p is None or not p.startswith(self.root + "/"):
+        return self.rel_of_path(e.path)
+
+    def rel_of_path(self, path: str) -> str | None:
+        """``rel_of`` for a path as the log writes it."""
+        loc = spark_url_to_location(path)
+        if loc.scheme != self.fm.location.scheme or not loc.path.startswith(self.root + "/"):
             return None
-        return p[len(self.root) + 1 :]
+        return loc.path[len(self.root) + 1 :]
 
     def relocated_rel(self, e: LogEntry) -> str | None:
         """For an entry naming another location (a copied or moved output): the longest path suffix
@@ -55,6 +66,7 @@ class SinkOutput:
 
         Hadoop's input listing skips names starting with ``_`` or ``.`` at any level.
         """
+        assert self.data_listed, "the output's data files were not listed (SinkOutput(..., data=True))"
         out = {}
         for rel, info in self.listing.files.items():
             if any(part.startswith(("_", ".")) for part in rel.split("/")):

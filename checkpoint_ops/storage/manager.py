@@ -248,6 +248,10 @@ class CheckpointFileManager(abc.ABC):
                 missing.append(src)
         return missing
 
+    def ensure_checksum(self, path: str) -> None:
+        """Where the file system keeps checksum sidecars, write the one of ``path`` if it is missing
+        (a crash between a file and its sidecar). Elsewhere nothing to do."""
+
     def versioning_enabled(self, path: str) -> bool:
         """Whether deleted objects stay restorable (object-store versioning). False elsewhere."""
         return False

@@ -91,9 +91,15 @@ class _LocalWriter(AtomicWriter):
         self._f.close()
         name = os.path.basename(self.path)
         crc_path = os.path.join(self._dir, hadoop_crc_name(name))
+        checksum = os.path.join(self._dir, spark_checksum_name(name))
+        had_checksum = self._crc32c is not None and os.path.exists(checksum)
         if self.overwrite:
-            # Drop the old sidecar first: a missing .crc is accepted, a stale one is not.
+            # Drop the old checksums first: a missing one is accepted, a stale one is not (a crash
+            # between the rename and the new checksum must not leave the old one behind).
             fm._unlink_quiet(crc_path)
+            if had_checksum:
+                fm._unlink_quiet(checksum)
+                fm._unlink_quiet(os.path.join(self._dir, hadoop_crc_name(spark_checksum_name(name))))
             os.replace(self._tmp, self.path)
             fm.counter.add("rename")
         else:
@@ -119,8 +125,7 @@ class _LocalWriter(AtomicWriter):
         if self._hadoop is not None:
             fm._put_plain(crc_path, self._hadoop.digest())
         if self._crc32c is not None:
-            checksum = os.path.join(self._dir, spark_checksum_name(name))
-            if os.path.exists(checksum):  # Spark wrote one: keep it truthful
+            if had_checksum or os.path.exists(checksum):  # Spark wrote one: keep it truthful
                 doc = spark_checksum_json(self._crc32c)
                 fm._put_plain(checksum, doc)
                 if fm.hadoop_crc:
@@ -150,6 +155,17 @@ class LocalFileManager(CheckpointFileManager):
         if not overwrite and os.path.exists(path):
             raise FileExistsError(errno.EEXIST, "file exists", path)
         return _LocalWriter(self, path, overwrite)
+
+    def ensure_checksum(self, path: str) -> None:
+        """Write the Hadoop sidecar of ``path`` if a crash left it out (after the file, before it)."""
+        crc = os.path.join(os.path.dirname(path), hadoop_crc_name(os.path.basename(path)))
+        if not self.hadoop_crc or os.path.exists(crc) or not os.path.exists(path):
+            return
+        h = HadoopCrc()
+        with open(path, "rb") as f:
+            while chunk := f.read(8 * 2**20):
+                h.update(chunk)
+        self._put_plain(crc, h.digest())
 
     def _put_plain(self, path: str, data: bytes) -> None:
         tmp = os.path.join(os.path.dirname(path), temp_name(os.path.basename(path)))

@@ -1,0 +1,529 @@
+"""File-sink logs at batch granularity (reference §4 and §8), as a library the Dagster jobs call.
+
+* ``batch_files``: the files batch N wrote, from Spark's log while it still knows, else from the batch
+  ledger, else "unknown, and why" (never a guess).
+* ``plan_compact``: offline compaction Spark keeps reading and keeps compacting after. The latest
+  compact file is streamed and checked line by line (and rewritten under its own name when entries are
+  dropped); every log file older than the two newest compact files, and the plain files between them,
+  go, after their batches are recorded in the ledger. Two compact files stay, so Spark derives the same
+  compact interval from the files left; nothing after the latest compact is touched.
+* ``plan_retain``: drops whole batches (up to a batch, or older than a duration) from every log file
+  Spark or a rollback reads, and optionally deletes their data files.
+* ``plan_orphans``: data files no entry of the log references (failed task attempts, rolled-back
+  batches whose files were kept), older than a safety window, deleted or moved to a quarantine.
+
+Each is a ``Plan`` applied by the executor: journaled beside the checkpoint (or beside the output when
+there is none), fenced, resumable, undoable. Rewrites stream: memory does not grow with the log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from .errors import BadInputError, RefusedError
+from .executor import Anchor, apply_plan
+from .journal import ops_dir
+from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
+from .model.checkpoint import Checkpoint
+from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
+from .model.logfile import LogFormatError, unreadable
+from .model.sink import SinkOutput
+from .plan import SIDECAR_PREFIX, Plan
+from .rollback import sidecars
+from .storage import open_file_manager
+from .storage.paths import join, parse_url
+
+SINK = "sink0"
+# One entry exactly as Spark writes it (SinkFileStatus, fields in this order): checked at regex speed;
+# anything else goes through json.loads and a field check.
+_ENTRY = re.compile(rb'\{"path":"([^"\\]*)","size":-?\d+,"isDir":(?:true|false),"modificationTime":(-?\d+),'
+                    rb'"blockReplication":-?\d+,"blockSize":-?\d+,"action":"add"\}\Z')
+_FIELDS = {"path": str, "size": int, "isDir": bool, "modificationTime": int, "blockReplication": int,
+           "blockSize": int, "action": str}
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (or a plain number of seconds)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
+    if not m:
+        raise BadInputError(f"{text!r} is not a duration", fix="write it like 30s, 15m, 12h, 7d or 2w")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+@dataclass
+class SinkContext:
+    """A file sink's output, the checkpoint of its query (if given) and the batch ledger that goes
+    with them: the checkpoint's, or one beside the output when there is no checkpoint."""
+
+    sink: SinkOutput
+    ckpt: Checkpoint | None
+    ledger: Ledger
+
+    @property
+    def anchor(self) -> Anchor:
+        return Anchor.of_checkpoint(self.ckpt) if self.ckpt is not None else Anchor.of_sink(self.sink)
+
+    def roots(self) -> dict[str, str]:
+        out = {SINK: self.sink.url}
+        if self.ckpt is not None:
+            out["checkpoint"] = self.ckpt.url  # fenced while the operation runs
+        return out
+
+    def root_fms(self) -> dict:
+        out = {SINK: (self.sink.fm, self.sink.root)}
+        if self.ckpt is not None:
+            out["checkpoint"] = (self.ckpt.fm, self.ckpt.root)
+        return out
+
+
+def open_context(output_url: str, checkpoint_url: str | None = None, storage_options: dict | None = None,
+                 compact_interval: int = 10, data: bool = False) -> SinkContext:
+    """Open a sink output (with its data files listed only if ``data``) and its checkpoint and ledger."""
+    fm, root = open_file_manager(output_url, storage_options)
+    sink = SinkOutput(fm, root, compact_interval, data=data)
+    if not sink.log.files:
+        raise BadInputError("not a file-sink output: no _spark_metadata/ log here", path=output_url,
+                            fix="pass the path given to writeStream...start(path)")
+    ckpt = None
+    if checkpoint_url:
+        ckpt = Checkpoint.open(checkpoint_url, storage_options)
+        ledger = Ledger.for_checkpoint(ckpt)
+    else:
+        ledger = Ledger(fm, join(ops_dir(fm, root), "ledger"))
+    return SinkContext(sink, ckpt, ledger)
+
+
+# ---- which files a batch wrote ------------------------------------------------------------------------
+
+
+def batch_files(ctx: SinkContext, batch: int) -> dict:
+    """The files ``batch`` wrote to the sink, from Spark's log or the ledger; RefusedError if unknown."""
+    log, sink = ctx.sink.log, ctx.sink
+    entries, source = attribute_batch(log, batch), "spark log"
+    if entries is None:
+        entries, source = ctx.ledger.sink_entries(sink, batch), "batch ledger"
+    if entries is None:
+        raise RefusedError(f"which files batch {batch} wrote is unknown: {_why_unknown(ctx, batch)}",
+                           path=sink.url, fix="keep a batch ledger: `checkpoint-ops ledger sync CHECKPOINT --sink "
+                           "OUTPUT` after every run (the Dagster asset does), then this is answered for every batch "
+                           "from then on")
+    files = [{"path": e.path, "size": e.doc.get("size"), "modification_time_ms": e.doc.get("modificationTime")}
+             for e in entries]
+    return {"output": sink.url, "batch": batch, "source": source, "files": files,
+            "bytes": sum(int(f["size"] or 0) for f in files)}
+
+
+def _why_unknown(ctx: SinkContext, batch: int) -> str:
+    log = ctx.sink.log
+    if log.latest is None or batch > log.latest:
+        return f"the sink log ends at batch {log.latest}"
+    later = [c for c in log.compact_ids if c >= batch]
+    ledger = "no batch ledger recorded it" + ("" if ctx.ckpt is not None else
+                                              " (pass --checkpoint to use the query's ledger)")
+    if later and batch not in log.files:
+        return (f"Spark compacted it into {log.rel(min(later))} and deleted {log.rel(batch)}; a compact file "
+                f"does not say which batch added each entry, and {ledger}")
+    if batch in log.files:
+        return f"{log.rel(batch)} is a compact file whose previous log state is gone, and {ledger}"
+    return f"{log.rel(batch)} is gone and {ledger}"
+
+
+# ---- streaming a log file ----------------------------------------------------------------------------------
+
+
+_CHUNK = 4 * 2**20  # bytes of lines read (and written) at a time
+
+
+class _Rewrite:
+    """Lines of one log file streamed through a filter, every line checked as Spark would read it.
+    With a filter: the content Spark would write for the kept lines (``v1``, then one entry per line,
+    no trailing newline), hashed, and staged if asked. Without one (``keep`` None) a check only."""
+
+    def __init__(self, fm, path: str, url: str, keep: Callable[[bytes, int], bool] | None, stage: tuple | None):
+        self.kept = self.dropped = 0
+        self.size = 0
+        self.sha = hashlib.sha256()
+        self._out = stage[0].create_atomic(stage[1], overwrite=False) if stage and keep is not None else None
+        self._buf: list[bytes] = []
+        self._pending = 0
+        try:
+            self._scan(fm, path, url, keep)
+        except OSError as e:
+            self._cancel()
+            if isinstance(e, FileNotFoundError):
+                raise LogFormatError("vanished while being read (is the query running?)", path=url,
+                                     kind="missing") from None
+            raise unreadable(url, e) from None
+        except BaseException:
+            self._cancel()
+            raise
+        self._flush()
+        if self._out is not None:
+            self._out.close()
+        self.digest = self.sha.hexdigest()
+
+    def _scan(self, fm, path: str, url: str, keep) -> None:
+        with fm.open_read(path) as f:
+            first = f.readline()
+            head = first.rstrip(b"\r\n")
+            if not first:
+                raise LogFormatError("file is empty (0 bytes)", path=url, kind="empty",
+                                     fix="restore it from a backup before compacting")
+            if head != b"v1":
+                version = head.decode("utf-8", "replace")[:20]
+                kind = "unknown-version" if re.fullmatch(r"v\d+", version) else "no-version"
+                raise LogFormatError(f"first line {version!r} is not the sink log version this tool writes (v1)",
+                                     path=url, kind=kind, fix="use a tool version that reads it; do not compact")
+            self._emit(b"v1")
+            lineno, carry = 1, None
+            check = _ENTRY.match
+            while True:
+                lines = f.readlines(_CHUNK)
+                if carry is not None:  # the last line of the previous chunk: is it the file's last?
+                    lineno += 1
+                    self._line(carry, url, lineno, not lines, keep)
+                if not lines:
+                    return
+                carry = lines.pop()
+                for line in lines:
+                    lineno += 1
+                    body = line[:-1] if line[-1:] == b"\n" else line
+                    if keep is None and check(body):
+                        self.kept += 1  # a canonical entry, nothing to filter: checked
+                        continue
+                    self._line(line, url, lineno, False, keep)
+
+    def _line(self, line: bytes, url: str, lineno: int, last: bool, keep) -> None:
+        body = line.rstrip(b"\r\n")
+        if not body and last:
+            return  # a trailing newline (Spark writes none; a rewrite drops it)
+        path, mtime = _entry(body, url, lineno, last)
+        if keep is None or keep(path, mtime):
+            self.kept += 1
+            if keep is not None:
+                self._emit(b"\n" + body)
+        else:
+            self.dropped += 1
+
+    def _emit(self, data: bytes) -> None:
+        self._buf.append(data)
+        self._pending += len(data)
+        if self._pending >= _CHUNK:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        data = b"".join(self._buf)
+        self._buf, self._pending = [], 0
+        self.sha.update(data)
+        self.size += len(data)
+        if self._out is not None:
+            self._out.write(data)
+
+    def _cancel(self) -> None:
+        if self._out is not None:
+            self._out.cancel()
+
+
+def _entry(line: bytes, url: str, lineno: int, last: bool) -> tuple[bytes, int]:
+    """The path and modification time of one log line, or LogFormatError if Spark could not read it."""
+    m = _ENTRY.match(line)
+    if m:
+        return m.group(1), int(m.group(2))
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        what = "ends mid-record (truncated write?)" if last else f"line {lineno} is not valid JSON"
+        raise LogFormatError(f"{what}: {line[:80]!r}", path=url, kind="truncated" if last else "not-json",
+                             fix="restore this file from a backup; do not compact a damaged log") from None
+    bad = [k for k, t in _FIELDS.items() if not isinstance(doc.get(k) if isinstance(doc, dict) else None, t)]
+    if bad:
+        raise LogFormatError(f"line {lineno} is not a sink log entry (missing or wrong: {', '.join(bad)})",
+                             path=url, kind="malformed", fix="restore this file from a backup; do not compact it")
+    return doc["path"].encode(), int(doc["modificationTime"])
+
+
+def _stage_dir(ctx: SinkContext) -> tuple:
+    fm = ctx.sink.fm
+    return fm, join(ops_dir(fm, ctx.sink.root), "staging")
+
+
+def _rewrite(ctx: SinkContext, plan: Plan, rel: str, keep, stage: bool, reason: str) -> _Rewrite:
+    """Stream one log file through ``keep`` (None: check only); if anything is dropped, the plan
+    rewrites it in place."""
+    sink = ctx.sink
+    staged = None
+    if stage and keep is not None:
+        sfm, sdir = _stage_dir(ctx)
+        staged = (sfm, join(sdir, f"{uuid.uuid4().hex}"))
+    r = _Rewrite(sink.fm, sink.listing.abs(rel), sink.listing.url(rel), keep, staged)
+    if r.dropped:
+        source = staged[0].url(staged[1]) if staged else f"(staged when applied) {rel}"
+        plan.write_from(SINK, rel, r.digest, r.size, source, reason, kind="replace")
+    elif staged:
+        staged[0].delete(staged[1])
+    return r
+
+
+def _check_log(log: CompactibleLog) -> None:
+    """Refuse a log Spark's readers cannot read as of its latest batch (exit 2, naming the file)."""
+    if log.latest is None:
+        return
+    missing = log.missing_for(log.latest)
+    if missing:
+        raise BadInputError(f"the sink log has a gap: {log.rel(missing[0])} is missing, so Spark's readers fail "
+                            f"as of batch {log.latest}", path=log.listing.url(log.rel(missing[0])),
+                            fix="restore it from a backup (or roll back to a batch before the gap) before compacting")
+
+
+def _readable_after(log: CompactibleLog, gone: set[str]) -> None:
+    """After the change Spark derives the interval from the compact files left: every file readers of
+    the latest batch need must be there under the name that interval gives."""
+    prefix = log.rel_dir + "/"
+    names = {f.rel for f in log.files.values() if f.rel not in gone}
+    compacts = sorted(int(r[len(prefix):-len(".compact")]) for r in names if r.endswith(".compact"))
+    interval, how = infer_interval(compacts, log.default_interval)
+    if interval != log.interval:
+        raise RefusedError(f"the change would make Spark derive compact interval {interval} ({how}) instead of "
+                           f"{log.interval}", path=log.listing.url(log.rel_dir))
+    missing = [log.rel(b, interval) for b in all_valid_batches(log.latest, interval) if log.rel(b, interval) not in names]
+    if missing:
+        raise RefusedError(f"after the change Spark's readers would miss {missing[0]}", path=log.listing.url(log.rel_dir))
+
+
+def _delete(plan: Plan, sink: SinkOutput, rel: str, reason: str, phase: str, size: int | None = None) -> None:
+    listing = sink.listing
+    plan.delete(SINK, rel, reason, phase, size if size is not None else listing.get(rel).known_size)
+    for sc in sidecars(listing, rel):
+        plan.delete(SINK, sc, SIDECAR_PREFIX + reason, phase, listing.get(sc).known_size)
+
+
+def _ledger_view(ctx: SinkContext) -> dict[int, list]:
+    """What the ledger will know once synced: its records, plus what Spark's files still attribute."""
+    known = {b: e for b in ctx.ledger.records if (e := ctx.ledger.sink_entries(ctx.sink, b)) is not None}
+    for b, entries in attribute_sink_batches(ctx.sink.log, damaged=[]).items():
+        known.setdefault(b, entries)
+    return known
+
+
+# ---- compaction ------------------------------------------------------------------------------------------
+
+
+def plan_compact(ctx: SinkContext, drop_missing: bool = False, stage: bool = False) -> Plan:
+    """Offline compaction of the sink log (module docstring). ``stage`` writes rewritten files into the
+    staging area beside the output (done when applying; a dry run only computes their hash)."""
+    sink, log = ctx.sink, ctx.sink.log
+    plan = Plan("sink-compact", ctx.roots(), None)
+    _check_log(log)
+    compacts = sorted(log.compact_ids)
+    if not compacts:
+        plan.summary["compact"] = f"no compact file yet (latest batch {log.latest}): nothing to compact"
+        return plan
+    c = compacts[-1]
+    p = compacts[-2] if len(compacts) > 1 else None
+    plan.target_batch = log.latest
+    # 1. every entry readers see, streamed and checked (and filtered with --drop-missing)
+    keep = None  # check every entry; without --drop-missing nothing is filtered
+    if drop_missing:
+        present = set(sink.data_files())
+
+        def keep(path: bytes, mtime: int) -> bool:
+            rel = sink.rel_of_path(path.decode())
+            return rel is None or rel in present  # files elsewhere are not ours to judge
+    entries = dropped = 0
+    for b in all_valid_batches(log.latest, log.interval):
+        r = _rewrite(ctx, plan, log.rel(b), keep, stage, "entries whose data file is missing dropped (readers "
+                     "would fail with FileNotFoundException)")
+        entries += r.kept + r.dropped
+        dropped += r.dropped
+    # 2. log files Spark no longer reads, once the ledger holds their batches
+    floor = p if p is not None else c
+    gone = [b for b, f in log.files.items() if b < floor or (p is not None and p < b < c and not f.compact)]
+    _check_ledger(ctx, [b for b in gone if not log.files[b].compact])
+    for b in gone:
+        _delete(plan, sink, log.rel(b), f"log files older than {log.rel(c)} (Spark's readers read only it and what "
+                "follows; the batch ledger keeps which batch wrote what)", "sink-log")
+    _readable_after(log, {log.rel(b) for b in gone})
+    plan.summary["compact"] = (f"{log.rel(c)} checked ({entries} entries" + (f", {dropped} dropped" if dropped else "")
+                               + f"); {len(gone)} older log files removed; {log.rel(p) if p is not None else 'no older compact'}"
+                               f" kept so Spark derives compact interval {log.interval}")
+    unrecorded = [b for b in gone if not log.files[b].compact and ctx.ledger.sink_entries(sink, b) is None]
+    if unrecorded:
+        plan.summary["batch ledger"] = (f"records batches {min(unrecorded)}..{max(unrecorded)} before their log files "
+                                        f"go ({ctx.ledger.fm.url(ctx.ledger.path)})")
+    return plan
+
+
+def _check_ledger(ctx: SinkContext, plain: list[int]) -> None:
+    """Before plain files go, their batches must be recordable, and what the ledger already says about
+    them must agree with the files (else one of the two is wrong: refuse, exit 2)."""
+    log, sink = ctx.sink.log, ctx.sink
+    for b in plain:
+        try:
+            entries = log.read([b])[b]
+        except LogFormatError as e:
+            raise BadInputError(f"{e.problem}; compaction would delete it, and with it the only record of what batch "
+                                f"{b} wrote", path=e.path, fix="restore it from a backup first") from None
+        recorded = ctx.ledger.sink_entries(sink, b)
+        if recorded is not None and sorted(e.path for e in recorded) != sorted(e.path for e in entries):
+            raise BadInputError(f"the batch ledger disagrees with {log.rel(b)} about the files batch {b} wrote",
+                                path=ctx.ledger.fm.url(ctx.ledger.path),
+                                fix="find out which is wrong before anything is deleted (`checkpoint-ops ledger show "
+                                f"CHECKPOINT --batch {b}`); restore the other from a backup")
+
+
+# ---- retention ---------------------------------------------------------------------------------------------
+
+
+def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_than_s: float | None = None,
+                delete_files: bool = False, stage: bool = False, now: float | None = None) -> Plan:
+    """Drop whole batches from every log file on disk (readers, the next compaction and rollbacks all
+    stop seeing them) and optionally their data files."""
+    if (keep_after_batch is None) == (older_than_s is None):
+        raise BadInputError("give exactly one of --keep-after-batch N and --older-than DURATION")
+    sink, log = ctx.sink, ctx.sink.log
+    _check_log(log)
+    now = time.time() if now is None else now
+    plan = Plan("sink-retain", ctx.roots(), log.latest)
+    known = _ledger_view(ctx)
+    if keep_after_batch is not None:
+        drop_batches = sorted(b for b in known if b <= keep_after_batch)
+        rule = f"batches up to {keep_after_batch}"
+    else:
+        cutoff_ms = (now - older_than_s) * 1000
+        drop_batches = sorted(b for b in known if _batch_time_ms(ctx, b, known[b]) < cutoff_ms)
+        rule = f"batches older than {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now - older_than_s))}"
+    dropped_paths = {e.path.encode() for b in drop_batches for e in known[b]}
+    known_paths = {e.path.encode() for entries in known.values() for e in entries}
+    unknown: list[bytes] = []
+
+    def keep(path: bytes, mtime: int) -> bool:
+        if path in dropped_paths:
+            return False
+        if path in known_paths:
+            return True
+        if older_than_s is not None:  # no record says which batch wrote it: Spark's retention rule (its mtime)
+            return mtime >= (now - older_than_s) * 1000
+        unknown.append(path)
+        return True
+
+    reason = f"entries of {rule} dropped (batch-granular retention)"
+    for b in sorted(log.files):
+        _rewrite(ctx, plan, log.rel(b), keep, stage, reason)
+    if unknown:
+        raise RefusedError(f"{len(unknown)} entries of the sink log belong to batches no record attributes (e.g. "
+                           f"{unknown[0].decode()}): whether they are up to batch {keep_after_batch} is unknown",
+                           path=sink.url, fix="keep a batch ledger (`checkpoint-ops ledger sync` after every run), or "
+                           "use --older-than, which judges such entries by their modification time as Spark's "
+                           "`retention` sink option does")
+    files = 0
+    if delete_files:
+        for b in drop_batches:
+            for e in known[b]:
+                rel = sink.rel_of(e)
+                if rel is not None and rel in sink.listing:
+                    _delete(plan, sink, rel, f"data files of {rule}", "sink-data", int(e.doc.get("size") or 0))
+                    files += 1
+    plan.summary["retain"] = (f"{rule}: {len(drop_batches)} batches"
+                              + (f" ({drop_batches[0]}..{drop_batches[-1]})" if drop_batches else "")
+                              + f", {len(dropped_paths)} entries" + (f", {files} data files deleted" if delete_files else
+                                                                     " (data files kept: `sink orphans` finds them)"))
+    return plan
+
+
+def _batch_time_ms(ctx: SinkContext, b: int, entries) -> float:
+    """When batch b ran: its batchTimestampMs (ledger or checkpoint), else its newest file's mtime."""
+    rec = ctx.ledger.records.get(b) or {}
+    if rec.get("timestamp_ms") is not None:
+        return rec["timestamp_ms"]
+    if ctx.ckpt is not None and b in ctx.ckpt.offset_files:
+        o = ctx.ckpt.load_offsets([b], errors=[]).get(b)
+        if o is not None and o.timestamp_ms is not None:
+            return o.timestamp_ms
+    return max((int(e.doc.get("modificationTime") or 0) for e in entries), default=0)
+
+
+# ---- orphans -------------------------------------------------------------------------------------------------
+
+
+def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quarantine: str | None = None,
+                 now: float | None = None) -> Plan:
+    """Data files no entry of the log (as readers see it) references, older than ``min_age_s``."""
+    sink, log = ctx.sink, ctx.sink.log
+    if delete and quarantine:
+        raise BadInputError("give one of --delete and --quarantine DIR")
+    _check_log(log)
+    now = time.time() if now is None else now
+    live = {rel for e in (log.entries_after(log.latest) if log.latest is not None else [])
+            if (rel := sink.rel_of(e)) is not None}
+    plan = Plan("sink-orphans", ctx.roots(), log.latest, keep_dir=quarantine)
+    young, orphans, nbytes = 0, [], 0
+    for rel, size in sorted(sink.data_files().items()):
+        if rel in live:
+            continue
+        info = sink.listing.get(rel)
+        if info.mtime is not None and now - info.mtime < min_age_s:
+            young += 1  # a writer may be about to log it
+            continue
+        orphans.append(rel)
+        nbytes += size
+        reason = "data files no sink log entry references (failed task attempts, rolled-back batches)"
+        if quarantine:
+            plan.keep(SINK, rel, reason, size)
+            for sc in sidecars(sink.listing, rel):
+                plan.delete(SINK, sc, SIDECAR_PREFIX + reason, "sink-data")
+        elif delete:
+            _delete(plan, sink, rel, reason, "sink-data", size)
+    plan.summary["orphans"] = (f"{len(orphans)} files, {nbytes} bytes"
+                               + (f"; {young} younger than the safety window left alone" if young else "")
+                               + ("" if delete or quarantine else " (listed only: --delete or --quarantine DIR acts)"))
+    plan.summary["orphan files"] = orphans[:20] + ([f"... and {len(orphans) - 20} more"] if len(orphans) > 20 else [])
+    return plan
+
+
+# ---- applying ------------------------------------------------------------------------------------------------
+
+
+def apply(ctx: SinkContext, plan: Plan, storage_options: dict | None = None, progress: bool = False) -> dict:
+    """Record in the ledger what the plan's log deletions would forget, apply the plan, and clear the
+    staged rewrites it used."""
+    ledger = sync(ctx.ckpt, [ctx.sink], ledger=ctx.ledger)
+    result = apply_plan(plan, ctx.anchor, ctx.root_fms(), storage_options, progress)
+    result["ledger"] = {"batches_recorded": ledger["batches_recorded"],
+                        "sink_batches_recorded": ledger["sink_batches_recorded"]}
+    clear_staging(ctx, plan)
+    return result
+
+
+def sweep_staging(ctx: SinkContext) -> None:
+    """Delete staged rewrites no unfinished operation needs (left by a crash while planning, before
+    its journal existed). Those of unfinished operations stay: their resume reads them."""
+    from .journal import load_journal, scan_journals
+
+    sfm, sdir = _stage_dir(ctx)
+    staged = {sfm.url(f.path): f.path for f in sfm.walk(sdir)}
+    if not staged:
+        return
+    anchor = ctx.anchor
+    for path, markers in scan_journals(anchor.fm, anchor.ops).items():
+        if markers & {"applied", "undone", "abandoned"}:
+            continue
+        for url in load_journal(anchor.fm, path).record["plan"].get("sources", {}).values():
+            staged.pop(url, None)
+    sfm.delete_many(list(staged.values()))
+
+
+def clear_staging(ctx: SinkContext, plan: Plan) -> None:
+    """Delete the staged rewrites a finished plan used (a resume needs them until then)."""
+    sfm, sdir = _stage_dir(ctx)
+    staged = [u for u in plan.sources.values() if u.startswith(sfm.url(sdir))]
+    if staged:
+        sfm.delete_many([parse_url(u).path for u in staged])
