@@ -408,6 +408,105 @@ def _sink_command(sub, name: str, func, help: str, mutating: bool = True, checkp
     return p
 
 
+# ---- backup -------------------------------------------------------------------------------------
+
+
+def cmd_backup_create(args) -> int:
+    from .backup import create_backup
+
+    r = create_backup(args.checkpoint, args.dest, args.sink, _storage_options(args.storage_options),
+                      progress=not args.json, source_compact_interval=args.source_compact_interval,
+                      sink_compact_interval=args.sink_compact_interval)
+    at = f" at batch {r['batch']}" if r["batch"] is not None else ""
+    _emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
+                   f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
+                   + (f"; incremental to {r['parent']}" if r["parent"] else "") + f"\n  {r['manifest']}")
+    return EXIT_OK
+
+
+def cmd_backup_list(args) -> int:
+    from .backup import Repository, list_backups
+
+    rows = list_backups(Repository.open(args.dest, _storage_options(args.storage_options)))
+    lines = [f"{len(rows)} backup(s) in {args.dest}" + (":" if rows else "")]
+    for b in rows:
+        lines.append(f"  {b['id']}  {b['created']}  {b['checkpoint']}  batch {b['batch']}  {b['files']} files  "
+                     f"{b['bytes']} bytes (new {b['new_bytes']})  verified: {b['verified'] or 'never'}")
+    _emit(args, {"destination": args.dest, "backups": rows}, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_backup_verify(args) -> int:
+    from .backup import Repository, verify_backups
+
+    r = verify_backups(Repository.open(args.dest, _storage_options(args.storage_options)), args.backup_id)
+    lines = [f"{len(r['backups'])} backup(s), {r['objects_checked']} objects checked: "
+             + ("all good" if r["ok"] else f"{len(r['bad_objects'])} BAD")]
+    for b in r["backups"]:
+        for bad in b["bad"]:
+            lines.append(f"  {b['backup_id']}: {bad['object']} ({bad['root']}/{bad['file']}): {bad['problem']}")
+    _emit(args, r, "\n".join(lines))
+    return EXIT_OK if r["ok"] else EXIT_FINDINGS
+
+
+def cmd_backup_restore(args) -> int:
+    from .backup import Repository, plan_restore, restore_backup
+    from .backup.restore import clear_staged
+
+    opts = _storage_options(args.storage_options)
+    repo = Repository.open(args.dest, opts)
+    rp = plan_restore(repo, args.backup_id, args.target, args.sink_target, args.relocate, args.to_batch, opts,
+                      stage=not args.dry_run)
+    if args.dry_run:
+        _emit(args, {"dry_run": True, "plan": rp.plan.to_dict() if args.json else None},
+              rp.plan.render(verbose=args.verbose))
+        return EXIT_OK
+    try:
+        if not args.json:
+            print(rp.plan.render(verbose=args.verbose))
+        _confirm(args, f"restore plan {rp.plan.hash[:12]}")
+    except BaseException:
+        clear_staged(rp)
+        raise
+    result = restore_backup(rp, repo, opts, progress=not args.json)
+    _emit(args, {"dry_run": False, "plan": rp.plan.to_dict() if args.json else None, "result": result},
+          f"Restored backup {args.backup_id} into {args.target} ({result['op_id']}); batch "
+          f"{rp.plan.target_batch} is the last committed one. Undo with: checkpoint-ops undo {args.target}")
+    return EXIT_OK
+
+
+def cmd_backup_prune(args) -> int:
+    from .backup import Repository, apply_backup_prune, plan_backup_prune
+    from .sinklog import parse_duration
+
+    repo = Repository.open(args.dest, _storage_options(args.storage_options))
+    within = parse_duration(args.keep_within) if args.keep_within else None
+    plan = plan_backup_prune(repo, args.keep_last, within)
+    if args.dry_run or plan.empty:
+        _emit(args, {"dry_run": bool(args.dry_run), "plan": plan.to_dict() if args.json else None},
+              plan.render(verbose=args.verbose))
+        return EXIT_OK
+    if not args.json:
+        print(plan.render(verbose=args.verbose))
+    _confirm(args, f"deleting backups {plan.summary['delete']}")
+    r = apply_backup_prune(repo, plan)
+    _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": r},
+          f"Deleted {r['manifests_deleted']} backup(s) and {r['objects_deleted']} unreferenced objects "
+          f"({r['bytes_deleted']} bytes)" + (f"; {r['note']}" if r.get("note") else ""))
+    return EXIT_OK
+
+
+def _backup_command(sub, name: str, func, help: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help)
+    p.set_defaults(func=func)
+    return p
+
+
+def _backup_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON (keys: docs/cli.md)")
+    p.add_argument("--storage-options", metavar="JSON", help="fsspec storage options as JSON (both ends)")
+
+
 def _ledger(ckpt: Checkpoint, args):
     """The checkpoint's batch ledger (read only if Spark's own files do not answer)."""
     from .ledger import Ledger
@@ -502,6 +601,42 @@ def build_parser() -> argparse.ArgumentParser:
     g = q.add_mutually_exclusive_group()
     g.add_argument("--delete", action="store_true", help="delete them (kept for undo until pruned)")
     g.add_argument("--quarantine", metavar="DIR", help="move them into DIR")
+
+    p = sub.add_parser("backup", help="incremental, verified, relocatable checkpoint backups")
+    bsub = p.add_subparsers(dest="backup_command", required=True, metavar="ACTION")
+    q = _backup_command(bsub, "create", cmd_backup_create, "back up a checkpoint (and its sinks) at its last commit")
+    q.add_argument("checkpoint", metavar="CHECKPOINT")
+    q.add_argument("dest", metavar="DEST_URL")
+    _common(q)
+    _sink_args(q)
+    q = _backup_command(bsub, "list", cmd_backup_list, "the backups at a destination")
+    q.add_argument("dest", metavar="DEST_URL")
+    _backup_common(q)
+    q = _backup_command(bsub, "verify", cmd_backup_verify, "re-read every stored object and check its hash")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("backup_id", metavar="BACKUP_ID", nargs="?")
+    _backup_common(q)
+    q = _backup_command(bsub, "restore", cmd_backup_restore, "restore a backup into an empty location")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("backup_id", metavar="BACKUP_ID")
+    q.add_argument("target", metavar="TARGET_CHECKPOINT")
+    q.add_argument("--sink-target", metavar="OUTPUT_PATH", action="append", default=[],
+                   help="where each backed-up file sink goes (repeat, in the order they were backed up)")
+    q.add_argument("--relocate", metavar="OLD=NEW", action="append", default=[],
+                   help="rewrite paths under OLD to NEW in source logs, sink logs and the ledger (repeatable)")
+    q.add_argument("--to-batch", type=int, metavar="M", help="roll the restored copy back to batch M")
+    q.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    q.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+    q.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+    _backup_common(q)
+    q = _backup_command(bsub, "prune", cmd_backup_prune, "delete old backups and the objects nothing needs")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K backups of each checkpoint")
+    q.add_argument("--keep-within", metavar="DURATION", help="keep backups taken within DURATION (e.g. 7d)")
+    q.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
+    q.add_argument("--yes", "-y", action="store_true", help="apply without asking")
+    q.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+    _backup_common(q)
 
     p = sub.add_parser("ledger", help="the batch ledger: which files each batch wrote, kept past compaction")
     lsub = p.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")

@@ -363,11 +363,14 @@ class Executor:
         """Undo is only safe if nothing was written to the roots since the operation."""
         t = self.plan.target_batch
         newer = []
-        if t is not None and self.plan.operation in ("rollback", "sink-compact", "sink-retain", "sink-orphans"):
+        if t is not None and self.plan.operation in ("rollback", "restore", "sink-compact", "sink-retain",
+                                                       "sink-orphans"):
             # a batch above the one the operation left: the query ran since
             for rid, listing in listings.items():
+                if rid == "ledger":
+                    continue
                 if rid == "checkpoint":
-                    dirs = ("offsets", "commits") if self.plan.operation == "rollback" else ()
+                    dirs = ("offsets", "commits") if self.plan.operation in ("rollback", "restore") else ()
                 else:
                     dirs = ("_spark_metadata",)
                 for d in dirs:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..storage import CheckpointFileManager
-from ..storage.paths import spark_url_to_location
+from ..storage.paths import Location, spark_url_to_location
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog, LogEntry
 from .listing import Listing
 
@@ -18,9 +18,11 @@ class SinkOutput:
     """
 
     def __init__(self, fm: CheckpointFileManager, root: str, default_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL,
-                 data: bool = True):
+                 data: bool = True, origin: Location | None = None):
         self.fm = fm
         self.root = root.rstrip("/")
+        # where the log's absolute paths point: this location, unless it is a copy of another (a backup)
+        self.origin = origin or Location(fm.location.scheme, self.root)
         self.data_listed = data
         self.listing = Listing.scan(fm, self.root) if data else \
             Listing(fm, self.root, fm.walk(f"{self.root}/{SINK_LOG_DIR}", empty_dirs=True))
@@ -47,9 +49,10 @@ class SinkOutput:
     def rel_of_path(self, path: str) -> str | None:
         """``rel_of`` for a path as the log writes it."""
         loc = spark_url_to_location(path)
-        if loc.scheme != self.fm.location.scheme or not loc.path.startswith(self.root + "/"):
+        base = self.origin.path.rstrip("/")
+        if loc.scheme != self.origin.scheme or not loc.path.startswith(base + "/"):
             return None
-        return loc.path[len(self.root) + 1 :]
+        return loc.path[len(base) + 1 :]
 
     def relocated_rel(self, e: LogEntry) -> str | None:
         """For an entry naming another location (a copied or moved output): the longest path suffix

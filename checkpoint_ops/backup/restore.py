@@ -1,0 +1,316 @@
+"""Restoring a backup into an empty place, relocated, and optionally rolled back to an earlier batch.
+
+The restore is one plan applied by the executor, anchored at the target checkpoint: its ``metadata``
+is the fence until every other file is written, then the backed-up ``metadata`` replaces it, so Spark
+cannot start on half a checkpoint; an interrupted restore resumes (``checkpoint-ops resume TARGET``) or
+undoes (``checkpoint-ops undo TARGET``, which leaves the target empty again). Every object is read and
+checked against its hash before anything is written, and again as it is written.
+
+Relocation: file-source logs, sink logs and the batch ledger hold absolute paths (reference §7). The
+backup's own checkpoint and sink locations map to the targets; ``--relocate OLD=NEW`` maps more (the
+input directory, say). A sink log entry must end up inside its sink target, or the restore is refused.
+
+``to_batch``: the rollback planner runs on the backup itself (a read-only view), so the restart set of
+that batch is validated and the rolled-back file set is known before anything is written; the restore
+then writes exactly that set.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from ..errors import BadInputError, RefusedError
+from ..executor import Anchor, apply_plan
+from ..journal import ops_dir, utc_stamp
+from ..ledger import Ledger
+from ..model.checkpoint import Checkpoint
+from ..model.sink import SinkOutput
+from ..plan import Plan
+from ..rollback import plan_rollback
+from ..storage import open_file_manager
+from ..storage.paths import Location, join, parse_url, spark_url_to_location
+from .repository import Manifest, Repository
+from .transfer import retry
+from .view import BackupView
+
+_SOURCE_LOG = re.compile(r"^sources/[^/]+/\d+(\.compact)?$")
+_SINK_LOG = re.compile(r"^_spark_metadata/\d+(\.compact)?$")
+_PCHAR = "/-._~!$&'()*+,;=:@"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Paths under ``old`` move under ``new`` (both parsed locations)."""
+
+    old: Location
+    new: Location
+
+    def apply(self, loc: Location) -> Location | None:
+        if loc.scheme != self.old.scheme:
+            return None
+        if loc.path == self.old.path or loc.path.startswith(self.old.path.rstrip("/") + "/"):
+            return Location(self.new.scheme, self.new.path.rstrip("/") + loc.path[len(self.old.path.rstrip("/")):],
+                            self.new.original_scheme)
+        return None
+
+
+def spark_url(loc: Location) -> str:
+    """A location as Spark writes paths into its logs: qualified, URL-encoded."""
+    if loc.is_local:
+        return "file://" + quote(loc.path, safe=_PCHAR)
+    bucket, _, key = loc.path.partition("/")
+    scheme = {"s3": "s3a"}.get(loc.original_scheme or loc.scheme, loc.original_scheme or loc.scheme)
+    return f"{scheme}://{bucket}/{quote(key, safe=_PCHAR)}"
+
+
+def parse_rules(relocate: list[str]) -> list[Rule]:
+    rules = []
+    for text in relocate:
+        old, sep, new = text.partition("=")
+        if not sep or not old or not new:
+            raise BadInputError(f"--relocate {text!r} is not OLD=NEW", fix="e.g. --relocate /data/in=/mnt/restore/in")
+        for part in (old, new):
+            if "/../" in f"/{part}/" or not (part.startswith("/") or "://" in part):
+                raise BadInputError(f"--relocate {text!r}: {part!r} is not an absolute path or URL without '..'")
+        rules.append(Rule(parse_url(old), parse_url(new)))
+    return rules
+
+
+@dataclass
+class RestorePlan:
+    plan: Plan
+    manifest: Manifest
+    metadata: bytes | None  # what the target's metadata becomes (the fence stands in until then)
+    anchor: Anchor
+    fms: dict
+    objects: set[str]  # every object the restore reads
+    staged: list[tuple] = None
+
+
+class _Restore:
+    def __init__(self, repo: Repository, m: Manifest, target_url: str, sink_targets: list[str], relocate: list[str],
+                 storage_options: dict | None, stage: bool):
+        self.repo, self.m, self.stage = repo, m, stage
+        self.so = storage_options
+        self.sinks = sorted((r for r in m.roots if r.startswith("sink")), key=lambda r: int(r[4:]))
+        if len(sink_targets) != len(self.sinks):
+            raise BadInputError(f"the backup holds {len(self.sinks)} file sink(s) "
+                                f"({', '.join(m.roots[r]['url'] for r in self.sinks) or 'none'}); give one "
+                                f"--sink-target for each, in that order (got {len(sink_targets)})", path=m.url)
+        self.t_fm, self.t_root = open_file_manager(target_url, storage_options)
+        self.target_url = self.t_fm.url(self.t_root)
+        _require_empty(self.t_fm, self.t_root, target_url)
+        self.sink_fms = {}
+        for rid, url in zip(self.sinks, sink_targets):
+            fm, root = open_file_manager(url, storage_options)
+            _require_empty(fm, root, url)
+            self.sink_fms[rid] = (fm, root)
+        self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
+        # the backup's own locations go to the targets; the user's rules come first (more specific)
+        self.rules = parse_rules(relocate) + [Rule(parse_url(m.roots["checkpoint"]["url"]), parse_url(self.target_url))]
+        self.sink_rules = {rid: Rule(parse_url(m.roots[rid]["url"]), parse_url(fm.url(root)))
+                           for rid, (fm, root) in self.sink_fms.items()}
+        self.rules += list(self.sink_rules.values())
+        self.objects: set[str] = set()
+        self.staged: list[tuple] = []
+
+    # -- relocating the paths inside logs -------------------------------------------------------------
+    def _move(self, path: str) -> str | None:
+        loc = spark_url_to_location(path)
+        for rule in self.rules:
+            new = rule.apply(loc)
+            if new is not None:
+                return spark_url(new)
+        return None
+
+    def _line(self, line: bytes, rid: str, rel: str) -> bytes:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            return line  # not an entry (e.g. Kafka's initial offsets): left as it is
+        if not isinstance(doc, dict) or not isinstance(doc.get("path"), str):
+            return line
+        new = self._move(doc["path"])
+        if rid in self.sink_rules:  # a sink entry must stay in its sink target
+            target = self.sink_rules[rid].new
+            final = spark_url_to_location(new or doc["path"])
+            if not (final.scheme == target.scheme and (final.path == target.path or
+                                                       final.path.startswith(target.path.rstrip("/") + "/"))):
+                raise BadInputError(f"{rel} lists {doc['path']}, which would point outside the sink target "
+                                    f"{target.path} after relocation", path=self.m.url,
+                                    fix="drop or change the --relocate rule that moves it elsewhere")
+        if new is None:
+            return line
+        doc["path"] = new
+        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def _ledger_line(self, line: bytes) -> bytes:
+        rec = json.loads(line)
+        sinks = rec.get("sinks")
+        if not sinks:
+            return line
+        moved = {}
+        for url, s in sinks.items():
+            new_url = next((fm.url(root) for rid, (fm, root) in self.sink_fms.items()
+                            if self.m.roots[rid]["url"] == url), url)
+            entries = [self._line(e.encode(), "ledger", "ledger").decode() for e in s["entries"]]
+            moved[new_url] = {**s, "entries": entries}
+        rec["sinks"] = moved
+        return json.dumps(rec, separators=(",", ":"), ensure_ascii=False).encode()
+
+    def relocated(self, rid: str, rel: str, data_sha: str | None, content: bytes | None):
+        """(new content, or None if the file needs no change). Log files are read line by line."""
+        kind = ("source" if rid == "checkpoint" and _SOURCE_LOG.match(rel) else
+                "sink" if rid in self.sink_rules and _SINK_LOG.match(rel) else
+                "ledger" if rid == "ledger" and "-truncate-" not in rel else None)
+        if kind is None:
+            return None
+        if content is None:
+            content = retry(lambda: self.repo.read_object(data_sha))
+        lines = content.split(b"\n")
+        if kind == "ledger":
+            out = [self._ledger_line(x) if x.strip() else x for x in lines]
+        else:
+            out = lines[:1] + [self._line(x, rid, rel) for x in lines[1:]]
+        new = b"\n".join(out)
+        return None if new == content else new
+
+    # -- the plan ---------------------------------------------------------------------------------------
+    def build(self, to_batch: int | None) -> RestorePlan:
+        m = self.m
+        files = {rid: m.files(rid) for rid in m.roots}
+        removed: set[tuple[str, str]] = set()
+        rb_writes: list[tuple[str, str, bytes, str]] = []
+        batch = m.batch
+        if to_batch is not None:
+            if m.doc["kind"] != "structured":
+                raise BadInputError("--to-batch needs a Structured Streaming backup; this one is a DStream checkpoint",
+                                    path=m.url)
+            if to_batch > m.batch:
+                raise RefusedError(f"the backup ends at batch {m.batch}: it cannot restore batch {to_batch}", path=m.url,
+                                   fix=f"choose a batch up to {m.batch}, or a newer backup")
+            view = BackupView(self.repo, m)
+            intervals = m.doc.get("compact_intervals", {})
+            vckpt = Checkpoint(view, "checkpoint", source_compact_interval=intervals.get("source", 10))
+            vsinks = [SinkOutput(view, rid, intervals.get("sink", 10), origin=parse_url(m.roots[rid]["url"]))
+                      for rid in self.sinks]
+            vledger = Ledger(view, "ledger") if "ledger" in m.roots else None
+            rb = plan_rollback(vckpt, to_batch, sinks=vsinks, ledger=vledger)
+            removed = {(a.root, a.rel) for a in rb.actions if a.kind == "delete"}
+            rb_writes = [(a.root, a.rel, rb.contents[a.sha256], a.reason) for a in rb.actions if a.kind == "write"]
+            batch = to_batch
+        roots = {"checkpoint": self.target_url, **{rid: fm.url(root) for rid, (fm, root) in self.sink_fms.items()}}
+        if "ledger" in m.roots:
+            roots["ledger"] = self.t_fm.url(self.ledger_path)
+        plan = Plan("restore", roots, batch)
+        metadata = None
+        why = f"restored from backup {m.id} of {m.checkpoint_url}"
+        for rid, entries in files.items():
+            if rid not in roots:
+                continue
+            for rel, sha, size in entries:
+                if (rid, rel) in removed:
+                    continue
+                if rid == "checkpoint" and rel == "metadata" and m.doc["kind"] == "structured":
+                    metadata = retry(lambda: self.repo.read_object(sha))
+                    self.objects.add(sha)
+                    continue
+                self.objects.add(sha)
+                new = self.relocated(rid, rel, sha, None)
+                if new is None:
+                    plan.write_from(rid, rel, sha, size, self.repo.object_url(sha), why)
+                else:
+                    self._write(plan, rid, rel, new, why + ", paths relocated")
+        for rid, rel, content, reason in rb_writes:
+            new = self.relocated(rid, rel, None, content)
+            self._write(plan, rid, rel, new if new is not None else content, reason)
+        if to_batch is not None and to_batch < m.batch and "ledger" in m.roots:
+            # records above the batch belong to the timeline the restore leaves behind
+            name = f"{utc_stamp()}-truncate-restore-{m.id[-8:]}.json"
+            body = json.dumps({"format": 1, "after_batch": to_batch, "op_id": f"restore-{m.id}"}).encode()
+            plan.write("ledger", name, body, f"the ledger forgets batches after {to_batch}")
+        plan.summary["restore"] = (f"backup {m.id} ({m.doc['kind']}, batch {m.batch}) of {m.checkpoint_url} into "
+                                   f"{self.target_url}" + (f", rolled back to batch {to_batch}" if to_batch is not None
+                                                           and to_batch < m.batch else ""))
+        if self.rules[:-1 - len(self.sink_rules)]:
+            plan.summary["relocate"] = [f"{r.old.path} -> {r.new.path}" for r in self.rules[:-1 - len(self.sink_rules)]]
+        fms = {"checkpoint": (self.t_fm, self.t_root), **self.sink_fms}
+        if "ledger" in roots:
+            fms["ledger"] = (self.t_fm, self.ledger_path)
+        anchor = Anchor(self.t_fm, self.t_root, self.target_url, None, checkpoint=True)
+        return RestorePlan(plan, m, metadata, anchor, fms, self.objects, self.staged)
+
+    def _write(self, plan: Plan, rid: str, rel: str, content: bytes, reason: str) -> None:
+        """Relocated content: inline in the journal when small, else staged beside the target (a dry
+        run only names where it would be staged)."""
+        if len(content) <= 2**20:
+            plan.write(rid, rel, content, reason)
+            return
+        sha = hashlib.sha256(content).hexdigest()
+        staging = join(ops_dir(self.t_fm, self.t_root), "staging", uuid.uuid4().hex)
+        if self.stage:
+            self.t_fm.write_bytes(staging, content, overwrite=False)
+            self.staged.append((self.t_fm, staging))
+        plan.write_from(rid, rel, sha, len(content), self.t_fm.url(staging), reason)
+
+
+def _require_empty(fm, root: str, url: str) -> None:
+    found = fm.walk(root)
+    if found:
+        names = sorted(f.path[len(root) + 1:] for f in found)
+        raise BadInputError(f"the target is not empty: it holds {', '.join(names[:5])}"
+                            + (f" and {len(names) - 5} more" if len(names) > 5 else ""), path=url,
+                            fix="restore into a new, empty location (a restore never overwrites)")
+
+
+def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets: list[str] = (),
+                 relocate: list[str] = (), to_batch: int | None = None, storage_options: dict | None = None,
+                 stage: bool = False) -> RestorePlan:
+    """The restore of one backup (see module docstring). ``stage`` writes big relocated files beside
+    the target (done when applying; a dry run only hashes them)."""
+    m = repo.manifest(backup_id)
+    r = _Restore(repo, m, target_url, list(sink_targets), list(relocate), storage_options, stage)
+    try:
+        return r.build(to_batch)
+    except BaseException:
+        for fm, path in r.staged:  # planning failed: nothing it staged will be used
+            fm.delete_many([path])
+        raise
+
+
+def verify_objects(repo: Repository, shas: set[str]) -> None:
+    """Read every object and check its hash; any bad one is unusable input (exit 2), named."""
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        got = dict(zip(sorted(shas), pool.map(lambda h: retry(lambda: repo.object_hash(h)), sorted(shas))))
+    bad = sorted(h for h, g in got.items() if g != h)
+    if bad:
+        h = bad[0]
+        raise BadInputError(f"stored object {'is missing' if got[h] is None else 'does not match its hash'}"
+                            + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + ": nothing was restored",
+                            path=repo.object_url(h), fix="`checkpoint-ops backup verify` lists every bad object; "
+                            "restore another backup")
+
+
+def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | None = None,
+                   progress: bool = False) -> dict:
+    """Check every object, then apply the restore plan (fenced until the last file is written)."""
+    try:
+        verify_objects(repo, rp.objects)
+    except BaseException:
+        clear_staged(rp)
+        raise
+    result = apply_plan(rp.plan, rp.anchor, rp.fms, storage_options, progress, final_metadata=rp.metadata,
+                        journal_extra={"backup": {"destination": repo.url, "id": rp.manifest.id}})
+    clear_staged(rp)  # a resume would still need them; an applied restore does not
+    return result
+
+
+def clear_staged(rp: RestorePlan) -> None:
+    for fm, path in rp.staged or []:
+        fm.delete_many([path])

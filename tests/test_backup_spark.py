@@ -1,0 +1,266 @@
+"""Backups with real Spark: back up to the S3 server, run more batches, back up again (only new content
+is uploaded), restore the first backup into a new place with the input and output relocated, and Spark
+resumes there with exactly the output of an uninterrupted run. Also: a backup taken while the query
+runs, a corrupted object, pruning, restoring to an earlier batch, a DStream checkpoint, bad input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import boto3
+import pytest
+
+from checkpoint_ops.backup import Repository
+from pipelines.event_counts import build_query, expected_windows, flush_files, read_output, write_event_files
+from tests.helpers import cli, cli_json, tree_snapshot
+from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
+from tests.test_rollback_spark import INTERVALS
+from tests.test_spark_formats import dstream_checkpoint  # noqa: F401  (a fixture)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def objects(endpoint: str, bucket: str, prefix: str = "backups/objects/") -> dict[str, int]:
+    s3, out, token = boto3.client("s3", endpoint_url=endpoint), {}, None
+    while True:
+        kw = {"Bucket": bucket, "Prefix": prefix, **({"ContinuationToken": token} if token else {})}
+        resp = s3.list_objects_v2(**kw)
+        out.update({o["Key"]: o["Size"] for o in resp.get("Contents", [])})
+        if not resp.get("IsTruncated"):
+            return out
+        token = resp["NextContinuationToken"]
+
+
+def backup(run, dest, *extra):
+    code, r = cli_json("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, *extra)
+    assert code == 0, r
+    return r
+
+
+def resume_at(spark, flavour: str, inp: str, out: str, ckpt: str) -> None:
+    """Run the example query (availableNow) on these directories, with the flavour's confs."""
+    for k, v in {**SESSION_CONF, **FLAVOURS[flavour]}.items():
+        if k.startswith("spark.sql."):
+            spark.conf.set(k, v)
+    q = build_query(spark, inp, out, ckpt)
+    q.awaitTermination()
+    unload_state_stores(spark)
+
+
+def exact(files: int) -> dict:
+    return {k: [v] for k, v in expected_windows(range(files)).items()}
+
+
+def restore_elsewhere(run, dest: str, backup_id: str, where, *extra) -> tuple[str, str, str]:
+    """Restore into new directories, the input copied there (as a user would) and relocated."""
+    inp, out, ckpt = str(where / "in"), str(where / "out"), str(where / "ckpt")
+    shutil.copytree(run.input, inp)
+    code, r = cli_json("backup", "restore", dest, backup_id, ckpt, "--sink-target", out,
+                       "--relocate", f"{run.input}={inp}", *extra, "--yes")
+    assert code == 0, r
+    return inp, out, ckpt
+
+
+def test_incremental_backup_to_s3_and_restore_elsewhere(spark, run, bucket, s3_server, tmp_path):
+    dest = f"s3://{bucket}/backups"
+    b1 = backup(run, dest)
+    before = objects(s3_server, bucket)
+    assert b1["new_objects"] == len(before) and b1["new_bytes"] == sum(before.values())
+    m1 = json.loads(boto3.client("s3", endpoint_url=s3_server).get_object(
+        Bucket=bucket, Key=f"backups/manifests/{b1['backup_id']}.json")["Body"].read())
+
+    files = run.files + 4  # more input: four more batches
+    write_event_files(run.input, run.files, files)
+    run.run_query(spark)
+    b2 = backup(run, dest)
+    after = objects(s3_server, bucket)
+    new = {k: s for k, s in after.items() if k not in before}
+    # only new content was uploaded: what the objects are, counted at the server
+    assert b2["new_objects"] == len(new) > 0 and b2["new_bytes"] == sum(new.values())
+    m2 = json.loads(boto3.client("s3", endpoint_url=s3_server).get_object(
+        Bucket=bucket, Key=f"backups/manifests/{b2['backup_id']}.json")["Body"].read())
+    h1 = {f[1] for r in m1["roots"].values() for f in r["files"]}
+    h2 = {f[1] for r in m2["roots"].values() for f in r["files"]}
+    assert {k.rsplit("/", 1)[-1] for k in new} == h2 - h1
+    # and files that did not change were not read again
+    assert b2["read_files"] < b2["files"] and b2["parent"] == b1["backup_id"]
+
+    # the FIRST backup, restored into a new place with input and output relocated: Spark resumes there
+    inp, out, ckpt = restore_elsewhere(run, dest, b1["backup_id"], tmp_path)
+    code, f = cli_json("fsck", ckpt, "--sink", out, *INTERVALS)
+    assert (code, f["findings"]) == (0, [])
+    flush_files(inp, files)
+    resume_at(spark, run.flavour, inp, out, ckpt)
+    assert read_output(spark, out) == exact(files)
+
+
+@pytest.mark.parametrize("flavour", ["rocksdb_v2"])
+def test_restore_to_an_earlier_batch(spark, run, tmp_path):
+    dest = str(tmp_path / "dest")
+    b = backup(run, dest)
+    m = b["batch"] - 3
+    inp, out, ckpt = restore_elsewhere(run, dest, b["backup_id"], tmp_path, "--to-batch", m)
+    code, i = cli_json("inspect", ckpt, "--sink", out, *INTERVALS)
+    assert i["last_committed_batch"] == m
+    flush_files(inp, run.files)
+    resume_at(spark, run.flavour, inp, out, ckpt)
+    assert read_output(spark, out) == exact(run.files)
+
+
+@pytest.mark.parametrize("flavour", ["rocksdb"])
+def test_backup_while_the_query_runs(spark, run, tmp_path):
+    """Backups taken while Spark commits batches (and its maintenance snapshots and deletes state
+    files): the last one restores into a new place and resumes exactly."""
+    dest = str(tmp_path / "dest")
+    for k, v in {**SESSION_CONF, **FLAVOURS[run.flavour]}.items():
+        if k.startswith("spark.sql."):
+            spark.conf.set(k, v)
+    q = build_query(spark, run.input, run.output, run.checkpoint, available_now=False)
+    files, taken = run.files, []
+    try:
+        for _ in range(4):
+            write_event_files(run.input, files, files + 2)
+            files += 2
+            time.sleep(1.5)
+            code, r = cli_json("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS)
+            assert code == 0, r
+            taken.append(r)
+    finally:
+        q.stop()
+        unload_state_stores(spark)
+    assert len({r["batch"] for r in taken}) > 1, "the query should have committed batches during the backups"
+    inp, out, ckpt = restore_elsewhere(run, dest, taken[-1]["backup_id"], tmp_path)
+    flush_files(inp, files)
+    resume_at(spark, run.flavour, inp, out, ckpt)
+    assert read_output(spark, out) == exact(files)
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_a_corrupt_object_is_named_and_nothing_is_restored(run, tmp_path):
+    dest = str(tmp_path / "dest")
+    b = backup(run, dest)
+    repo = Repository.open(dest)
+    sha = next(f[1] for f in repo.manifest(b["backup_id"]).roots["checkpoint"]["files"] if f[0].startswith("state/"))
+    with open(repo.object_path(sha), "r+b") as f:
+        f.write(b"\x00\x01garbage")
+    code, out, err = cli("backup", "verify", dest)
+    assert code == 1 and sha in out and "Traceback" not in err
+    target = tmp_path / "restored"
+    code, out, err = cli("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
+                         "--yes")
+    assert code == 2 and sha in err and "nothing was restored" in err
+    assert not any(os.scandir(target)) if target.exists() else True
+    code, v = cli_json("backup", "list", dest)
+    assert v["backups"][0]["verified"] == "FAILED"
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_prune_keeps_the_newest_verified_and_never_breaks_another(spark, run, tmp_path):
+    dest = str(tmp_path / "dest")
+    ids, files = [], run.files
+    for i in range(3):
+        if i:
+            write_event_files(run.input, files, files + 2)
+            files += 2
+            run.run_query(spark)
+        ids.append(backup(run, dest)["backup_id"])
+    assert cli_json("backup", "verify", dest, ids[1])[0] == 0  # only the second is verified
+    code, dry = cli_json("backup", "prune", dest, "--keep-last", "1", "--dry-run")
+    assert code == 0 and dry["plan"]["summary"]["delete"] == [ids[0]]
+    assert dry["plan"]["summary"]["keep"] == {ids[1]: "newest verified", ids[2]: "among the newest 1"}
+    code, r = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes")
+    assert code == 0 and r["result"]["manifests_deleted"] == 1 and r["result"]["objects_deleted"] > 0
+    code, v = cli_json("backup", "verify", dest)
+    assert code == 0 and v["ok"] and {b["backup_id"] for b in v["backups"]} == set(ids[1:])
+    # a backup that died mid-way holds garbage collection: killed at its 3rd mutating call (its intent
+    # and the intent's .crc come first; nothing changed since the last backup, so the 3rd is its manifest)
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="3")
+    p = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", run.checkpoint, dest, "--sink",
+                        run.output, *INTERVALS, "--json"], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == -9, p.stderr[-2000:]
+    assert len(Repository.open(dest).manifests()) == 2 and os.listdir(os.path.join(dest, "intents"))
+    code, r = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes")  # the third is the newest verified now
+    assert code == 0 and r["result"]["objects_deferred"] is True and r["plan"]["summary"]["delete"] == [ids[1]]
+    code, v = cli_json("backup", "verify", dest)
+    assert code == 0 and [b["backup_id"] for b in v["backups"]] == [ids[2]]
+    inp, out, ckpt = restore_elsewhere(run, dest, ids[2], tmp_path)
+    assert cli_json("fsck", ckpt, "--sink", out, *INTERVALS)[0] == 0
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_a_backup_waits_for_a_running_garbage_collection(run, tmp_path):
+    dest = str(tmp_path / "dest")
+    backup(run, dest)
+    repo = Repository.open(dest)
+    lock = repo.take_prune_lock()
+    done = []
+    t = threading.Thread(target=lambda: done.append(backup(run, dest)))
+    t.start()
+    time.sleep(2)
+    assert not done, "the backup must wait while a prune holds its lock"
+    repo.release_prune_lock(lock)
+    t.join(30)
+    assert done and cli_json("backup", "verify", dest)[0] == 0
+
+
+def test_dstream_checkpoint_backs_up_and_restores_identically(dstream_checkpoint, tmp_path):
+    dest = str(tmp_path / "dest")
+    code, r = cli_json("backup", "create", dstream_checkpoint, dest)
+    assert code == 0 and r["kind"] == "dstream", r
+    target = str(tmp_path / "restored")
+    code, rr = cli_json("backup", "restore", dest, r["backup_id"], target, "--yes")
+    assert code == 0, rr
+
+    def files(root):
+        return {p[len(str(root)) + 1:]: d for p, (d, _) in tree_snapshot(str(root)).items()
+                if not os.path.basename(p).startswith(".") and os.path.basename(p) != "temp"}
+
+    assert files(target) == files(dstream_checkpoint) and files(target)
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_bad_backup_input_is_refused_and_changes_nothing(run, tmp_path):
+    dest = str(tmp_path / "dest")
+    b = backup(run, dest)
+    target = tmp_path / "t"
+
+    def refused(*args, says: str, code: int = 2):
+        roots = [r for r in (dest, str(tmp_path / "foreign"), str(target)) if os.path.exists(r)]
+        before = tree_snapshot(*roots)
+        c, out, err = cli(*map(str, args))
+        assert c == code and says in err and "Traceback" not in err, (args, c, out, err)
+        assert tree_snapshot(*roots) == before and (not target.exists() or str(target) in roots), "it changed something"
+
+    refused("backup", "list", tmp_path / "missing", says="no backups here")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    refused("backup", "list", tmp_path / "foreign", says="not a backup destination")
+    refused("backup", "create", run.checkpoint, tmp_path / "foreign", says="not a backup destination")
+    refused("backup", "verify", dest, "nope", says="no backup 'nope'")
+    refused("backup", "restore", dest, "nope", target, says="no backup 'nope'")
+    # a relocation that sends sink files out of the sink target
+    refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
+            "--relocate", f"{run.output}=/elsewhere", "--yes", says="outside the sink target")
+    refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
+            "--relocate", "relative=/x", "--yes", says="not an absolute path")
+    # a non-empty target
+    (target / "ckpt").mkdir(parents=True)
+    (target / "ckpt" / "keep-me").write_text("x")
+    refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out", "--yes",
+            says="not empty: it holds keep-me")
+    shutil.rmtree(target)
+    # a manifest naming ../ or an absolute path
+    for bad in ("../escape", "/etc/passwd"):
+        manifest = os.path.join(dest, "manifests", f"{b['backup_id']}.json")
+        doc = json.load(open(manifest))
+        doc["roots"]["checkpoint"]["files"][0][0] = bad
+        open(manifest, "w").write(json.dumps(doc))
+        refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out", "--yes",
+                says=f"{bad!r}")
