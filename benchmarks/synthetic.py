@@ -12,6 +12,7 @@ Layout (HDFS state store, one file source):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -22,13 +23,24 @@ CONF = {"spark.sql.streaming.stateStore.providerClass": HDFS, "spark.sql.shuffle
         "spark.sql.streaming.stateStore.compression.codec": "lz4"}
 
 
+def _payload(p: int, v: int, kind: str, size: int) -> bytes:
+    """Distinct, deterministic content of ``size`` bytes for one state file (real state files differ:
+    a benchmark of content-addressed storage must not get identical files for free)."""
+    seed = hashlib.sha256(f"{kind}/{p}/{v}".encode()).digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
 def files(batches: int, partitions: int, retain_state: int, snapshot_every: int = 10,
-          source_interval: int = 10, retain_log: int = 100, input_dir: str = "/data/in"):
-    """Yield (relative path, bytes) for the whole checkpoint."""
+          source_interval: int = 10, retain_log: int = 100, input_dir: str = "/data/in",
+          delta_bytes: int = 64, snapshot_bytes: int = 256, retain_offsets: int | None = None):
+    """Yield (relative path, bytes) for the whole checkpoint, as Spark leaves it after batch
+    ``batches - 1``: ``retain_state`` state versions, the source log's compact before ``retain_log``
+    batches and what follows, and ``offsets/``/``commits/`` for every batch, or for the last
+    ``retain_offsets`` + 1 (minBatchesToRetain) when given."""
     conf = dict(CONF, **{"spark.sql.shuffle.partitions": str(partitions)})
     yield "metadata", b'{"id":"6f0c1c9e-7c1b-4a5e-9d38-1c0d2b3e4f50"}'
     t0 = 1_790_000_000_000
-    for b in range(batches):
+    for b in range(0 if retain_offsets is None else max(0, batches - retain_offsets - 1), batches):
         meta = {"batchWatermarkMs": 0, "batchTimestampMs": t0 + b * 1000, "conf": conf}
         yield f"offsets/{b}", f"v1\n{json.dumps(meta, separators=(',', ':'))}\n{{\"logOffset\":{b}}}".encode()
         yield f"commits/{b}", b'v1\n{"nextBatchWatermarkMs":0}'
@@ -51,14 +63,13 @@ def files(batches: int, partitions: int, retain_state: int, snapshot_every: int 
         f'[{{"storeName":"default","numColsPrefixKey":0,"numPartitions":{partitions}}}]}}').encode()
     top = batches  # batch B-1 committed version B
     low = top - retain_state
-    payload = lz4_block_stream(bytes(range(64)))
     for p in range(partitions):
         if p == 0:
             yield "state/0/0/_metadata/schema", b"\x00\x02v2" + b"\x00" * 16
-        for v in range(low, top + 1):
-            yield f"state/0/{p}/{v}.delta", payload
+        for v in range(max(1, low), top + 1):
+            yield f"state/0/{p}/{v}.delta", lz4_block_stream(_payload(p, v, "delta", delta_bytes))
             if v % snapshot_every == 0:
-                yield f"state/0/{p}/{v}.snapshot", lz4_block_stream(bytes(range(64)) * 4)
+                yield f"state/0/{p}/{v}.snapshot", lz4_block_stream(_payload(p, v, "snapshot", snapshot_bytes))
 
 
 def lz4_block_stream(data: bytes) -> bytes:
@@ -71,6 +82,26 @@ def lz4_block_stream(data: bytes) -> bytes:
     head = b"LZ4Block" + bytes([token])
     block = head + struct.pack("<iii", len(data), len(data), zlib.crc32(data) & 0xFFFFFFF) + data
     return block + head + struct.pack("<iii", 0, 0, 0)
+
+
+def advance_local(root: str, before: dict, after: dict, hadoop_crc: bool = False) -> tuple[int, int]:
+    """Move a checkpoint written with ``files(**before)`` to ``files(**after)`` (more batches, as Spark
+    runs them: new files appear, its retention deletes old ones). Returns (written, deleted)."""
+    old = {rel: None for rel, _ in files(**before)}
+    written = deleted = 0
+    for rel, data in files(**after):
+        if rel in old:
+            del old[rel]
+            continue
+        path = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+        written += 1
+    for rel in old:
+        os.remove(os.path.join(root, rel))
+        deleted += 1
+    return written, deleted
 
 
 def write_local(root: str, hadoop_crc: bool = True, **kw) -> int:

@@ -173,11 +173,16 @@ def _anchor(args):
     from .model.sink import SINK_LOG_DIR
     from .storage import open_file_manager
 
+    from .journal import ops_dir, scan_journals
+
     opts = _storage_options(args.storage_options)
     fm, root = open_file_manager(args.checkpoint, opts)
     ckpt = Checkpoint(fm, root, source_compact_interval=args.source_compact_interval)
     if ckpt.kind == "unknown" and ckpt.listing.has_dir(SINK_LOG_DIR):
         return Anchor(fm, root, fm.url(root), None, checkpoint=False)
+    only_litter = all(rel.rsplit("/", 1)[-1].startswith(".") for rel in ckpt.listing.files)
+    if only_litter and scan_journals(fm, ops_dir(fm, root)):
+        return Anchor.of_checkpoint(ckpt)  # a restore that stopped before its first file: its journal says so
     ckpt.require_checkpoint(args.checkpoint)
     if getattr(args, "force", None) is not None:
         refuse_if_active(ckpt, args.force)

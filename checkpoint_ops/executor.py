@@ -539,6 +539,7 @@ def _abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, want: 
     may be stale (Spark may have run since): drop it, and its ledger truncation, instead."""
     if ex.effects_on_disk() > 0:
         return  # it did change something: carry on
+    ex._drop_stray_temps(ex._listings())  # the temp file of the write it was killed in, if any
     journal.mark("abandoned")
     ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
     raise RefusedError(

@@ -179,9 +179,9 @@ def test_prune_keeps_the_newest_verified_and_never_breaks_another(spark, run, tm
     assert code == 0 and r["result"]["manifests_deleted"] == 1 and r["result"]["objects_deleted"] > 0
     code, v = cli_json("backup", "verify", dest)
     assert code == 0 and v["ok"] and {b["backup_id"] for b in v["backups"]} == set(ids[1:])
-    # a backup that died mid-way holds garbage collection: killed at its 3rd mutating call (its intent
-    # and the intent's .crc come first; nothing changed since the last backup, so the 3rd is its manifest)
-    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="3")
+    # a backup that died mid-way holds garbage collection: killed at its 2nd mutating call (its intent
+    # comes first; nothing changed since the last backup, so the 2nd is its manifest)
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="2")
     p = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", run.checkpoint, dest, "--sink",
                         run.output, *INTERVALS, "--json"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == -9, p.stderr[-2000:]

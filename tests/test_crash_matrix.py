@@ -10,6 +10,7 @@ exact output. The rows go to docs/reliability.md.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import shutil
 import time
@@ -292,4 +293,88 @@ def test_sink_operations_crash_matrix_local(spark, sink_run, runner):
 
         matrix(MatrixRow(name, "local"), runner, reset, args, recover, lambda: tree_digest(out), done)
         assert sorted(tuple(r) for r in spark.read.parquet(out).collect()) == expected_rows
+    _reset_local(base)
+
+
+# ---- backup, restore and backup prune (local disk) -----------------------------------------------------
+
+
+def _manifest_contents(dest: str) -> list:
+    """What each backup holds, oldest first: (root, rel, sha) of every file (ids and times differ)."""
+    out = []
+    mdir = os.path.join(dest, "manifests")
+    for name in sorted(os.listdir(mdir)) if os.path.isdir(mdir) else []:
+        if name.endswith(".json"):
+            doc = json.load(open(os.path.join(mdir, name)))
+            out.append(sorted((rid, f[0], f[1]) for rid, r in doc["roots"].items() for f in r["files"]))
+    return out
+
+
+def test_backup_restore_prune_crash_matrix_local(spark, small_run, runner, tmp_path):
+    base = small_run
+    _reset_local(base)
+    ckpt, out = f"{base}/checkpoint", f"{base}/output"
+    I = ("--source-compact-interval", str(COMPACT_INTERVAL), "--sink-compact-interval", str(COMPACT_INTERVAL))
+    dest = str(tmp_path / "dest")
+    create = ["backup", "create", ckpt, dest, "--sink", out, *I, "--json"]
+
+    # create: killed at every k, then run again; the newest backup holds what an uninterrupted one does
+    def newest_after_recovery():
+        code, o, err = runner.run(*create)
+        assert code == 0, err
+        contents = _manifest_contents(dest)
+        code, o, err = runner.run("backup", "verify", dest, "--json")
+        return (contents[-1] if contents else None, code)
+
+    shutil.rmtree(dest, ignore_errors=True)
+    assert runner.run(*create)[0] == 0
+    full = _manifest_contents(dest)[-1]
+    matrix(MatrixRow("backup create", "local"), runner, lambda: shutil.rmtree(dest, ignore_errors=True), create,
+           lambda: None, newest_after_recovery, (full, 0))
+
+    # restore: killed at every k, then resumed (or, if it stopped before changing anything, run again)
+    shutil.rmtree(dest, ignore_errors=True)
+    code, o, err = runner.run(*create)
+    backup_id = json.loads(o)["backup_id"]
+    target = tmp_path / "restored"
+    restore = ["backup", "restore", dest, backup_id, target / "ckpt", "--sink-target", target / "out",
+               "--relocate", f"{base}/input={target}/in", "--yes", "--json"]
+
+    def recover_restore():
+        code, o, err = runner.run("resume", target / "ckpt", "--json")
+        if code != 0 and "completed" not in err and ("nothing to resume" in err or "no such checkpoint" in err
+                                                     or "stopped before changing anything" in err):
+            code, o, err = runner.run(*restore)
+        assert code == 0 or "completed" in err, (o, err)
+
+    shutil.rmtree(target, ignore_errors=True)
+    assert runner.run(*restore)[0] == 0
+    restored = tree_digest(target / "ckpt", target / "out")
+    matrix(MatrixRow("backup restore", "local"), runner, lambda: shutil.rmtree(target, ignore_errors=True), restore,
+           recover_restore, lambda: tree_digest(target / "ckpt", target / "out"), restored)
+    rows = sorted(tuple(r) for r in spark.read.parquet(str(target / "out")).collect())
+    assert rows == sorted(tuple(r) for r in spark.read.parquet(out).collect())
+
+    # backup prune: killed at every k, then run again; the same backups and objects remain
+    shutil.rmtree(dest, ignore_errors=True)
+    for _ in range(3):
+        assert runner.run(*create)[0] == 0
+    saved = str(tmp_path / "dest-saved")
+    shutil.copytree(dest, saved)
+    prune = ["backup", "prune", dest, "--keep-last", "1", "--yes", "--json"]
+
+    def reset_dest():
+        shutil.rmtree(dest, ignore_errors=True)
+        shutil.copytree(saved, dest)
+
+    def dest_state():
+        objs = sorted(os.listdir(os.path.join(dest, "objects", d)) for d in os.listdir(os.path.join(dest, "objects")))
+        return (_manifest_contents(dest), [o for os_ in objs for o in os_ if not o.startswith(".")],
+                runner.run("backup", "verify", dest, "--json")[0])
+
+    reset_dest()
+    assert runner.run(*prune)[0] == 0
+    pruned = dest_state()
+    matrix(MatrixRow("backup prune", "local"), runner, reset_dest, prune, lambda: _ok(runner.run(*prune)), dest_state,
+           pruned)
     _reset_local(base)

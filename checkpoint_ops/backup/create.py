@@ -33,7 +33,8 @@ from ..restart import RestartSets, state_bytes_problem
 from .repository import Manifest, Repository, new_backup_id
 from .transfer import retry
 
-WORKERS = 16  # parallel reads and uploads
+WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network)
+LOCAL_WORKERS = 2  # to local disk the work is system calls under the GIL: more threads only contend
 _BIG = 64 * 2**20  # files above this are streamed (hashed, then uploaded) instead of held in memory
 _UNIQUE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # Spark's once-only names
 _LOCK_WAIT_S = 600
@@ -258,7 +259,8 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
 
     doc_roots = {}
     try:
-        with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
+        workers = LOCAL_WORKERS if repo.fm.location.is_local else WORKERS
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for rid, (url, fm, root_path, files) in roots.items():
                 futures = [pool.submit(one, rid, fm, root_path, rel, info) for rel, info in sorted(files.items())]
                 entries = [f.result() for f in futures]

@@ -99,13 +99,17 @@ class Repository:
     @classmethod
     def open(cls, url: str, storage_options: dict | None = None, create: bool = False) -> "Repository":
         fm, root = open_file_manager(url, storage_options)
+        if fm.hadoop_crc:  # nothing Hadoop reads a backup destination: no .crc sidecars, one sync per backup
+            fm.hadoop_crc = False
+            fm.defer_sync = True
         repo = cls(fm, root.rstrip("/"), url.rstrip("/"), storage_options)
         try:
             marker = fm.read_bytes(repo.path(MARKER))
         except FileNotFoundError:
             marker = None
         if marker is None:
-            names = fm.list(root)
+            # hidden names are temp files of an interrupted write (ours): they do not make it foreign
+            names = [f for f in fm.list(root) if not f.name.startswith(".")]
             if names and not create:
                 raise BadInputError(f"not a backup destination (no {MARKER}; it holds "
                                     f"{', '.join(sorted(f.name for f in names)[:3])}...)", path=url,
@@ -173,8 +177,11 @@ class Repository:
                             path=self.url, fix="`checkpoint-ops backup list DEST` lists them")
 
     def publish(self, backup_id: str, doc: dict) -> Manifest:
+        """Publish a manifest, after every object it names is durable (and it is, before this returns)."""
         path = self.path(f"manifests/{backup_id}.json")
+        self.fm.sync()
         self.fm.write_bytes(path, json.dumps(doc, separators=(",", ":")).encode(), overwrite=False)
+        self.fm.sync()
         m = Manifest(backup_id, doc, self.fm.url(path))
         if self._manifests is not None:
             self._manifests.append(m)

@@ -221,7 +221,8 @@ class CheckpointFileManager(abc.ABC):
     def delete(self, path: str) -> None:
         """Delete one file and its checksum sidecars; a missing file is ignored."""
         parent, name = dirname(path), basename(path)
-        extra = [join(parent, n) for n in sidecar_names(name)]
+        # Hadoop's sidecars exist only where this file system keeps them; Spark's (state files) anywhere
+        extra = [join(parent, n) for n in sidecar_names(name) if self.hadoop_crc or not n.startswith(".")]
         present = [p for p in extra if self.exists(p)]
         # Sidecars first: a checksum without its file is harmless, the reverse can be stale.
         self.delete_many(present)
@@ -247,6 +248,10 @@ class CheckpointFileManager(abc.ABC):
             except FileNotFoundError:
                 missing.append(src)
         return missing
+
+    def sync(self) -> None:
+        """Make every write so far durable, where writes can be deferred (object stores: each PUT
+        already is)."""
 
     def ensure_checksum(self, path: str) -> None:
         """Where the file system keeps checksum sidecars, write the one of ``path`` if it is missing

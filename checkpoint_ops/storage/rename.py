@@ -70,9 +70,13 @@ class _LocalWriter(AtomicWriter):
         super().__init__(path, overwrite)
         self._fm = fm
         self._dir = os.path.dirname(path)
-        os.makedirs(self._dir, exist_ok=True)
+        fm._makedirs(self._dir)
         self._tmp = os.path.join(self._dir, temp_name(os.path.basename(path)))
-        self._f = open(self._tmp, "xb")
+        try:
+            self._f = open(self._tmp, "xb")
+        except FileNotFoundError:  # the directory was removed since it was made (an emptied trash)
+            os.makedirs(self._dir, exist_ok=True)
+            self._f = open(self._tmp, "xb")
         # checksums as the bytes go by: a restore writes files of any size
         self._hadoop = HadoopCrc() if fm.hadoop_crc else None
         self._crc32c = Crc32c() if may_have_spark_checksum(basename(path)) else None
@@ -87,7 +91,8 @@ class _LocalWriter(AtomicWriter):
     def _publish(self) -> None:
         fm = self._fm
         self._f.flush()
-        os.fsync(self._f.fileno())
+        if not fm.defer_sync:
+            os.fsync(self._f.fileno())
         self._f.close()
         name = os.path.basename(self.path)
         crc_path = os.path.join(self._dir, hadoop_crc_name(name))
@@ -150,6 +155,20 @@ class LocalFileManager(CheckpointFileManager):
     def __init__(self, location: Location, hadoop_crc: bool = True):
         super().__init__(location)
         self.hadoop_crc = hadoop_crc
+        # True: files are not fsynced one by one; ``sync()`` makes everything written so far durable
+        # (a backup destination writes thousands of objects, then syncs once before its manifest)
+        self.defer_sync = False
+        self._made: set[str] = set()
+
+    def sync(self) -> None:
+        self.counter.add("sync")
+        os.sync()
+
+    def _makedirs(self, d: str) -> None:
+        """``os.makedirs``, once per directory this manager has made (thousands of writes share a few)."""
+        if d not in self._made:
+            os.makedirs(d, exist_ok=True)
+            self._made.add(d)
 
     def create_atomic(self, path: str, overwrite: bool = False) -> AtomicWriter:
         if not overwrite and os.path.exists(path):
@@ -185,6 +204,8 @@ class LocalFileManager(CheckpointFileManager):
             return False
 
     def _fsync_dir(self, d: str) -> None:
+        if self.defer_sync:
+            return
         try:
             fd = os.open(d, os.O_RDONLY)
         except OSError:
