@@ -212,7 +212,14 @@ class RestartSets:
                 load([b], errors=errors, raw=raw)
                 verdict = _log_damage(CKPT, rel, kind, errors[0]) if errors else None
                 if verdict is None:
-                    verdict = self._hadoop_crc(CKPT, L, rel, kind, raw.get(L.abs(rel)))
+                    # a log parsed earlier comes from the model's cache, without its bytes
+                    data = raw.get(L.abs(rel))
+                    if data is None and self.deep:
+                        try:
+                            data = L.fm.read_bytes(L.abs(rel))
+                        except OSError:
+                            data = None  # gone since the listing: the log itself reports it
+                    verdict = self._hadoop_crc(CKPT, L, rel, kind, data)
                 self._verdicts[key] = verdict
             if self._verdicts[key]:
                 rs.damage.append(self._verdicts[key])
