@@ -1,4 +1,4 @@
-# Everything a fresh machine needs: `make test`, `make demo`.
+# Everything a fresh machine needs: `make test`, `make demo`; `make ui` serves the example in Dagster.
 # Creates .venv (Python 3.11) if missing and installs the project with its dev extras.
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3 2>/dev/null)
@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo bench reliability check-java venv clean
+.PHONY: test demo ui bench reliability check-java venv clean
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -37,6 +37,11 @@ test: check-java $(STAMP)
 demo: check-java $(STAMP)
 	$(PY) -m pipelines.demo
 
+# The example definitions (pipelines/definitions.py) in the Dagster UI on http://127.0.0.1:3000, with the
+# instance settings of dagster_home/dagster.yaml (one writer per checkpoint pool) and the schedules and sensors running.
+ui: check-java $(STAMP)
+	DAGSTER_HOME=$(CURDIR)/dagster_home DAGSTER_DISABLE_TELEMETRY=1 $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
+
 # The crash matrix and bad-input corpus (also part of `make test`), recorded into docs/reliability.md.
 reliability: check-java $(STAMP)
 	rm -f .reliability.jsonl
@@ -48,4 +53,4 @@ bench: check-java $(STAMP)
 	$(PY) benchmarks/rollback.py
 
 clean:
-	rm -rf $(VENV) demo_data .pytest_cache
+	rm -rf $(VENV) demo_data .pytest_cache .checkpoint-ops-home

@@ -1,31 +1,34 @@
-"""The code location: assets, checks, jobs and resources, on embedded defaults (local Spark)."""
+"""The example code location, built only with the factory: JSON events arriving in a directory feed
+``events_stream`` (the events as parquet) and ``event_counts`` (windowed counts, RocksDB state with
+checkpoint format V2), each with its own checkpoint under ``<home>/example/``."""
 
-import dagster as dg
-from dagster_pyspark import PySparkResource
+import os
 
-from pipelines.assets import event_counts
-from pipelines.checks import event_counts_checkpoint_check
-from pipelines.jobs import event_counts_job
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.streams import StreamLocations
+from pipelines.event_counts import ROCKSDB_V2, counts_writer, events_writer
+from pipelines.streaming import StreamingQuery, default_home, streaming_definitions
 
-LOCAL_SPARK = {
-    "spark.master": "local[2]",
-    "spark.ui.enabled": "false",
-    "spark.ui.showConsoleProgress": "false",
-    "spark.sql.shuffle.partitions": "2",
-    "spark.sql.session.timeZone": "UTC",
-    # a short retention so the demo shows purged batches and a bounded rollback window
-    "spark.sql.streaming.minBatchesToRetain": "20",
-}
+HOME = default_home()
+EXAMPLE = os.path.join(HOME, "example")
+EVENTS_IN = os.path.join(EXAMPLE, "incoming")  # where JSON event files arrive
+EVENTS_OUT = os.path.join(EXAMPLE, "events")
+COUNTS_OUT = os.path.join(EXAMPLE, "event_counts")
 
-defs = dg.Definitions(
-    assets=[event_counts],
-    asset_checks=[event_counts_checkpoint_check],
-    jobs=[event_counts_job],
-    resources={
-        "pyspark": PySparkResource(spark_config=LOCAL_SPARK),
-        "locations": StreamLocations(),
-        "checkpoint_files": CheckpointFileManagerResource(),
-    },
-)
+
+def build_events(spark):
+    return events_writer(spark, EVENTS_IN, EVENTS_OUT)
+
+
+def build_counts(spark):
+    for key, value in ROCKSDB_V2.items():  # recorded in the checkpoint by its first batch
+        spark.conf.set(key, value)
+    return counts_writer(spark, EVENTS_IN, COUNTS_OUT)
+
+
+events_stream = StreamingQuery(name="events_stream", build=build_events,
+                               checkpoint=os.path.join(EXAMPLE, "checkpoints", "events_stream"), sinks=[EVENTS_OUT],
+                               description="Incoming JSON events, as parquet (stateless file sink).")
+event_counts = StreamingQuery(name="event_counts", build=build_counts,
+                              checkpoint=os.path.join(EXAMPLE, "checkpoints", "event_counts"), sinks=[COUNTS_OUT],
+                              description="Events counted and summed per 30-second window and key (RocksDB state).")
+
+defs = streaming_definitions([events_stream, event_counts], home=HOME)

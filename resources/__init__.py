@@ -1,6 +1,7 @@
-"""Dagster resources: storage access for checkpoint operations, and where a stream keeps its files."""
+"""Dagster resources: Spark, the checkpoint file manager, and the streaming definitions' settings."""
 
 from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.streams import StreamLocations
+from resources.settings import StreamingSettings
+from resources.spark import LOCAL_SPARK, SparkResource
 
-__all__ = ["CheckpointFileManagerResource", "StreamLocations"]
+__all__ = ["CheckpointFileManagerResource", "LOCAL_SPARK", "SparkResource", "StreamingSettings"]

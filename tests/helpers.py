@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import socket
 import threading
 
 from checkpoint_ops.cli import main
@@ -67,3 +68,10 @@ def race_create_atomic(managers, target: str) -> list[str]:
     for t in threads:
         t.join()
     return results
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

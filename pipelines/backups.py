@@ -1,0 +1,93 @@
+"""Scheduled checkpoint backups: a backup op per query (in its checkpoint's pool), and how fresh they are."""
+
+import calendar
+import time
+
+import dagster as dg
+
+from checkpoint_ops.backup import Repository, apply_backup_prune, create_backup, list_backups, plan_backup_prune
+from checkpoint_ops.backup import verify_backups
+from checkpoint_ops.errors import BadInputError, CheckpointOpsError
+from checkpoint_ops.sinklog import parse_duration
+from pipelines.maintenance import maintenance_job, query_op
+from pipelines.query import StreamingQuery
+from resources.checkpoint_files import CheckpointFileManagerResource
+from resources.settings import StreamingSettings
+
+
+def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
+                 files: CheckpointFileManagerResource) -> dict:
+    """Back up one query (checkpoint, file sinks, ledger), verify the backup, prune old ones."""
+    opts = files.options()
+    fm, root = files.file_manager(query.checkpoint)
+    if not fm.walk(root):
+        context.log.info(f"{query.name}: no checkpoint yet at {query.checkpoint}: nothing to back up")
+        return {}
+    dest = settings.backup_dest(query.name)
+    sinks = [s for s in query.sinks if _has_log(files, s)]  # a sink that never wrote a batch has no log yet
+    try:
+        r = create_backup(query.checkpoint, dest, sinks, opts)
+        repo = Repository.open(dest, opts)
+        v = verify_backups(repo, r["backup_id"])
+        plan = plan_backup_prune(repo, keep_last=settings.backup_keep_last)
+        pruned = apply_backup_prune(repo, plan) if not plan.empty else {"manifests_deleted": 0}
+    except CheckpointOpsError as e:
+        raise dg.Failure(description=f"backup of {query.name} failed: {e.render()}") from None
+    md = {
+        "backup_id": dg.MetadataValue.text(r["backup_id"]),
+        "backup_batch": dg.MetadataValue.int(r["batch"] if r["batch"] is not None else -1),
+        "backup_files": dg.MetadataValue.int(r["files"]),
+        "backup_bytes": dg.MetadataValue.int(r["bytes"]),
+        "backup_new_bytes": dg.MetadataValue.int(r["new_bytes"]),
+        "backup_verified": dg.MetadataValue.bool(v["ok"]),
+        "backups_pruned": dg.MetadataValue.int(pruned["manifests_deleted"]),
+        "backup_destination": dg.MetadataValue.text(dest),
+    }
+    context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md))
+    if not v["ok"]:
+        raise dg.Failure(description=f"backup {r['backup_id']} of {query.name} failed verification: "
+                         f"{v['bad_objects'][:3]}", metadata=md)
+    return r
+
+
+def _has_log(files: CheckpointFileManagerResource, url: str) -> bool:
+    fm, root = files.file_manager(url)
+    return bool(fm.list(f"{root}/_spark_metadata"))
+
+
+def backup_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
+    ops = [query_op(q, "backup", f"Back up {q.name}'s checkpoint, sinks and ledger; verify it; prune old backups.",
+                    backup_query) for q in queries]
+    return maintenance_job("checkpoint_backup_job",
+                           "Back up every streaming query's checkpoint (each in its checkpoint's pool).", ops)
+
+
+def freshness_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=query.name, name="backup_freshness_check",
+                    description="The query's newest verified backup is younger than backup_max_age.")
+    def _check(streaming_settings: StreamingSettings,
+               checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
+        dest = streaming_settings.backup_dest(query.name)
+        limit = parse_duration(streaming_settings.backup_max_age)
+        try:
+            rows = list_backups(Repository.open(dest, checkpoint_files.options()))
+        except BadInputError as e:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       description=f"no backup yet: {e.problem}",
+                                       metadata={"destination": dg.MetadataValue.text(dest)})
+        good = [r for r in rows if r["verified"] not in (None, "FAILED")]
+        if not good:
+            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                       description=f"{len(rows)} backup(s), none verified",
+                                       metadata={"destination": dg.MetadataValue.text(dest)})
+        newest = good[-1]
+        age = time.time() - calendar.timegm(time.strptime(newest["created"], "%Y-%m-%dT%H:%M:%SZ"))
+        return dg.AssetCheckResult(
+            passed=age <= limit, severity=dg.AssetCheckSeverity.WARN,
+            description=f"newest verified backup {newest['id']} (batch {newest['batch']}) is {int(age)} s old "
+            f"(limit {streaming_settings.backup_max_age})",
+            metadata={"newest_backup": dg.MetadataValue.text(newest["id"]), "age_s": dg.MetadataValue.int(int(age)),
+                      "batch": dg.MetadataValue.int(newest["batch"] if newest["batch"] is not None else -1),
+                      "destination": dg.MetadataValue.text(dest)})
+
+    return _check

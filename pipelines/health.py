@@ -1,0 +1,56 @@
+"""Checkpoint health: an fsck check on each streaming asset, and fsck findings after a failed run."""
+
+import dagster as dg
+
+from checkpoint_ops.fsck import run_fsck
+from pipelines.query import StreamingQuery, job_name, pool_name
+from resources.checkpoint_files import CheckpointFileManagerResource
+
+
+def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -> tuple[list, dict]:
+    """fsck of a query's checkpoint and file sinks: (error findings, metadata)."""
+    ckpt = files.checkpoint(query.checkpoint)
+    sinks = [files.sink(s) for s in query.sinks]
+    findings = run_fsck(ckpt, sinks, ledger=files.ledger(ckpt))
+    errors = [f for f in findings if f.severity == "error"]
+    return errors, {
+        "errors": dg.MetadataValue.int(len(errors)),
+        "warnings": dg.MetadataValue.int(len(findings) - len(errors)),
+        "findings": dg.MetadataValue.json([f.to_dict() for f in findings]),
+    }
+
+
+def health_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
+    @dg.asset_check(asset=query.name, name="checkpoint_health_check", blocking=True, pool=pool_name(query.name),
+                    description="fsck: nothing in the checkpoint or its sinks that would stop a restart or lose data.")
+    def _check(checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
+        errors, md = fsck_metadata(query, checkpoint_files)
+        return dg.AssetCheckResult(
+            passed=not errors, severity=dg.AssetCheckSeverity.ERROR, metadata=md,
+            description=f"{len(errors)} error(s): {errors[0].path}: {errors[0].problem}" if errors else "healthy")
+
+    return _check
+
+
+def failure_sensor(queries: list[StreamingQuery], jobs: list) -> dg.SensorDefinition:
+    by_job = {job_name(q.name): q for q in queries}
+
+    @dg.run_failure_sensor(name="checkpoint_failure_sensor", monitored_jobs=jobs,
+                           default_status=dg.DefaultSensorStatus.RUNNING,
+                           description="Records fsck findings of a failed streaming run's checkpoint on its asset.")
+    def checkpoint_failure_sensor(context: dg.RunFailureSensorContext,
+                                  checkpoint_files: CheckpointFileManagerResource) -> None:
+        query = by_job.get(context.dagster_run.job_name)
+        if query is None:
+            return
+        try:
+            errors, md = fsck_metadata(query, checkpoint_files)
+        except Exception as e:  # the checkpoint itself may be unusable: say so on the asset
+            errors, md = [e], {"fsck": dg.MetadataValue.text(f"fsck could not run: {e}")}
+        md["failed_run"] = dg.MetadataValue.dagster_run(context.dagster_run.run_id)
+        context.instance.report_runless_asset_event(
+            dg.AssetObservation(asset_key=query.name, metadata=md,
+                                description=f"checkpoint after failed run {context.dagster_run.run_id}: "
+                                f"{len(errors)} fsck error(s)"))
+
+    return checkpoint_failure_sensor

@@ -1,0 +1,207 @@
+"""What a streaming asset does when it runs: roll back if asked, run the query, report.
+
+Plain functions (no Dagster decorators here), called by the assets ``streaming.py`` makes.
+"""
+
+import json
+import re
+import time
+from datetime import datetime, timezone
+
+import dagster as dg
+
+from checkpoint_ops.activity import hold_lease, refuse_if_active
+from checkpoint_ops.errors import CheckpointOpsError
+from checkpoint_ops.executor import Anchor, apply_plan
+from checkpoint_ops.inspect import inspect_checkpoint
+from checkpoint_ops.ledger import Ledger
+from checkpoint_ops.ledger import sync as sync_ledger
+from checkpoint_ops.fence import resume_command
+from checkpoint_ops.model import Checkpoint
+from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
+from checkpoint_ops.rollback import plan_rollback
+
+NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
+MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
+
+
+def failure(e: CheckpointOpsError, what: str) -> dg.Failure:
+    """The run fails with the tool's own reason (nothing was changed)."""
+    return dg.Failure(description=f"{what}: {e.render()}",
+                      metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""})
+
+
+def plan_markdown(plan: Plan) -> str:
+    """What a plan deletes, writes or rewrites, grouped by reason, as a table for the UI."""
+    groups: dict[tuple, list] = {}
+    for a in plan.actions:
+        reason = a.reason[len(SIDECAR_PREFIX):] + " (checksum sidecars)" if a.reason.startswith(SIDECAR_PREFIX) \
+            else a.reason
+        groups.setdefault((a.kind, a.root, reason), []).append(a)
+    rows = ["| action | files | where | why | e.g. |", "|---|---|---|---|---|"]
+    for (kind, root, reason), acts in groups.items():
+        rows.append(f"| {kind} | {len(acts)} | {root} | {reason} | `{sorted(a.rel for a in acts)[0]}` |")
+    return "\n".join(rows) if plan.actions else "nothing to change"
+
+
+def rollback(context, query, config, files) -> dict:
+    """Plan (and unless a dry run, apply) the rollback the run config asks for; metadata for the UI."""
+    ckpt = files.checkpoint(query.checkpoint)
+    sinks = [files.sink(s) for s in query.sinks]
+    to_time = None
+    if config.rollback_to_time:
+        try:
+            to_time = datetime.fromisoformat(config.rollback_to_time)
+        except ValueError:
+            raise dg.Failure(description=f"rollback_to_time {config.rollback_to_time!r} is not an ISO 8601 time "
+                             "(e.g. 2026-11-21T06:30:00Z)") from None
+        to_time = to_time if to_time.tzinfo else to_time.replace(tzinfo=timezone.utc)
+    try:
+        refuse_if_active(ckpt, force=False)
+        plan = plan_rollback(ckpt, config.rollback_to_batch, to_time, sinks, ledger=Ledger.for_checkpoint(ckpt))
+    except CheckpointOpsError as e:
+        raise failure(e, "rollback refused") from None
+    md = {
+        "rollback_target_batch": dg.MetadataValue.int(plan.target_batch),
+        "rollback_plan_hash": dg.MetadataValue.text(plan.hash),
+        "rollback_plan": dg.MetadataValue.md(plan_markdown(plan)),
+        "rollback_counts": dg.MetadataValue.json(plan.counts()),
+        "rollback_warnings": dg.MetadataValue.json(plan.warnings),
+        "undo_command": dg.MetadataValue.text(f"checkpoint-ops undo {ckpt.url}"),
+    }
+    for w in plan.warnings:
+        context.log.warning(f"rollback plan: {w}")
+    if config.dry_run:
+        return md
+    roots = {"checkpoint": (ckpt.fm, ckpt.root), **{f"sink{i}": (s.fm, s.root) for i, s in enumerate(sinks)}}
+    try:
+        result = apply_plan(plan, Anchor.of_checkpoint(ckpt), roots, files.options())
+    except CheckpointOpsError as e:
+        raise failure(e, "rollback failed") from None
+    context.log.info(f"rolled {query.name} back to batch {plan.target_batch} ({result['op_id']}): "
+                     f"{plan.counts()['delete']} files moved aside; undo with checkpoint-ops undo {ckpt.url}")
+    md["rollback_op_id"] = dg.MetadataValue.text(result["op_id"])
+    return md
+
+
+def _progress(p) -> dict:
+    return json.loads(p.json) if hasattr(p, "json") else dict(p)
+
+
+def _refuse_if_fenced(query, files) -> None:
+    """An interrupted operation fenced the checkpoint: say how to finish it (Spark's own error is opaque)."""
+    fm, root = files.file_manager(query.checkpoint)
+    ckpt = Checkpoint(fm, root)
+    if "metadata" in ckpt.listing and ckpt.fence is not None:
+        f = ckpt.fence
+        raise dg.Failure(description=f"{query.checkpoint}: an interrupted checkpoint-ops {f.operation} ({f.op_id}) "
+                         f"fenced this checkpoint. Finish it with `{resume_command(f.operation, ckpt.url)}` or "
+                         f"revert it with `checkpoint-ops undo {ckpt.url}`, then run again.")
+
+
+def _is_connect(spark) -> bool:
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _spark_duration_s(text: str) -> float:
+    """A Spark time setting ('10s', '60000ms', '1m', bare milliseconds) in seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)?\s*", text or "")
+    if not m:
+        return 60.0
+    unit = {"ms": 0.001, None: 0.001, "s": 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    return float(m.group(1)) * unit
+
+
+def release_state_stores(spark, stateful: bool) -> None:
+    """A stopped query's state stores stay loaded until the next maintenance, which may still write
+    snapshots or delete old files in the checkpoint: let go of them before the lease does, so a
+    rollback right after the run cannot race that maintenance."""
+    if not stateful:
+        return
+    if not _is_connect(spark):
+        if not spark.streams.active:  # stopping the stores would break another query of this session
+            spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
+        return
+    # A Spark Connect server unloads them at its next maintenance pass: wait one interval.
+    interval = _spark_duration_s(spark.conf.get(MAINTENANCE, "60s"))
+    time.sleep(min(interval + 1, 120))
+
+
+def run_query(context, query, spark, files) -> list[dict]:
+    """Start the user's writer on the query's checkpoint with Trigger.AvailableNow, under the lease."""
+    _refuse_if_fenced(query, files)
+    fm, root = files.file_manager(query.checkpoint)
+    spark.conf.set(NUM_PROGRESS, "100000")  # metadata covers every batch of the run
+    with hold_lease(fm, root, owner=f"dagster run {context.run.run_id} ({query.name})"):
+        writer = query.build(spark)
+        if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
+            raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
+                             f"(df.writeStream...), not {type(writer).__name__}")
+        started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
+        try:
+            started.awaitTermination()
+        except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
+            raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
+        progress = [_progress(p) for p in started.recentProgress]
+        release_state_stores(spark, any(p.get("stateOperators") for p in progress))
+        return progress
+
+
+def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
+    """The whole materialization: rollback if asked, the run, the ledger, and what happened."""
+    t0 = time.monotonic()
+    md: dict = {}
+    if config.rollback_to_batch is not None or config.rollback_to_time:
+        md.update(rollback(context, query, config, files))
+        if config.dry_run:
+            md["dry_run"] = dg.MetadataValue.bool(True)
+            return dg.MaterializeResult(metadata=md)
+    elif config.dry_run:
+        return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
+                                              "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
+    progress = run_query(context, query, spark, files)
+    md.update(describe(query, files, progress))
+    md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
+    return dg.MaterializeResult(metadata=md)
+
+
+def _input_rows(progress: dict) -> int:
+    # summed over the sources: a Spark Connect client's progress has no top-level numInputRows
+    return sum(int(src.get("numInputRows") or 0) for src in progress.get("sources", []))
+
+
+def describe(query, files, progress: list[dict]) -> dict:
+    """Metadata after a run: batches, rows, offsets, state, sinks, ledger, rollback window."""
+    ckpt = files.checkpoint(query.checkpoint)
+    sinks = [files.sink(s) for s in query.sinks]
+    ledger = sync_ledger(ckpt, sinks)
+    report = inspect_checkpoint(ckpt, sinks, ledger=Ledger.for_checkpoint(ckpt))
+    batches = [p["batchId"] for p in progress]
+    offsets = {}
+    if progress:
+        for i, src in enumerate(progress[-1].get("sources", [])):
+            offsets[src.get("description", str(i))] = {"start": progress[0]["sources"][i].get("startOffset"),
+                                                        "end": src.get("endOffset")}
+    state_rows = sum(int(op.get("numRowsTotal") or 0) for op in (progress[-1].get("stateOperators", [])
+                                                                 if progress else []))
+    state_bytes = sum(op["bytes"] for op in report["state"]["operators"])
+    w = report["rollback_window"]
+    md = {
+        "batches_run": dg.MetadataValue.int(len(batches)),
+        "batch_ids": dg.MetadataValue.text(f"{batches[0]}..{batches[-1]}" if batches else "none (no new input)"),
+        "input_rows": dg.MetadataValue.int(sum(_input_rows(p) for p in progress)),
+        "source_offsets": dg.MetadataValue.json(offsets),
+        "last_committed_batch": dg.MetadataValue.int(report["last_committed_batch"]
+                                                     if report["last_committed_batch"] is not None else -1),
+        "state_rows": dg.MetadataValue.int(state_rows),
+        "state_bytes": dg.MetadataValue.int(state_bytes),
+        "rollback_window": dg.MetadataValue.text(f"{w['earliest']}..{w['latest']}" if w["earliest"] is not None
+                                                 else f"none ({w['earliest_reason']})"),
+        "ledger_batches_recorded": dg.MetadataValue.int(ledger["batches_recorded"]),
+        "checkpoint": dg.MetadataValue.path(query.checkpoint),
+    }
+    if sinks:
+        md["sink_files"] = dg.MetadataValue.int(sum(s["files"] for s in report["sinks"]))
+        md["sink_bytes"] = dg.MetadataValue.int(sum(s["bytes"] for s in report["sinks"]))
+    return md
+

@@ -1,0 +1,125 @@
+"""Any streaming query as a Dagster asset, with its checkpoint's backups, sink compaction, health checks and
+reprocessing, from one call.
+
+.. code-block:: python
+
+    from pipelines.streaming import StreamingQuery, streaming_definitions
+
+    def build(spark):
+        return spark.readStream.schema(SCHEMA).json("/data/in").writeStream.format("parquet").option(
+            "path", "/data/out")
+
+    q = StreamingQuery(name="events_stream", build=build, checkpoint="/data/ckpt", sinks=["/data/out"])
+    defs = streaming_definitions([q])
+
+``build(spark)`` returns the query's unstarted ``DataStreamWriter`` (file sink, ``foreachBatch``, anything);
+the asset sets the checkpoint location and ``Trigger.AvailableNow``, runs it under the checkpoint's lease,
+syncs the batch ledger and reports what happened. Run config ``rollback_to_batch`` / ``rollback_to_time``
+rolls the checkpoint and its file sinks back first (journaled, undoable), so one materialization reprocesses
+from any batch in reach; ``dry_run`` only records the plan.
+"""
+
+import os
+from typing import Optional, Sequence
+
+import dagster as dg
+from pydantic import Field
+
+from pipelines.backups import backup_job, freshness_check
+from pipelines.compaction import compaction_job
+from pipelines.health import failure_sensor, health_check
+from pipelines.query import StreamingQuery, job_name, pool_name
+from pipelines.reprocess import reprocess_request_sensor
+from pipelines.runner import run_stream
+from resources.checkpoint_files import CheckpointFileManagerResource
+from resources.settings import StreamingSettings
+from resources.spark import LOCAL_SPARK, SparkResource
+
+__all__ = ["ReprocessConfig", "StreamingQuery", "default_home", "streaming_definitions"]
+
+# git-ignored, beside the code, when $CHECKPOINT_OPS_HOME is not set
+DEFAULT_HOME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".checkpoint-ops-home")
+
+
+def default_home() -> str:
+    """``$CHECKPOINT_OPS_HOME``, else ``.checkpoint-ops-home/`` in the repository (git-ignored)."""
+    return os.path.abspath(os.environ.get("CHECKPOINT_OPS_HOME") or DEFAULT_HOME)
+
+
+class ReprocessConfig(dg.Config):
+    """Roll the query back before it runs, to reprocess from a batch (all optional)."""
+
+    rollback_to_batch: Optional[int] = Field(
+        default=None, description="Roll the checkpoint and its file sinks back so this committed batch is the last "
+        "one, then reprocess from the next (journaled; undo with checkpoint-ops undo).")
+    rollback_to_time: Optional[str] = Field(
+        default=None, description="Or: roll back to the last batch planned at or before this ISO 8601 time "
+        "(UTC when it has no offset), e.g. 2026-11-21T06:30:00Z.")
+    dry_run: bool = Field(
+        default=False, description="Only record the rollback plan as metadata: nothing changes, the query does not run.")
+
+
+def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
+    description = query.description or f"Streaming query {query.name}, run until its input is drained."
+
+    @dg.asset(name=query.name, kinds={"spark"}, group_name=query.group, pool=pool_name(query.name),
+              description=description, tags=query.tags or None)
+    def _asset(context: dg.AssetExecutionContext, config: ReprocessConfig, spark: SparkResource,
+               checkpoint_files: CheckpointFileManagerResource) -> dg.MaterializeResult:
+        return run_stream(context, query, config, spark.spark_session, checkpoint_files)
+
+    return _asset
+
+
+def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str] = None,
+                          backup_url: Optional[str] = None, spark_config: Optional[dict] = None,
+                          spark_remote: Optional[str] = None, *, backup_cron: str = "*/30 * * * *",
+                          compaction_cron: str = "15 * * * *", backup_keep_last: int = 24,
+                          backup_max_age: str = "2h", sink_retention: Optional[str] = None) -> dg.Definitions:
+    """Definitions for these queries: an asset each (with ``checkpoint_health_check`` and
+    ``backup_freshness_check``), and, shared, ``checkpoint_backup_job``/``checkpoint_backup_schedule``,
+    ``sink_compaction_job``/``sink_compaction_schedule``, ``reprocess_request_sensor``,
+    ``checkpoint_failure_sensor`` and the resources they use.
+
+    ``home`` defaults to ``$CHECKPOINT_OPS_HOME``, else a git-ignored directory in the repository;
+    ``backup_url`` to ``<home>/backups`` (each query's backups under ``<backup_url>/<name>``).
+    ``spark_config`` adds to (or overrides) local Spark's settings, ``spark.master`` included;
+    ``spark_remote="sc://host:port"`` drives a remote cluster through Spark Connect.
+    """
+    queries = list(queries)
+    names = [q.name for q in queries]
+    if len(set(names)) != len(names):
+        raise ValueError(f"query names must be unique: {names}")
+    home = home or default_home()
+    backup_url = backup_url or f"{home.rstrip('/')}/backups"
+    assets = [streaming_asset(q) for q in queries]
+    checks = [c for q in queries for c in (health_check(q), freshness_check(q))]
+    asset_jobs = [dg.define_asset_job(job_name(q.name), selection=dg.AssetSelection.assets(q.name),
+                                      tags={"checkpoint/query": q.name},
+                                      description=f"Run {q.name} (with run config: roll back and reprocess first).")
+                  for q in queries]
+    backups = backup_job(queries)
+    jobs = [*asset_jobs, backups]
+    schedules = [dg.ScheduleDefinition(name="checkpoint_backup_schedule", job=backups, cron_schedule=backup_cron,
+                                       execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
+                                       description="Back up every query's checkpoint (and sinks) on a schedule.")]
+    compaction = compaction_job(queries)
+    if compaction is not None:
+        jobs.append(compaction)
+        schedules.append(dg.ScheduleDefinition(
+            name="sink_compaction_schedule", job=compaction, cron_schedule=compaction_cron, execution_timezone="UTC",
+            description="Compact every file sink's log (and apply batch-granular retention if set)."))
+    sensors = [reprocess_request_sensor(queries, asset_jobs), failure_sensor(queries, asset_jobs)]
+    token = dg.EnvVar("SPARK_CONNECT_TOKEN") if os.environ.get("SPARK_CONNECT_TOKEN") else None
+    creds = {k: dg.EnvVar(env) for k, env in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"),
+                                              ("endpoint_url", "AWS_ENDPOINT_URL")) if os.environ.get(env)}
+    resources = {
+        "spark": SparkResource(spark_config={**LOCAL_SPARK, **(spark_config or {})}, spark_remote=spark_remote,
+                               spark_connect_token=token),
+        "checkpoint_files": CheckpointFileManagerResource(**creds),
+        "streaming_settings": StreamingSettings(home=home, backup_url=backup_url, backup_keep_last=backup_keep_last,
+                                                backup_max_age=backup_max_age, sink_retention=sink_retention),
+    }
+    # One process per run: Spark starts once, in the run's process, not once per step.
+    return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, schedules=schedules, sensors=sensors,
+                          resources=resources, executor=dg.in_process_executor)

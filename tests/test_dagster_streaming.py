@@ -1,0 +1,248 @@
+"""The factory's streaming assets on real Spark: materialize, then roll back and reprocess from run config in
+one materialization (file sink and foreachBatch), dry runs, refused rollbacks, and the backup and compaction
+jobs around them."""
+
+import datetime
+import json
+import os
+
+import dagster as dg
+import pytest
+
+from checkpoint_ops.backup import Repository, list_backups
+from checkpoint_ops.model import Checkpoint
+from pipelines.event_counts import expected_windows, flush_files, read_output, write_bad_event_file, write_event_files
+from pipelines.streaming import streaming_definitions
+from tests.dagster_queries import counts_query, expected_totals, read_totals, totals_query
+from tests.helpers import tree_snapshot
+from tests.spark_runs import SESSION_CONF, unload_state_stores
+
+GOOD_FIRST = 4  # files 0..3 arrive first
+BAD = 4  # file 4 arrives bad (values x1000) with good files 5 and 6
+
+
+@pytest.fixture(scope="module")
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def materialize(defs, name, instance, **config) -> dg.ExecuteInProcessResult:
+    run_config = {"ops": {name: {"config": config}}} if config else None
+    return defs.resolve_job_def(f"{name}_job").execute_in_process(instance=instance, run_config=run_config,
+                                                                   raise_on_error=False)
+
+
+def metadata(result, name) -> dict:
+    (mat,) = result.asset_materializations_for_node(name)
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def checks(result) -> dict:
+    return {c.check_name: c.passed for c in result.get_asset_check_evaluations()}
+
+
+def bad_batch_landed(query, defs, instance) -> int:
+    """Two runs: good files, then a bad file among good ones. Returns the last batch of the good run."""
+    inp = os.path.join(os.path.dirname(query.checkpoint), "input")
+    write_event_files(inp, 0, GOOD_FIRST)
+    first = materialize(defs, query.name, instance)
+    assert first.success, first.all_events
+    md = metadata(first, query.name)
+    assert md["input_rows"] == GOOD_FIRST * 5 and md["batch_ids"].startswith("0..")
+    assert checks(first)["checkpoint_health_check"]
+    good_until = md["last_committed_batch"]
+    write_bad_event_file(inp, BAD)
+    write_event_files(inp, BAD + 1, BAD + 3)
+    second = materialize(defs, query.name, instance)
+    assert second.success
+    assert metadata(second, query.name)["batch_ids"].startswith(f"{good_until + 1}..")
+    write_event_files(inp, BAD, BAD + 1)  # upstream delivers the corrected file (same name, same mtime)
+    return good_until
+
+
+@pytest.mark.parametrize("make_query", [counts_query, totals_query], ids=["file_sink", "foreach_batch"])
+def test_rollback_and_reprocess_in_one_materialization(spark, tmp_path, instance, make_query):
+    query = make_query(str(tmp_path / "q"))
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    good_until = bad_batch_landed(query, defs, instance)
+    roots = [query.checkpoint, *query.sinks]
+
+    before = tree_snapshot(*roots)
+    dry = materialize(defs, query.name, instance, rollback_to_batch=good_until, dry_run=True)
+    assert dry.success
+    md = metadata(dry, query.name)
+    assert md["dry_run"] and md["rollback_target_batch"] == good_until
+    assert "| delete |" in md["rollback_plan"] and len(md["rollback_plan_hash"]) == 64
+    assert "batches_run" not in md  # the query did not run
+    assert tree_snapshot(*roots) == before, "a dry run changed files"
+
+    result = materialize(defs, query.name, instance, rollback_to_batch=good_until)
+    assert result.success
+    md = metadata(result, query.name)
+    assert md["rollback_plan_hash"] != "" and md["undo_command"] == f"checkpoint-ops undo {query.checkpoint}"
+    assert md["batch_ids"].startswith(f"{good_until + 1}..")
+    assert md["input_rows"] == 3 * 5  # the corrected file and the two after it, read again
+    assert checks(result)["checkpoint_health_check"]
+
+    unload_state_stores(spark)
+    if query.sinks:  # close every window, then the sink must hold each window exactly once, corrected
+        flush_files(os.path.join(str(tmp_path / "q"), "input"), BAD + 2)
+        assert materialize(defs, query.name, instance).success
+        assert read_output(spark, query.sinks[0]) == {k: [v] for k, v in expected_windows(range(BAD + 3)).items()}
+    else:
+        last = Checkpoint.open(query.checkpoint).latest_commit
+        assert read_totals(spark, str(tmp_path / "q" / "output"), last) == expected_totals(range(BAD + 3))
+
+
+def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
+    query = counts_query(str(tmp_path / "q"), name="timed")
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    good_until = bad_batch_landed(query, defs, instance)
+    roots = [query.checkpoint, *query.sinks]
+    before = tree_snapshot(*roots)
+
+    # to_time: the last batch planned at or before that time
+    ms = Checkpoint.open(query.checkpoint).offsets(good_until).timestamp_ms
+    when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc).isoformat()
+    r = materialize(defs, "timed", instance, rollback_to_time=when, dry_run=True)
+    assert r.success and metadata(r, "timed")["rollback_target_batch"] == good_until
+
+    # refused: the run fails with the tool's reason, and nothing changes
+    for config, reason in [({"rollback_to_batch": 999}, "999"),
+                           ({"rollback_to_time": "yesterday"}, "not an ISO 8601 time"),
+                           ({"rollback_to_batch": good_until, "rollback_to_time": when}, "exactly one")]:
+        r = materialize(defs, "timed", instance, **config)
+        assert not r.success
+        failure = r.get_step_failure_events()[0].step_failure_data.user_failure_data
+        assert reason in failure.description, failure.description
+        assert tree_snapshot(*roots) == before, config
+    unload_state_stores(spark)
+
+
+def test_backup_and_compaction_jobs(spark, tmp_path, instance):
+    query = counts_query(str(tmp_path / "q"), name="kept")
+    home = str(tmp_path / "home")
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    write_event_files(str(tmp_path / "q" / "input"), 0, 12)
+    flush_files(str(tmp_path / "q" / "input"), 11)
+    assert materialize(defs, "kept", instance).success
+    unload_state_stores(spark)
+    out_before = read_output(spark, query.sinks[0])
+
+    r = defs.resolve_job_def("checkpoint_backup_job").execute_in_process(instance=instance)
+    assert r.success
+    (obs,) = [e for e in r.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+    md = obs.event_specific_data.asset_observation.metadata
+    assert md["backup_verified"].value and md["backup_files"].value > 0
+    rows = list_backups(Repository.open(os.path.join(home, "backups", "kept")))
+    assert [b["id"] for b in rows] == [md["backup_id"].value]
+
+    # the freshness check (which failed in the first materialization: no backup yet) now passes
+    freshness = next(c for k, c in defs.get_repository_def().asset_checks_defs_by_key.items()
+                     if k.name == "backup_freshness_check")
+    res = freshness(streaming_settings=defs.resources["streaming_settings"],
+                    checkpoint_files=defs.resources["checkpoint_files"])
+    assert res.passed, res.description
+
+    r = defs.resolve_job_def("sink_compaction_job").execute_in_process(instance=instance)
+    assert r.success
+    log = os.listdir(os.path.join(query.sinks[0], "_spark_metadata"))
+    assert any(n.endswith(".compact") for n in log), log
+    assert read_output(spark, query.sinks[0]) == out_before
+    write_event_files(str(tmp_path / "q" / "input"), 12, 13)  # Spark resumes on the compacted log
+    assert materialize(defs, "kept", instance).success
+    unload_state_stores(spark)
+    assert read_output(spark, query.sinks[0]) == out_before
+
+
+def test_failed_run_records_fsck_findings(spark, tmp_path, instance):
+    query = counts_query(str(tmp_path / "q"), name="broken")
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    write_event_files(str(tmp_path / "q" / "input"), 0, 3)
+    assert materialize(defs, "broken", instance).success
+    unload_state_stores(spark)
+    latest = Checkpoint.open(query.checkpoint).latest_offset
+    path = os.path.join(query.checkpoint, "offsets", str(latest))
+    with open(path, "r+b") as f:  # a torn write: Spark cannot restart from it
+        f.truncate(20)
+    os.remove(os.path.join(query.checkpoint, "offsets", f".{latest}.crc"))
+
+    failed = materialize(defs, "broken", instance)
+    assert not failed.success
+    description = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+    assert description.startswith("streaming query broken failed")
+    unload_state_stores(spark)
+
+    sensor = defs.resolve_sensor_def("checkpoint_failure_sensor")
+    ctx = dg.build_run_status_sensor_context(
+        sensor_name=sensor.name, dagster_instance=instance, dagster_run=failed.dagster_run,
+        dagster_event=failed.get_run_failure_event(),
+        resources={"checkpoint_files": defs.resources["checkpoint_files"]}).for_run_failure()
+    sensor(ctx)
+    (obs,) = instance.fetch_observations(dg.AssetKey("broken"), limit=1).records
+    md = obs.asset_observation.metadata
+    assert md["errors"].value >= 1
+    assert any(f["path"].endswith(f"offsets/{latest}") for f in md["findings"].value), md["findings"].value
+    assert md["failed_run"].value == failed.dagster_run.run_id
+
+
+def test_secrets_appear_nowhere(spark, tmp_path, s3_server, monkeypatch, capfd):
+    """A sentinel storage secret and Spark Connect token pass through the resources and show up in none of:
+    the code location the UI reads, run config, metadata, event logs, captured logs, plans, journals,
+    backups, or the process output."""
+    secret, token = "sentinel-secret-5f0d0c2e", "sentinel-token-a41b9e77"
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)  # the S3 server accepts any secret
+    monkeypatch.setenv("SPARK_CONNECT_TOKEN", token)
+    import boto3
+
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket="secret-backups")
+    query = counts_query(str(tmp_path / "q"), name="guarded")
+    home = tmp_path / "home"
+    defs = streaming_definitions([query], home=str(home), backup_url="s3://secret-backups/b",
+                                 spark_config=SESSION_CONF)
+    with dg.instance_for_test() as inst:
+        good_until = bad_batch_landed(query, defs, inst)
+        assert materialize(defs, "guarded", inst, rollback_to_batch=good_until).success
+        unload_state_stores(spark)
+        assert defs.resolve_job_def("checkpoint_backup_job").execute_in_process(instance=inst).success
+        files = defs.resources["checkpoint_files"]
+        assert isinstance(files.secret, dg.EnvVar)
+        with dg.build_resources({"checkpoint_files": files}) as live:  # as a run resolves it
+            assert live.checkpoint_files.options()["secret"] == secret  # the secret reaches the storage client
+
+        from dagster._core.remote_representation.external_data import RepositorySnap
+        from dagster._serdes import serialize_value
+
+        ui = serialize_value(RepositorySnap.from_def(defs.get_repository_def()))
+        assert "AWS_SECRET_ACCESS_KEY" in ui and "SPARK_CONNECT_TOKEN" in ui  # the UI names the variables...
+        assert secret not in ui and token not in ui  # ...never their values
+        texts = {"code location": ui}
+        for record in inst.get_run_records():
+            run_id = record.dagster_run.run_id
+            texts[f"run config {run_id}"] = json.dumps(record.dagster_run.run_config)
+            texts[f"events {run_id}"] = "\n".join(serialize_value(e) for e in inst.all_logs(run_id))
+        stored = _file_bytes(inst.root_directory, str(tmp_path))  # sqlite storage, captured logs, data
+        s3 = boto3.client("s3", endpoint_url=s3_server)
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="secret-backups").get("Contents", [])]
+        assert any(k.endswith(".json") for k in keys)
+        stored.update({f"s3://secret-backups/{k}": s3.get_object(Bucket="secret-backups", Key=k)["Body"].read()
+                       for k in keys})
+    out = capfd.readouterr()
+    texts.update({"stdout": out.out, "stderr": out.err})
+    for where, text in texts.items():
+        assert secret not in text and token not in text, where
+    journals = [p for p in stored if "/.checkpoint-ops/" in p]
+    assert journals, "expected the rollback's journal and plan among the files searched"
+    for where, data in stored.items():
+        assert secret.encode() not in data and token.encode() not in data, where
+
+
+def _file_bytes(*roots: str) -> dict[str, bytes]:
+    out = {}
+    for root in roots:
+        for d, _, names in os.walk(root):
+            for n in names:
+                with open(os.path.join(d, n), "rb") as f:
+                    out[os.path.join(d, n)] = f.read()
+    return out
