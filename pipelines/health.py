@@ -32,25 +32,37 @@ def health_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
     return _check
 
 
-def failure_sensor(queries: list[StreamingQuery], jobs: list) -> dg.SensorDefinition:
+def queries_of_run(run: dg.DagsterRun, queries: list[StreamingQuery]) -> list[StreamingQuery]:
+    """The streaming queries a run materialized: by its job (``<name>_job``), else by its asset
+    selection (the UI's Materialize button launches the implicit asset job)."""
     by_job = {job_name(q.name): q for q in queries}
+    if run.job_name in by_job:
+        return [by_job[run.job_name]]
+    if run.asset_selection is None:
+        return list(queries) if run.job_name == "__ASSET_JOB" else []
+    selected = {k.to_user_string() for k in run.asset_selection}
+    return [q for q in queries if q.name in selected]
 
-    @dg.run_failure_sensor(name="checkpoint_failure_sensor", monitored_jobs=jobs,
-                           default_status=dg.DefaultSensorStatus.RUNNING,
+
+def failure_sensor(queries: list[StreamingQuery]) -> dg.SensorDefinition:
+    @dg.run_failure_sensor(name="checkpoint_failure_sensor", default_status=dg.DefaultSensorStatus.RUNNING,
                            description="Records fsck findings of a failed streaming run's checkpoint on its asset.")
     def checkpoint_failure_sensor(context: dg.RunFailureSensorContext,
                                   checkpoint_files: CheckpointFileManagerResource) -> None:
-        query = by_job.get(context.dagster_run.job_name)
-        if query is None:
-            return
-        try:
-            errors, md = fsck_metadata(query, checkpoint_files)
-        except Exception as e:  # the checkpoint itself may be unusable: say so on the asset
-            errors, md = [e], {"fsck": dg.MetadataValue.text(f"fsck could not run: {e}")}
-        md["failed_run"] = dg.MetadataValue.dagster_run(context.dagster_run.run_id)
-        context.instance.report_runless_asset_event(
-            dg.AssetObservation(asset_key=query.name, metadata=md,
-                                description=f"checkpoint after failed run {context.dagster_run.run_id}: "
-                                f"{len(errors)} fsck error(s)"))
+        for query in queries_of_run(context.dagster_run, queries):
+            record_findings(context, query, checkpoint_files)
 
     return checkpoint_failure_sensor
+
+
+def record_findings(context: dg.RunFailureSensorContext, query: StreamingQuery,
+                    checkpoint_files: CheckpointFileManagerResource) -> None:
+    try:
+        errors, md = fsck_metadata(query, checkpoint_files)
+    except Exception as e:  # the checkpoint itself may be unusable: say so on the asset
+        errors, md = [e], {"fsck": dg.MetadataValue.text(f"fsck could not run: {e}")}
+    md["failed_run"] = dg.MetadataValue.dagster_run(context.dagster_run.run_id)
+    context.instance.report_runless_asset_event(
+        dg.AssetObservation(asset_key=query.name, metadata=md,
+                            description=f"checkpoint after failed run {context.dagster_run.run_id}: "
+                            f"{len(errors)} fsck error(s)"))

@@ -109,7 +109,7 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
         schedules.append(dg.ScheduleDefinition(
             name="sink_compaction_schedule", job=compaction, cron_schedule=compaction_cron, execution_timezone="UTC",
             description="Compact every file sink's log (and apply batch-granular retention if set)."))
-    sensors = [reprocess_request_sensor(queries, asset_jobs), failure_sensor(queries, asset_jobs)]
+    sensors = [reprocess_request_sensor(queries, asset_jobs), failure_sensor(queries)]
     token = dg.EnvVar("SPARK_CONNECT_TOKEN") if os.environ.get("SPARK_CONNECT_TOKEN") else None
     creds = {k: dg.EnvVar(env) for k, env in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"),
                                               ("endpoint_url", "AWS_ENDPOINT_URL")) if os.environ.get(env)}

@@ -168,23 +168,26 @@ def test_failed_run_records_fsck_findings(spark, tmp_path, instance):
         f.truncate(20)
     os.remove(os.path.join(query.checkpoint, "offsets", f".{latest}.crc"))
 
-    failed = materialize(defs, "broken", instance)
-    assert not failed.success
-    description = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
-    assert description.startswith("streaming query broken failed")
-    unload_state_stores(spark)
+    # launched as the asset's job, and as the UI's Materialize button does (the implicit asset job)
+    by_ui = defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance, asset_selection=[dg.AssetKey("broken")], raise_on_error=False)
+    for failed in (materialize(defs, "broken", instance), by_ui):
+        assert not failed.success
+        description = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+        assert description.startswith("streaming query broken failed")
+        unload_state_stores(spark)
 
-    sensor = defs.resolve_sensor_def("checkpoint_failure_sensor")
-    ctx = dg.build_run_status_sensor_context(
-        sensor_name=sensor.name, dagster_instance=instance, dagster_run=failed.dagster_run,
-        dagster_event=failed.get_run_failure_event(),
-        resources={"checkpoint_files": defs.resources["checkpoint_files"]}).for_run_failure()
-    sensor(ctx)
-    (obs,) = instance.fetch_observations(dg.AssetKey("broken"), limit=1).records
-    md = obs.asset_observation.metadata
-    assert md["errors"].value >= 1
-    assert any(f["path"].endswith(f"offsets/{latest}") for f in md["findings"].value), md["findings"].value
-    assert md["failed_run"].value == failed.dagster_run.run_id
+        sensor = defs.resolve_sensor_def("checkpoint_failure_sensor")
+        ctx = dg.build_run_status_sensor_context(
+            sensor_name=sensor.name, dagster_instance=instance, dagster_run=failed.dagster_run,
+            dagster_event=failed.get_run_failure_event(),
+            resources={"checkpoint_files": defs.resources["checkpoint_files"]}).for_run_failure()
+        sensor(ctx)
+        (obs,) = instance.fetch_observations(dg.AssetKey("broken"), limit=1).records
+        md = obs.asset_observation.metadata
+        assert md["errors"].value >= 1
+        assert any(f["path"].endswith(f"offsets/{latest}") for f in md["findings"].value), md["findings"].value
+        assert md["failed_run"].value == failed.dagster_run.run_id
 
 
 def test_secrets_appear_nowhere(spark, tmp_path, s3_server, monkeypatch, capfd):
