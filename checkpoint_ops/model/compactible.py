@@ -8,8 +8,9 @@ disk exactly as Spark derives it, so this module mirrors that derivation to the 
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .listing import Listing
 from .logfile import LogFile, LogFormatError, log_files, parse_json_line, split_versioned, unreadable
@@ -64,9 +65,9 @@ def infer_interval(compact_ids: list[int], default_interval: int) -> tuple[int, 
     return default_interval, f"no compact file yet: compactInterval {default_interval}"
 
 
-@dataclass(frozen=True)
-class LogEntry:
-    """One entry line, kept verbatim so rewritten files are byte-identical to Spark's."""
+class LogEntry(NamedTuple):
+    """One entry line, kept verbatim so rewritten files are byte-identical to Spark's (a tuple: long
+    logs make hundreds of thousands of these)."""
 
     raw: str
     doc: dict
@@ -74,6 +75,9 @@ class LogEntry:
     @property
     def path(self) -> str:
         return self.doc.get("path", "")
+
+
+_new_entry = functools.partial(tuple.__new__, LogEntry)
 
 
 class CompactibleLog:
@@ -117,7 +121,13 @@ class CompactibleLog:
     # -- reading ---------------------------------------------------------------------------
     def parse(self, data: bytes, path: str) -> list[LogEntry]:
         _, lines = split_versioned(data, path, self.kind)
-        out = []
+        try:  # one parser call for the whole file (compact files hold every entry so far)
+            docs = json.loads("[" + ",".join(lines) + "]")
+        except ValueError:
+            docs = None
+        if docs is not None and len(docs) == len(lines) and all(isinstance(d, dict) for d in docs):
+            return list(map(_new_entry, zip(lines, docs)))  # no Python frame per entry
+        out = []  # something is wrong: find the line, and say which
         for i, line in enumerate(lines):
             doc = parse_json_line(line, path, i + 2, last=i == len(lines) - 1)
             if not isinstance(doc, dict):

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 from ..storage import CheckpointFileManager
 from ..storage.paths import Location, spark_url_to_location
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog, LogEntry
 from .listing import Listing
+
+_UNSEEN = object()
 
 SINK_LOG_DIR = "_spark_metadata"
 
@@ -23,6 +27,7 @@ class SinkOutput:
         self.root = root.rstrip("/")
         # where the log's absolute paths point: this location, unless it is a copy of another (a backup)
         self.origin = origin or Location(fm.location.scheme, self.root)
+        self._rel_dirs: dict[str, str | None] = {}  # directory in log entries -> relative dir (bounded: few)
         self.data_listed = data
         self.listing = Listing.scan(fm, self.root) if data else \
             Listing(fm, self.root, fm.walk(f"{self.root}/{SINK_LOG_DIR}", empty_dirs=True))
@@ -48,11 +53,23 @@ class SinkOutput:
 
     def rel_of_path(self, path: str) -> str | None:
         """``rel_of`` for a path as the log writes it."""
-        loc = spark_url_to_location(path)
+        # URL parsing per entry dominated long logs; entries share a few directories, so parse each once
+        head, _, name = path.rpartition("/")
+        rel_dir = self._rel_dirs.get(head, _UNSEEN)
+        if rel_dir is _UNSEEN:
+            rel_dir = self._rel_dirs[head] = self._rel_dir(head)
+        if rel_dir is None or not name:
+            return None
+        name = unquote(name) if "%" in name else name
+        return f"{rel_dir}/{name}" if rel_dir else name
+
+    def _rel_dir(self, head: str) -> str | None:
+        """A directory URL from the log, relative to the output root ("" for the root itself)."""
+        loc = spark_url_to_location(head + "/_")
         base = self.origin.path.rstrip("/")
         if loc.scheme != self.origin.scheme or not loc.path.startswith(base + "/"):
             return None
-        return loc.path[len(base) + 1 :]
+        return loc.path[len(base) + 1:-2]
 
     def relocated_rel(self, e: LogEntry) -> str | None:
         """For an entry naming another location (a copied or moved output): the longest path suffix
