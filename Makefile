@@ -49,8 +49,12 @@ reliability: check-java $(STAMP)
 	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
 	rm -f .reliability.jsonl
 
+# All benchmarks, one after another (about 40 minutes on 2 cores); results go in docs/benchmarks.md.
 bench: check-java $(STAMP)
 	$(PY) benchmarks/rollback.py
+	$(PY) benchmarks/sink_compaction.py
+	$(PY) benchmarks/backup.py
+	$(PY) benchmarks/asset_overhead.py
 
 clean:
 	rm -rf $(VENV) demo_data .pytest_cache .checkpoint-ops-home
