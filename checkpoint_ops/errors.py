@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
+
 # Exit codes shared by every CLI command.
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # fsck found problems, or an operation was refused
@@ -43,3 +46,28 @@ class RefusedError(CheckpointOpsError):
     """The operation is possible in principle but refused for safety (exit 1)."""
 
     exit_code = EXIT_FINDINGS
+
+
+# ---- naming parameters in messages ----------------------------------------------------------------
+# A message that names a parameter says it the way the front end in use spells it: a flag on the command
+# line (the default), a run-config key in the Dagster layer, which sets its own names around its calls.
+_PARAMETER_NAMES: ContextVar[dict[str, str | None]] = ContextVar("parameter_names", default={})
+
+
+def param(key: str) -> str | None:
+    """``--to-batch`` for ``to_batch`` on the command line; what the front end in use calls it otherwise
+    (None: that front end has no such parameter, and the message leaves the hint out)."""
+    names = _PARAMETER_NAMES.get()
+    if key in names:
+        return names[key]
+    return "--" + key.replace("_", "-")
+
+
+@contextlib.contextmanager
+def parameter_names(names: dict[str, str | None]):
+    """Within this block, messages name parameters as ``names`` says (key -> name, None: no such)."""
+    token = _PARAMETER_NAMES.set({**_PARAMETER_NAMES.get(), **names})
+    try:
+        yield
+    finally:
+        _PARAMETER_NAMES.reset(token)

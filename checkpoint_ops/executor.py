@@ -16,7 +16,13 @@ operation has no checkpoint; the journal and the undo records (trash) live besid
 5. **unfence**: put ``metadata`` back (or the new one a restore brings); 6. mark the journal ``applied``.
 
 Undo deletes what was written, puts back what was rewritten or moved, and restores ``metadata``: the
-tree is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it).
+tree is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it), and
+it checks its whole undo record before it changes anything.
+
+What differs between operations is data in the journal, never a branch on the operation's name:
+``ledger_truncation`` (a rollback's: the batch ledger forgets the abandoned timeline),
+``undo_guard`` (per root, the logs whose batches above the target mean "something wrote here since"),
+``final_metadata`` (a restore brings its own ``metadata``) and ``undoable``.
 """
 
 from __future__ import annotations
@@ -24,7 +30,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 from .errors import BadInputError, RefusedError
 from .fence import Fence, fence_bytes, is_fence, parse_fence
@@ -81,8 +88,9 @@ class Root:
 class Executor:
     def __init__(self, journal: Journal, roots: dict[str, Root], keep: tuple[CheckpointFileManager, str] | None,
                  progress: bool = False, plan: Plan | None = None, current_metadata: bytes | None = None,
-                 storage_options: dict | None = None):
+                 storage_options: dict | None = None, guard: Callable[[], None] | None = None):
         self.journal = journal
+        self.guard = guard  # called between steps: raises if the operation lost its lease
         self._current_metadata = current_metadata  # known when applying fresh: no re-read
         self.roots = roots
         self.keep = keep
@@ -96,15 +104,23 @@ class Executor:
         self.chunk = CHUNK
         self.steps = 0
         self._scanned: dict[str, Listing] | None = None
+        self._memo: dict[tuple[str, str], bool] = {}  # undo's checks: does a file hold the plan's content?
         self._sources: dict[str, tuple[CheckpointFileManager, str]] = {}
         self._bar = None
-        if progress and sys.stderr.isatty():
+        if progress:
+            self.show_progress()
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+    def show_progress(self) -> None:
+        """A progress bar on a terminal (stderr), one step per file."""
+        if self._bar is None and sys.stderr.isatty():
             from tqdm import tqdm
 
             self._bar = tqdm(total=len(self.plan.actions) + 3, unit="file", file=sys.stderr, leave=False)
 
-    # -- bookkeeping ---------------------------------------------------------------------------------
     def _step(self, n: int = 1) -> None:
+        if self.guard is not None:
+            self.guard()
         self.steps += n
         if self._bar is not None:
             self._bar.update(n)
@@ -302,26 +318,85 @@ class Executor:
         return [a for a in actions if a.kind in (WRITE, REPLACE) or a.rel in listings[a.root]]
 
     # -- undo --------------------------------------------------------------------------------------
-    def undo(self, applied: bool) -> None:
+    def preview_undo(self, applied: bool) -> Plan:
+        """What undo will do, as a plan to print and confirm, after checking everything it needs: that
+        nothing was written since (``applied``), that what the operation wrote is still its own, and
+        that its undo record (trash, keep directory) holds every file it must put back. Raises
+        ``RefusedError`` (``UndoRecordLost`` for the last) before anything is changed."""
         plan = self.plan
-        listings = {rid: Listing.scan(r.fm, r.path) for rid, r in self.roots.items()}
+        listings = self._listings()
         if applied:
             self._check_untouched(listings)
+        changed = [a for a in plan.actions if a.kind == WRITE and a.rel in listings[a.root]
+                   and not self._unchanged(a)]
+        if changed:
+            a = changed[0]
+            root = self.roots[a.root]
+            raise RefusedError(f"a file the {plan.operation} wrote was changed since: undo would remove what "
+                               "someone else wrote", path=root.fm.url(root.abs(a.rel)),
+                               fix="find out who changed it; restore the files from a backup")
+        lost = self._missing_from_undo_record(listings)
+        if lost:
+            raise UndoRecordLost(self.journal, lost)
+        inverse = Plan("undo", dict(plan.roots), plan.target_batch)
+        why = f"{plan.operation} {self.journal.op_id}"
+        for a in plan.ordered():
+            present = a.rel in listings[a.root]
+            if a.kind == WRITE and present:
+                inverse.actions.append(FileAction(DELETE, a.root, a.rel, f"written by {why}", "write", a.size))
+            elif a.kind == REPLACE and self._unchanged(a):
+                inverse.actions.append(FileAction(REPLACE, a.root, a.rel, f"content before {why} put back from its "
+                                                  "undo record", "replace", None))
+            elif a.kind == DELETE and not present:
+                inverse.actions.append(FileAction(WRITE, a.root, a.rel, f"moved aside by {why}, put back from its "
+                                                  "undo record", a.phase, a.size))
+            elif a.kind == KEEP and not present:
+                inverse.actions.append(FileAction(WRITE, a.root, a.rel, f"moved to {plan.keep_dir} by {why}, moved "
+                                                  "back", a.phase, a.size))
+        inverse.summary = {"undo": f"{plan.operation} {self.journal.op_id}"
+                           + (f" to batch {plan.target_batch}" if plan.target_batch is not None else "")
+                           + f" (plan {plan.hash[:12]})", "result": "every file as it was before it"}
+        return inverse
+
+    def _unchanged(self, a: FileAction) -> bool:
+        """``_matches`` for the checks before undo changes anything: each file is read once."""
+        key = (a.root, a.rel)
+        if key not in self._memo:
+            self._memo[key] = self._matches(self.roots[a.root], a)
+        return self._memo[key]
+
+    def _missing_from_undo_record(self, listings: dict[str, Listing]) -> list[str]:
+        """URLs of files undo must put back that are in neither their place nor the undo record."""
+        plan, missing = self.plan, []
+        for rid, root in self.roots.items():
+            need = [a for a in plan.actions if a.root == rid and (
+                (a.kind == DELETE and a.rel not in listings[rid] and (not root.versioned or a.phase == "write"))
+                or (a.kind == REPLACE and a.rel in listings[rid] and self._unchanged(a)))]
+            if need:
+                have = {f.path[len(root.trash) + 1:] for f in root.fm.walk(root.trash)}
+                missing += [root.fm.url(root.trash_path(a.rel)) for a in need if a.rel not in have]
+        kept = [a for a in plan.actions if a.kind == KEEP and a.rel not in listings[a.root]]
+        if kept:
+            kfm, kpath = self.keep
+            have = {f.path[len(kpath.rstrip("/")) + 1:] for f in kfm.walk(kpath)}
+            missing += [kfm.url(join(kpath, a.dest)) for a in kept if a.dest not in have]
+        return missing
+
+    def undo(self, applied: bool) -> None:
+        plan = self.plan
+        self.preview_undo(applied)  # every check, before anything changes (cached: no second listing)
+        listings = self._listings()
         # "undoing" before anything changes: an undo that got past its unfence but not to its
         # "undone" marker would otherwise look like an applied operation whose files came back.
         self.journal.mark("undoing")
         self._fence("undo")
         self._drop_stray_temps(listings)
-        # 1. what the operation wrote goes, and what it rewrote gets its old content back
-        removed = set()
+        # 1. what the operation wrote goes (with its checksum sidecars), and what it rewrote gets its
+        # old content back
         for a in plan.actions:
             root = self.roots[a.root]
             if a.kind == WRITE and a.rel in listings[a.root]:
-                if not self._matches(root, a):
-                    raise RefusedError(f"a file the {plan.operation} wrote was changed since",
-                                       path=root.fm.url(root.abs(a.rel)), fix="restore the files from a backup")
-                root.fm.delete(root.abs(a.rel))
-                removed.add((a.root, a.rel))
+                root.fm.delete(root.abs(a.rel))  # a sidecar the plan also wrote goes with it: fine
             elif a.kind == REPLACE and root.fm.exists(root.trash_path(a.rel)):
                 if self._matches(root, a):
                     with root.fm.open_read(root.trash_path(a.rel)) as old, \
@@ -332,9 +407,10 @@ class Executor:
             if a.kind in (WRITE, REPLACE):
                 self._step()
         # 2. what it moved aside comes back
+        written = {(a.root, a.rel) for a in plan.actions if a.kind == WRITE}
         for rid, root in self.roots.items():
             retired = [a for a in plan.actions if a.root == rid and a.kind == DELETE
-                       and (a.rel not in listings[rid] or (rid, a.rel) in removed)]
+                       and (a.rel not in listings[rid] or (rid, a.rel) in written)]
             in_trash = [a for a in retired if not root.versioned or a.phase == "write"]
             lost = root.fm.move_many([(root.trash_path(a.rel), root.abs(a.rel)) for a in in_trash])
             if root.versioned:
@@ -342,10 +418,11 @@ class Executor:
                 not_restored = root.fm.undelete_many(undelete) if undelete else []
                 lost += [p for p in not_restored if not root.fm.exists(p)]
             self._step(len(retired))
-            if lost:
-                raise RefusedError(f"{len(lost)} moved-aside files are missing from the trash (e.g. {lost[0]})",
-                                   path=root.fm.url(root.trash),
-                                   fix="the trash was modified; restore the files from a backup")
+            if lost:  # checked before anything changed: only a concurrent change to the trash gets here
+                raise RefusedError(f"{len(lost)} moved-aside files vanished from the undo record while undo ran "
+                                   f"(e.g. {lost[0]})", path=root.fm.url(root.trash),
+                                   fix="the checkpoint stays fenced: `checkpoint-ops resume` finishes the "
+                                   f"{plan.operation} instead (its result is a checkpoint Spark starts from)")
         kept = [a for a in plan.actions if a.kind == KEEP]
         if kept:
             kfm, kpath = self.keep
@@ -360,25 +437,19 @@ class Executor:
         self._step()
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:
-        """Undo is only safe if nothing was written to the roots since the operation."""
+        """Undo is only safe if nothing was written to the roots since the operation: no batch above
+        its target in the logs its journal guards, and every file it removed or rewrote as it left it."""
         t = self.plan.target_batch
         newer = []
-        if t is not None and self.plan.operation in ("rollback", "restore", "sink-compact", "sink-retain",
-                                                       "sink-orphans"):
-            # a batch above the one the operation left: the query ran since
-            for rid, listing in listings.items():
-                if rid == "ledger":
-                    continue
-                if rid == "checkpoint":
-                    dirs = ("offsets", "commits") if self.plan.operation in ("rollback", "restore") else ()
-                else:
-                    dirs = ("_spark_metadata",)
-                for d in dirs:
-                    newer += [f.rel for b, f in log_files(listing, d, compactible=True).items() if b > t]
+        if t is not None:
+            for rid, dirs in self.journal.record.get("undo_guard", {}).items():
+                if rid in listings:
+                    for d in dirs:
+                        newer += [f.rel for b, f in log_files(listings[rid], d, compactible=True).items() if b > t]
         for a in self.plan.actions:
             if a.kind in (DELETE, KEEP) and a.rel in listings[a.root]:
                 newer.append(a.rel)
-            elif a.kind == REPLACE and not self._matches(self.roots[a.root], a):
+            elif a.kind == REPLACE and not self._unchanged(a):
                 newer.append(a.rel)
         if newer:
             root = next(iter(self.roots.values()))
@@ -388,6 +459,18 @@ class Executor:
                 path=root.url,
                 fix="stop the query; to go back further, roll back to the batch you want instead",
             )
+
+
+class UndoRecordLost(RefusedError):
+    """Files undo must put back are gone from the undo record: undo cannot restore the tree."""
+
+    def __init__(self, journal: Journal, missing: list[str]):
+        self.journal = journal
+        self.missing = missing
+        super().__init__(
+            f"the undo record of {journal.record['operation']} {journal.op_id} is incomplete: {len(missing)} file(s) "
+            f"it must put back are gone (e.g. {missing[0]}), so undo cannot restore the tree as it was",
+            path=journal.fm.url(journal.path))
 
 
 def _sha256_of(fm: CheckpointFileManager, path: str) -> str | None:
@@ -429,6 +512,61 @@ def _b64e(v: bytes | None) -> str | None:
 # ---- entry points ---------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class JournalHooks:
+    """What an operation's journal tells apply, resume and undo besides its plan (module docstring)."""
+
+    final_metadata: bytes | None = None  # what ``metadata`` holds afterwards (None: what it holds now)
+    ledger_truncation: int | None = None  # the batch ledger forgets batches above this (a rollback)
+    undo_guard: dict[str, list[str]] = field(default_factory=dict)  # root id -> log dirs (``_check_untouched``)
+    undoable: bool = True
+    extra: dict = field(default_factory=dict)  # recorded for people (a restore's backup id)
+
+    def record(self) -> dict:
+        out = {"undo_guard": self.undo_guard, "undoable": self.undoable, **self.extra}
+        if self.final_metadata is not None:
+            out["final_metadata"] = _b64e(self.final_metadata)
+        if self.ledger_truncation is not None:
+            out["ledger_truncation"] = {"after_batch": self.ledger_truncation}
+        return out
+
+
+@dataclass(frozen=True)
+class AppliedOperation:
+    """What the executor did (``--json`` ``result``; keys documented in docs/cli.md)."""
+
+    op_id: str
+    operation: str
+    status: str  # applied | undone | abandoned
+    plan_hash: str
+    target_batch: int | None
+    journal: str
+    counts: dict
+    requests: dict  # root id -> requests (or file-system calls) by kind
+
+    def to_dict(self) -> dict:
+        return {"op_id": self.op_id, "operation": self.operation, "status": self.status,
+                "plan_hash": self.plan_hash, "target_batch": self.target_batch, "journal": self.journal,
+                "counts": self.counts, "requests": self.requests}
+
+    @classmethod
+    def of(cls, journal: Journal, status: str, roots: dict[str, "Root"]) -> "AppliedOperation":
+        plan = journal.record["plan"]
+        return cls(journal.op_id, journal.record["operation"], status, plan["plan_hash"], plan["target_batch"],
+                   journal.fm.url(journal.path), plan["counts"],
+                   {rid: r.fm.counter.snapshot() for rid, r in roots.items()})
+
+
+def checkpoint_roots(ckpt=None, sinks=()) -> dict[str, tuple[CheckpointFileManager, str]]:
+    """Root id -> (file manager, path) of a checkpoint's plan: ``checkpoint``, ``sink0``, ``sink1``..."""
+    out = {}
+    if ckpt is not None:
+        out["checkpoint"] = (ckpt.fm, ckpt.root)
+    for i, sink in enumerate(sinks):
+        out[f"sink{i}"] = (sink.fm, sink.root)
+    return out
+
+
 def _open_roots(urls: dict[str, str], trash: dict[str, str], versioned: dict[str, bool],
                 storage_options: dict | None) -> dict[str, Root]:
     roots = {}
@@ -439,11 +577,10 @@ def _open_roots(urls: dict[str, str], trash: dict[str, str], versioned: dict[str
 
 
 def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileManager, str]],
-               storage_options: dict | None = None, progress: bool = False,
-               final_metadata: bytes | None = None, journal_extra: dict | None = None) -> dict:
+               storage_options: dict | None = None, progress: bool = False, hooks: JournalHooks = JournalHooks(),
+               guard: Callable[[], None] | None = None) -> AppliedOperation:
     """Journal and apply ``plan`` (built just now from what is at its roots: ``fms``, root id ->
-    (file manager, path)). A plan with a ``checkpoint`` root is fenced while it runs;
-    ``final_metadata`` is what its ``metadata`` holds afterwards (default: what it holds now)."""
+    (file manager, path)). A plan with a ``checkpoint`` root is fenced while it runs."""
     op_id = new_op_id(plan.operation)
     trash, versioned, roots = {}, {}, {}
     for rid, (fm, path) in fms.items():
@@ -462,65 +599,23 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         "trash": trash,
         "versioned": versioned,
         "original_metadata": _b64e(anchor.metadata),
-        **({"final_metadata": _b64e(final_metadata)} if final_metadata is not None else {}),
-        **(journal_extra or {}),
+        **hooks.record(),
     }
     journal = write_journal(anchor.fm, anchor.ops, record)
-    if plan.operation == "rollback":  # ledger records above the target belong to the old timeline
-        ledger_at(anchor.fm, anchor.root).truncate(plan.target_batch, op_id)
+    if hooks.ledger_truncation is not None:  # records above the target belong to the old timeline
+        ledger_at(anchor.fm, anchor.root).truncate(hooks.ledger_truncation, op_id)
     ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=anchor.metadata,
-                  storage_options=storage_options)
+                  storage_options=storage_options, guard=guard)
     try:
         ex.apply(resuming=False)
     finally:
         ex.close()
-    return _result(journal, "applied", roots)
+    return AppliedOperation.of(journal, "applied", roots)
 
 
-def _result(journal: Journal, status: str, roots: dict[str, Root]) -> dict:
-    plan = journal.record["plan"]
-    return {
-        "op_id": journal.op_id,
-        "operation": journal.record["operation"],
-        "status": status,
-        "plan_hash": plan["plan_hash"],
-        "target_batch": plan["target_batch"],
-        "journal": journal.fm.url(journal.path),
-        "counts": plan["counts"],
-        "requests": {rid: r.fm.counter.snapshot() for rid, r in roots.items()},
-    }
-
-
-def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
-    """The journal ``--resume`` (want="resume") or ``undo`` (want="undo") acts on, and its state.
-
-    States: ``fenced-<operation>``, ``fenced-undo``, ``undoing`` (an undo interrupted while the
-    checkpoint was not fenced), ``unfinished`` (journal written, not fenced yet or unfenced but not
-    marked), ``applied``.
-    """
-    fm, ops = anchor.fm, anchor.ops
-    if anchor.checkpoint and is_fence(anchor.metadata):
-        f = parse_fence(anchor.metadata)
-        return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
-    for path, markers in reversed(scan_journals(fm, ops).items()):
-        j = load_journal(fm, path)
-        if "undone" in markers or "abandoned" in markers:
-            continue
-        if "undoing" in markers:
-            return j, "undoing"  # an undo was interrupted (after its unfence, or before its fence)
-        if "applied" in markers:
-            if want == "undo" and "pruned" in markers:
-                raise RefusedError(
-                    f"the last {j.record['operation']} ({j.op_id}, to batch {j.record['plan']['target_batch']}) "
-                    "cannot be undone: its undo record was pruned", path=fm.url(j.path),
-                    fix="restore from a backup taken before it; `checkpoint-ops history` lists what can still be "
-                        "undone")
-            return j, "applied"
-        return j, "unfinished"
-    raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))
-
-
-def _reopen(anchor: Anchor, journal: Journal, storage_options: dict | None, progress: bool) -> Executor:
+def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,
+           guard: Callable[[], None] | None = None) -> Executor:
+    """An executor for a journaled operation (to resume, roll forward or undo it)."""
     rec = journal.record
     plan = rec["plan"]
     roots = _open_roots(plan["roots"], rec["trash"], rec.get("versioned", {}), storage_options)
@@ -529,54 +624,13 @@ def _reopen(anchor: Anchor, journal: Journal, storage_options: dict | None, prog
                                    rec.get("versioned", {}).get("checkpoint", False))
     keep = open_file_manager(plan["keep_dir"], storage_options) if plan.get("keep_dir") else None
     try:
-        return Executor(journal, roots, keep, progress, storage_options=storage_options)
+        return Executor(journal, roots, keep, progress, storage_options=storage_options, guard=guard)
     except ValueError as e:
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
 
 
-def _abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, want: str) -> None:
-    """A journal whose operation never fenced the checkpoint and changed nothing has a plan that
-    may be stale (Spark may have run since): drop it, and its ledger truncation, instead."""
-    if ex.effects_on_disk() > 0:
-        return  # it did change something: carry on
-    ex._drop_stray_temps(ex._listings())  # the temp file of the write it was killed in, if any
-    journal.mark("abandoned")
-    ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
-    raise RefusedError(
-        f"the interrupted {journal.record['operation']} {journal.op_id} stopped before changing anything, so "
-        f"there is nothing to {want}; its plan may be stale now and was dropped",
-        path=anchor.url,
-        fix=f"plan the {journal.record['operation']} again (with --dry-run first)",
-    )
-
-
-def resume(anchor: Anchor, storage_options: dict | None = None, progress: bool = False) -> dict:
-    journal, state = find_journal(anchor, "resume")
-    if state == "applied":
-        raise RefusedError(f"the last operation ({journal.op_id}) completed: nothing to resume", path=anchor.url)
-    if state in ("fenced-undo", "undoing"):
-        raise RefusedError(f"an undo of {journal.op_id} was interrupted", path=anchor.url,
-                           fix=f"run `checkpoint-ops undo {anchor.url}` again to finish it")
-    ex = _reopen(anchor, journal, storage_options, progress)
-    if state == "unfinished":
-        _abandon_if_unstarted(anchor, journal, ex, "resume")
-    if journal.record["operation"] == "rollback":
-        ledger_at(anchor.fm, anchor.root).ensure_truncation(journal.record["plan"]["target_batch"], journal.op_id)
-    try:
-        ex.apply(resuming=True)
-    finally:
-        ex.close()
-    return _result(journal, "applied", ex.roots)
-
-
-def undo(anchor: Anchor, storage_options: dict | None = None, progress: bool = False) -> dict:
-    journal, state = find_journal(anchor, "undo")
-    ex = _reopen(anchor, journal, storage_options, progress)
-    if state == "unfinished":
-        _abandon_if_unstarted(anchor, journal, ex, "undo")
-    try:
-        ex.undo(applied=(state == "applied"))
-    finally:
-        ex.close()
-    ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
-    return _result(journal, "undone", ex.roots)
+def ensure_ledger_truncation(anchor: Anchor, journal: Journal) -> None:
+    """A resumed or rolled-forward operation that truncates the ledger has its truncation (idempotent)."""
+    trunc = journal.record.get("ledger_truncation")
+    if trunc is not None:
+        ledger_at(anchor.fm, anchor.root).ensure_truncation(trunc["after_batch"], journal.op_id)

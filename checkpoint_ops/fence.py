@@ -25,26 +25,39 @@ def is_fence(data: bytes | None) -> bool:
 
 
 def fence_bytes(f: Fence, checkpoint_url: str) -> bytes:
+    what = "an undo" if f.operation == "undo" else f"a {f.operation}"
     text = (
         f"{FENCE_MAGIC.decode()} v1\n"
         f"operation: {f.operation} {f.op_id}\n"
         f"journal: {f.journal}\n"
         f"original-metadata: {f.original_metadata.decode('utf-8', 'replace')}\n"
-        "A checkpoint-ops operation on this checkpoint is in progress or was interrupted.\n"
-        "Spark must not start from it until the operation is finished or reverted:\n"
-        f"  {resume_command(f.operation, checkpoint_url)}   (finish it)\n"
-        f"  checkpoint-ops undo {checkpoint_url}   (revert it)\n"
+        f"{what.capitalize()} by checkpoint-ops on this checkpoint is in progress or was interrupted.\n"
+        "Spark must not start from it until it is finished or reverted:\n"
+        f"  finish it: {resume_command(f.operation, checkpoint_url)}\n"
+        f"  revert it: {revert_command(f.operation, checkpoint_url)}\n"
     )
     return text.encode()
 
 
+# An interrupted operation is finished by `resume` and reverted by `undo`; an interrupted undo the other
+# way round: `undo` finishes it, `resume` rolls the operation forward again.
 def resume_command(operation: str, checkpoint_url: str) -> str:
-    """How to finish an interrupted operation (``undo`` finishes an interrupted undo)."""
-    if operation == "undo":
-        return f"checkpoint-ops undo {checkpoint_url}"
-    if operation == "rollback":
-        return f"checkpoint-ops rollback {checkpoint_url} --resume"
-    return f"checkpoint-ops resume {checkpoint_url}"
+    """The command that finishes an interrupted ``operation`` (``undo`` for an interrupted undo)."""
+    return f"checkpoint-ops {'undo' if operation == 'undo' else 'resume'} {checkpoint_url}"
+
+
+def revert_command(operation: str, checkpoint_url: str) -> str:
+    """The command that reverts it instead."""
+    return f"checkpoint-ops {'resume' if operation == 'undo' else 'undo'} {checkpoint_url}"
+
+
+def recovery_advice(f: Fence, checkpoint_url: str) -> str:
+    """The ``fix:`` for anything refused because the checkpoint is fenced."""
+    if f.operation == "undo":
+        return (f"finish the undo with `{resume_command(f.operation, checkpoint_url)}`, or go back to the result of "
+                f"the operation it was undoing with `{revert_command(f.operation, checkpoint_url)}`")
+    return (f"finish the {f.operation} with `{resume_command(f.operation, checkpoint_url)}`, or revert it with "
+            f"`{revert_command(f.operation, checkpoint_url)}`")
 
 
 def parse_fence(data: bytes) -> Fence:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .fence import resume_command
+from .fence import recovery_advice
+from .lease import LeaseState, lease_of
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
@@ -117,8 +118,7 @@ class Fsck:
             self.add(ERROR, "operation-interrupted", ck.listing.url("metadata"),
                      f"a checkpoint-ops {f.operation} ({f.op_id}) is in progress or was interrupted: metadata is "
                      "fenced so Spark cannot start from a half-changed checkpoint",
-                     f"finish it with `{resume_command(f.operation, ck.url)}` or revert it with "
-                     f"`checkpoint-ops undo {ck.url}`")
+                     recovery_advice(f, ck.url))
             return
         d = metadata_damage(ck)
         if d is not None:
@@ -375,6 +375,30 @@ class Fsck:
 
 def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None) -> list[Finding]:
     return Fsck(ckpt, sinks, deep, ledger).run()
+
+
+@dataclass(frozen=True)
+class FsckReport:
+    """``fsck``'s answer: the findings, and who holds the checkpoint's lease (``--json`` keys: docs/cli.md)."""
+
+    path: str
+    findings: list[Finding]
+    lease: LeaseState
+
+    @classmethod
+    def of(cls, ckpt: Checkpoint, findings: list[Finding]) -> "FsckReport":
+        return cls(ckpt.url, findings, lease_of(ckpt.fm, ckpt.root, ckpt.listing))
+
+    @property
+    def healthy(self) -> bool:
+        return not self.findings
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "healthy": self.healthy, "findings": [f.to_dict() for f in self.findings],
+                "lease": self.lease.to_dict()}
+
+    def render(self) -> str:
+        return render_findings(self.findings, self.path) + f"\n  lease: {self.lease.describe()}"
 
 
 def render_findings(findings: list[Finding], url: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from .errors import BadInputError
+from .fence import Fence, recovery_advice
+from .lease import lease_of
 from .model.checkpoint import Checkpoint
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
@@ -61,6 +63,7 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
         "sources": _sources(ckpt, latest, damaged),
         "state": _state(ckpt),
         "rollback_window": rollback_window(ckpt, list(sinks), ledger).to_dict(),
+        "lease": lease_of(ckpt.fm, ckpt.root, ckpt.listing).to_dict(),
     }
     if sinks:
         report["sinks"] = [_sink(s, damaged) for s in sinks]
@@ -201,6 +204,14 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
 # ---- human rendering -----------------------------------------------------------------------
 
 
+def _lease_text(lease: dict) -> str:
+    h = lease.get("holder")
+    who = f"{h['owner']} (host {h['host']}, pid {h['pid']})" if h else "an unreadable lease record"
+    if lease["state"] == "stale":
+        return f"stale, held by {who}: {lease['stale_reason']} (the next operation takes it over)"
+    return f"held by {who}: every operation is refused until it is released"
+
+
 def render_inspect(r: dict) -> str:
     if r.get("kind") == "dstream":
         lines = [f"Legacy DStream checkpoint {r['path']}", f"  checkpoints: {len(r['checkpoints'])}"]
@@ -213,8 +224,10 @@ def render_inspect(r: dict) -> str:
     lines = [
         f"Checkpoint {r['path']}",
         f"  query id:             {r['query_id']}",
-        *([f"  FENCED:               a {r['fenced']['operation']} ({r['fenced']['op_id']}) was interrupted: "
-           "finish it with `rollback --resume` or revert it with `undo`"] if r.get("fenced") else []),
+        *([f"  FENCED:               {r['fenced']['operation']} ({r['fenced']['op_id']}) was interrupted: "
+           + recovery_advice(Fence(r['fenced']['operation'], r['fenced']['op_id'], "", b""), r["path"])]
+          if r.get("fenced") else []),
+        *([f"  lease:                {_lease_text(r['lease'])}"] if r.get("lease", {}).get("state") != "free" else []),
         f"  offsets:              {o['first']}..{o['last']}" if o["first"] is not None else "  offsets:              (none)",
         f"  commits:              {c['first']}..{c['last']}" if c["first"] is not None else "  commits:              (none)",
         f"  last committed batch: {r['last_committed_batch']}",

@@ -25,7 +25,9 @@ from .storage import CheckpointFileManager
 from .storage.paths import basename, dirname, join
 
 OPS_DIR = ".checkpoint-ops"
-JOURNAL_FORMAT = 1
+# 2: the record carries its hooks (undo_guard, ledger_truncation, undoable); format 1 records are
+# upgraded on load (``_upgrade``)
+JOURNAL_FORMAT = 2
 
 
 def ops_dir(fm: CheckpointFileManager, root: str) -> str:
@@ -77,6 +79,10 @@ class Journal:
         except FileExistsError:
             pass  # already marked (a resumed run)
 
+    def unmark(self, name: str) -> None:
+        """Remove a marker (a rolled-forward undo is no longer "undoing")."""
+        self.fm.delete(self.marker(name))
+
 
 def write_journal(fm: CheckpointFileManager, ops: str, record: dict) -> Journal:
     record = {"format": JOURNAL_FORMAT, "tool_version": __version__,
@@ -97,7 +103,23 @@ def load_journal(fm: CheckpointFileManager, path: str) -> Journal:
     if record.get("format", 0) > JOURNAL_FORMAT:
         raise BadInputError(f"journal format {record.get('format')} is newer than this tool understands",
                             path=fm.url(path), fix="use the spark-checkpoint-ops release that wrote it")
-    return Journal(fm, path, record)
+    return Journal(fm, path, _upgrade(record))
+
+
+# Format 1 journals named their hooks only through the operation: what releases up to 0.1 wrote.
+_V1_GUARDS = {"rollback": {"checkpoint": ["offsets", "commits"]}, "restore": {"checkpoint": ["offsets", "commits"]},
+              "sink-compact": {"sink0": ["_spark_metadata"]}, "sink-retain": {"sink0": ["_spark_metadata"]},
+              "sink-orphans": {"sink0": ["_spark_metadata"]}}
+
+
+def _upgrade(record: dict) -> dict:
+    if record.get("format", 1) >= 2:
+        return record
+    op = record.get("operation")
+    out = {**record, "undo_guard": _V1_GUARDS.get(op, {}), "undoable": True}
+    if op == "rollback":
+        out["ledger_truncation"] = {"after_batch": record["plan"]["target_batch"]}
+    return out
 
 
 def scan_journals(fm: CheckpointFileManager, ops: str) -> dict[str, set[str]]:

@@ -306,6 +306,15 @@ def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None) -> 
     return out
 
 
+def ledger_or_none(ckpt: Checkpoint) -> "Ledger | None":
+    """The checkpoint's batch ledger (read lazily, only if Spark's own files do not answer); None for a
+    checkpoint at a bucket root, which has no place beside it for one."""
+    try:
+        return Ledger.for_checkpoint(ckpt)
+    except BadInputError:
+        return None
+
+
 def ledger_at(fm: CheckpointFileManager, checkpoint_root: str) -> Ledger:
     """The ledger of a checkpoint, without loading it."""
     return Ledger(fm, join(ops_dir(fm, checkpoint_root), "ledger"))

@@ -21,6 +21,8 @@ import uuid
 from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
+from .units import iso_ms
+
 # Short, so a killed holder blocks others for about a minute, not hours; renewed every third of it.
 DEFAULT_TTL_S = 60.0
 TTL_ENV = "CHECKPOINT_OPS_LEASE_TTL"  # seconds; tests and slow stores may change it
@@ -35,10 +37,6 @@ def default_ttl() -> float:
 
 def _now_ms(now: float | None = None) -> int:
     return int((time.time() if now is None else now) * 1000)
-
-
-def _iso(ms: int | float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms / 1000))
 
 
 def process_start(pid: int) -> str | None:
@@ -101,7 +99,7 @@ class Holder:
             return f"its process (pid {self.pid} on this host) is gone"
         ms = _now_ms(now)
         if ms - self.heartbeat_ms > self.ttl_s * 1000:
-            return (f"its last heartbeat was at {_iso(self.heartbeat_ms)}, {int((ms - self.heartbeat_ms) / 1000)} s "
+            return (f"its last heartbeat was at {iso_ms(self.heartbeat_ms)}, {int((ms - self.heartbeat_ms) / 1000)} s "
                     f"ago (it renews every {self.ttl_s / 3:g} s)")
         return None
 
@@ -109,7 +107,7 @@ class Holder:
         return self.host == socket.gethostname() and self.pid == os.getpid()
 
     def describe(self) -> str:
-        return f"{self.owner} (host {self.host}, pid {self.pid}, since {_iso(self.acquired_ms)})"
+        return f"{self.owner} (host {self.host}, pid {self.pid}, since {iso_ms(self.acquired_ms)})"
 
     # -- (de)serialisation -----------------------------------------------------------------------
     def to_dict(self) -> dict:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import time
 from calendar import timegm
+from dataclasses import dataclass
 
 from .errors import BadInputError
 from .fence import is_fence, parse_fence
 from .executor import Anchor
 from .journal import Journal, load_journal, scan_journals
+from .operation import ApplyContext, Operation, Site
 from .plan import Plan
 from .storage import CheckpointFileManager, FileInfo, open_file_manager
 from .storage.paths import basename, dirname
@@ -38,7 +40,27 @@ def _status(j: Journal, markers: set[str], fenced_op: str | None) -> str:
     return "applied" if "applied" in markers else "unfinished"
 
 
-def history(anchor: Anchor) -> list[dict]:
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One journaled operation as ``history`` lists it (``--json``: docs/cli.md)."""
+
+    op_id: str
+    operation: str
+    created: str
+    target_batch: int | None
+    plan_hash: str
+    status: str  # applied | undone | abandoned | unfinished | in-progress
+    counts: dict
+    undo_record: str  # kept | pruned | none
+    journal: Journal
+
+    def to_dict(self) -> dict:
+        return {"op_id": self.op_id, "operation": self.operation, "created": self.created,
+                "target_batch": self.target_batch, "plan_hash": self.plan_hash, "status": self.status,
+                "counts": self.counts, "undo_record": self.undo_record}
+
+
+def history(anchor: Anchor) -> list[HistoryEntry]:
     """Every journaled operation, oldest first: what it did, its state, and whether undo can revert it."""
     ops = anchor.ops
     fenced = parse_fence(anchor.metadata).op_id if anchor.checkpoint and is_fence(anchor.metadata) else None
@@ -48,18 +70,13 @@ def history(anchor: Anchor) -> list[dict]:
         plan = j.record["plan"]
         status = _status(j, markers, fenced)
         pruned = PRUNED in markers
-        out.append({
-            "op_id": j.op_id,
-            "operation": j.record["operation"],
-            "created": j.record["created"],
-            "target_batch": plan.get("target_batch"),
-            "plan_hash": plan["plan_hash"],
-            "status": status,
-            "counts": plan["counts"],
-            "undo_record": "pruned" if pruned else ("kept" if status in ("applied", "in-progress", "unfinished")
-                                                    else "none"),
-            "_journal": j,
-        })
+        undoable = j.record.get("undoable", True)
+        out.append(HistoryEntry(
+            j.op_id, j.record["operation"], j.record["created"], plan.get("target_batch"), plan["plan_hash"], status,
+            plan["counts"],
+            "pruned" if pruned else ("kept" if undoable and status in ("applied", "in-progress", "unfinished")
+                                     else "none"),
+            j))
     return out
 
 
@@ -96,57 +113,71 @@ class _TrashDirs:
         return fm, trash, self._by_op[key].get(basename(trash), [])
 
 
-def plan_prune(anchor: Anchor, keep_last: int | None = None, older_than_days: float | None = None,
+def plan_prune(anchor: Anchor, keep_last: int | None = None, older_than_s: float | None = None,
                storage_options: dict | None = None, now: float | None = None) -> Plan:
     """Plan deleting the undo records (trash) of applied operations beyond the newest ``keep_last``
-    and, if given, created more than ``older_than_days`` ago. Undone or abandoned operations, and
+    and, if given, created more than ``older_than_s`` seconds ago. Undone or abandoned operations, and
     ones pruned before but not finished, lose whatever trash is left."""
-    if keep_last is None and older_than_days is None:
-        raise BadInputError("say which undo records to keep: --keep-last K and/or --older-than DAYS")
-    if (keep_last is not None and keep_last < 0) or (older_than_days is not None and older_than_days < 0):
+    if keep_last is None and older_than_s is None:
+        raise BadInputError("say which undo records to keep: --keep-last K and/or --older-than DURATION")
+    if (keep_last is not None and keep_last < 0) or (older_than_s is not None and older_than_s < 0):
         raise BadInputError("--keep-last and --older-than must not be negative")
     now = time.time() if now is None else now
     entries = history(anchor)
-    applied = [e for e in entries if e["status"] == "applied" and e["undo_record"] == "kept"]
-    kept_newest = {e["op_id"] for e in applied[len(applied) - keep_last:]} if keep_last else set()
+    applied = [e for e in entries if e.status == "applied" and e.undo_record == "kept"]
+    kept_newest = {e.op_id for e in applied[len(applied) - keep_last:]} if keep_last else set()
     plan = Plan("prune", {}, None)
     trash_dirs = _TrashDirs(anchor, storage_options)
     chosen, kept, skipped = [], [], []
     for e in entries:
-        j: Journal = e["_journal"]
-        if e["status"] in ("in-progress", "unfinished"):
-            skipped.append(f"{e['op_id']} ({e['status']}: finish it with rollback --resume or undo first)")
+        j: Journal = e.journal
+        if e.status in ("in-progress", "unfinished"):
+            skipped.append(f"{e.op_id} ({e.status}: finish it with `checkpoint-ops resume` or revert it with `checkpoint-ops undo` first)")
             continue
-        if e["status"] == "applied" and e["undo_record"] == "kept":
-            too_new = older_than_days is not None and now - _created_s(j) < older_than_days * 86400
-            if e["op_id"] in kept_newest or too_new:
-                kept.append(e["op_id"])
+        if e.status == "applied" and e.undo_record == "kept":
+            too_new = older_than_s is not None and now - _created_s(j) < older_than_s
+            if e.op_id in kept_newest or too_new:
+                kept.append(e.op_id)
                 continue
-            why = f"undo record of {e['operation']} {e['op_id']} to batch {e['target_batch']} (applied)"
+            why = f"undo record of {e.operation} {e.op_id} to batch {e.target_batch} (applied)"
         else:
-            why = f"left-over undo record of {e['operation']} {e['op_id']} ({e['status']}" + (
-                ", pruned before)" if e["undo_record"] == "pruned" else ")")
+            why = f"left-over undo record of {e.operation} {e.op_id} ({e.status}" + (
+                ", pruned before)" if e.undo_record == "pruned" else ")")
         found = False
         for rid in j.record.get("trash", {}):
             fm, trash, files = trash_dirs.files(j, rid)
             if files:
-                root_id = f"{e['op_id']}/{rid}"
+                root_id = f"{e.op_id}/{rid}"
                 plan.roots[root_id] = fm.url(trash)
                 for f in files:
                     plan.delete(root_id, f.path[len(trash) + 1:], why, "trash", f.known_size)
                 found = True
-        if found or (e["status"] == "applied" and e["undo_record"] == "kept"):
-            chosen.append(e["op_id"])
+        if found or (e.status == "applied" and e.undo_record == "kept"):
+            chosen.append(e.op_id)
     plan.summary = {"prune": chosen or "nothing", "keep undoable": kept or "none"}
     if skipped:
         plan.summary["skipped"] = skipped
-    if any(any(e["_journal"].record.get("versioned", {}).values()) for e in entries if e["op_id"] in chosen):
+    if any(any(e.journal.record.get("versioned", {}).values()) for e in entries if e.op_id in chosen):
         plan.warnings.append("on versioned buckets the deleted objects' old versions stay until the bucket's "
                              "lifecycle rules expire them; pruning only ends undo's claim on them")
     return plan
 
 
-def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None) -> dict:
+@dataclass(frozen=True)
+class PruneResult:
+    """What ``apply_prune`` deleted (``--json`` ``result``)."""
+
+    pruned: list[str]
+    files_deleted: int
+    bytes_deleted: int
+    plan_hash: str
+
+    def to_dict(self) -> dict:
+        return {"pruned": self.pruned, "files_deleted": self.files_deleted, "bytes_deleted": self.bytes_deleted,
+                "plan_hash": self.plan_hash}
+
+
+def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None) -> PruneResult:
     """Mark each chosen operation pruned (undo refuses it from then on), then delete its trash."""
     ops = anchor.ops
     trash_dirs = _TrashDirs(anchor, storage_options)
@@ -166,5 +197,38 @@ def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None)
             base = trash.rstrip("/")
             fm.delete_many([f"{base}/{r}" for r in rels])
             fm.remove_empty_dirs(base)
-    return {"pruned": chosen, "files_deleted": len(plan.actions), "plan_hash": plan.hash,
-            "bytes_deleted": plan.counts()["bytes_deleted"]}
+    return PruneResult(chosen, len(plan.actions), plan.counts()["bytes_deleted"], plan.hash)
+
+
+class PruneOperation(Operation):
+    """``checkpoint-ops prune``: the undo records of older finished operations."""
+
+    name = "prune"
+
+    def __init__(self, url: str, keep_last: int | None = None, older_than_s: float | None = None,
+                 storage_options: dict | None = None, source_compact_interval: int = 10):
+        self.url, self.keep_last, self.older_than_s = url, keep_last, older_than_s
+        self.storage_options, self.source_compact_interval = storage_options, source_compact_interval
+        self.anchor: Anchor | None = None
+        self._sites = [Site(*open_file_manager(url, storage_options), url)]
+
+    def sites(self) -> list[Site]:
+        return self._sites
+
+    def open(self) -> None:
+        from .recovery import open_anchor
+
+        self.anchor, _ = open_anchor(self.url, self.storage_options, self.source_compact_interval)
+
+    def plan(self, stage: bool) -> Plan:
+        return plan_prune(self.anchor, self.keep_last, self.older_than_s, self.storage_options)
+
+    def nothing_to_do(self, plan: Plan) -> bool:
+        return plan.summary["prune"] == "nothing"  # an operation to mark pruned may have no trash left
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> PruneResult:
+        return apply_prune(plan, self.anchor, ctx.storage_options)
+
+    def describe(self, plan: Plan, outcome: PruneResult) -> str:
+        return (f"Pruned {', '.join(outcome.pruned)}: deleted {outcome.files_deleted} file(s); these operations can no "
+                "longer be undone.")

@@ -21,11 +21,16 @@ from __future__ import annotations
 import zipfile
 from datetime import datetime
 
-from .errors import BadInputError, RefusedError
-from .fence import is_fence, parse_fence, resume_command
+from .errors import BadInputError, RefusedError, param
+from .fence import is_fence, parse_fence, recovery_advice
+from .journal import load_journal, ops_dir, scan_journals
+from .ledger import ledger_or_none
 from .restart import Damage, RestartSets, damage_in_removed
-from .model.checkpoint import Checkpoint
+from .activity import refuse_if_active
+from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, checkpoint_roots
+from .model.checkpoint import Checkpoint, require_sink
 from .model.compactible import (
+    SPARK_DEFAULT_COMPACT_INTERVAL,
     CompactibleLog,
     LogEntry,
     all_valid_batches,
@@ -36,8 +41,11 @@ from .model.compactible import (
 from .model.listing import Listing
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
+from .operation import ApplyContext, Operation, Site
 from .plan import SIDECAR_PREFIX, Plan
+from .storage import open_file_manager
 from .storage.checksums import hadoop_crc_name, hadoop_crc_target, is_hadoop_crc_name
+from .units import iso_ms
 from .window import rollback_window
 
 CKPT = "checkpoint"
@@ -291,8 +299,9 @@ class _Builder:
                 f"after the rollback Spark would read {log.rel_dir} with compact interval {interval} ({how}) and "
                 f"miss {missing[0]}",
                 path=log.listing.url(log.rel_dir),
-                fix="pass the compactInterval the query runs with (--source-compact-interval / "
-                "--sink-compact-interval): Spark derives the interval from it when one compact file is left",
+                fix="pass the compactInterval the query runs with "
+                f"({param('source_compact_interval')} / {param('sink_compact_interval')}): Spark derives the "
+                "interval from it when one compact file is left",
             )
 
 
@@ -316,10 +325,10 @@ def _batch(e: LogEntry) -> int:
 
 def resolve_target(ckpt: Checkpoint, to_batch: int | None, to_time: datetime | None) -> int:
     if (to_batch is None) == (to_time is None):
-        raise BadInputError("give exactly one of --to-batch and --to-time")
+        raise BadInputError(f"give exactly one of {param('to_batch')} and {param('to_time')}")
     if to_batch is not None:
         if to_batch < 0:
-            raise BadInputError(f"--to-batch must be >= 0 (got {to_batch})")
+            raise BadInputError(f"{param('to_batch')} must be >= 0 (got {to_batch})")
         return to_batch
     ms = int(to_time.timestamp() * 1000)
     committed = sorted(b for b in ckpt.offset_files if b in ckpt.commit_files)
@@ -337,10 +346,11 @@ def resolve_target(ckpt: Checkpoint, to_batch: int | None, to_time: datetime | N
     if best is None:
         first = ckpt.offsets(committed[0])
         raise RefusedError(
-            f"no retained committed batch started at or before {to_time.isoformat()} (the earliest retained, "
-            f"batch {committed[0]}, started at {first.timestamp_ms} ms)",
+            f"no retained committed batch started at or before {iso_ms(ms)} (the earliest retained, "
+            f"batch {committed[0]}, started at {iso_ms(first.timestamp_ms)})",
             path=ckpt.url,
-            fix="pick a later time, or --to-batch within the rollback window (see `checkpoint-ops inspect`)",
+            fix=f"pick a later time, or a {param('to_batch')} within the rollback window (`checkpoint-ops inspect` "
+                "shows it)",
         )
     return best
 
@@ -363,8 +373,7 @@ def plan_rollback(
         raise RefusedError(
             f"an earlier {fence.operation} ({fence.op_id}) was interrupted and the checkpoint is fenced",
             path=ckpt.listing.url("metadata"),
-            fix=f"finish it with `{resume_command(fence.operation, ckpt.url)}` or revert it with "
-            f"`checkpoint-ops undo {ckpt.url}` first",
+            fix=recovery_advice(fence, ckpt.url) + " first",
         )
     sinks = list(sinks)
     target = resolve_target(ckpt, to_batch, to_time)
@@ -372,8 +381,8 @@ def plan_rollback(
     if C is None:
         raise RefusedError("no batch has been committed yet: there is nothing to roll back to", path=ckpt.url)
     if target > C:
-        raise RefusedError(f"batch {target} was never committed (the last committed batch is {C})", path=ckpt.url,
-                           fix=f"choose a batch up to {C}")
+        raise RefusedError(f"batch {target} was never committed (the last committed batch is {C}"
+                           f"{_last_operation(ckpt)})", path=ckpt.url, fix=f"choose a batch up to {C}")
     warnings = check_restart_set(ckpt, target, sinks, ledger, force=force, what="roll back to")
     b = _Builder(ckpt, sinks, target, keep_files, ledger)
     b.plan.warnings += warnings
@@ -385,6 +394,22 @@ def plan_rollback(
     b.litter()
     b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
     return b.plan
+
+
+def _last_operation(ckpt: Checkpoint) -> str:
+    """", since <operation> <op id> at <time>" when a journaled operation was the last to change the
+    checkpoint (say, another rollback that went first)."""
+    try:
+        journals = scan_journals(ckpt.fm, ops_dir(ckpt.fm, ckpt.root))
+    except BadInputError:
+        return ""
+    for path, markers in reversed(journals.items()):
+        if "applied" in markers and not markers & {"undone", "abandoned"}:
+            j = load_journal(ckpt.fm, path)
+            target = j.record["plan"].get("target_batch")
+            return (f", since {j.record['operation']} {j.op_id}" + (f" to batch {target}" if target is not None else "")
+                    + f" at {j.record['created']}")
+    return ""
 
 
 class RestartSetDamaged(BadInputError):
@@ -432,3 +457,55 @@ def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], le
             + "; a batch ledger (`checkpoint-ops ledger sync`) or a backup taken earlier reaches further",
         )
     return warnings
+
+
+# ---- the operation -------------------------------------------------------------------------------------
+
+
+class RollbackOperation(Operation):
+    """``checkpoint-ops rollback``: a checkpoint and its file sinks back to one batch (module docstring)."""
+
+    name = "rollback"
+
+    def __init__(self, checkpoint_url: str, to_batch: int | None = None, to_time: datetime | None = None,
+                 sink_urls: list[str] = (), keep_files: str | None = None, storage_options: dict | None = None,
+                 source_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL,
+                 sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL, force: bool = False):
+        self.url = checkpoint_url
+        self.to_batch, self.to_time, self.keep_files, self.force = to_batch, to_time, keep_files, force
+        self.sink_urls = list(sink_urls)
+        self.storage_options = storage_options
+        self.source_compact_interval, self.sink_compact_interval = source_compact_interval, sink_compact_interval
+        self.fm, self.root = open_file_manager(checkpoint_url, storage_options)
+        self.sink_fms = [open_file_manager(u, storage_options) for u in self.sink_urls]
+        self.ckpt: Checkpoint | None = None
+        self.sinks: list[SinkOutput] = []
+        self.ledger = None
+
+    def sites(self) -> list[Site]:
+        return [Site(self.fm, self.root, f"checkpoint {self.url}")] + [
+            Site(fm, root, f"sink output {url}") for (fm, root), url in zip(self.sink_fms, self.sink_urls)]
+
+    def open(self) -> None:
+        self.ckpt = Checkpoint(self.fm, self.root, source_compact_interval=self.source_compact_interval)
+        self.ckpt.require_checkpoint(self.url)
+        self.sinks = [require_sink(SinkOutput(fm, root, self.sink_compact_interval), url)
+                      for (fm, root), url in zip(self.sink_fms, self.sink_urls)]
+        self.ledger = ledger_or_none(self.ckpt)
+
+    def check_active(self, force: bool) -> None:
+        refuse_if_active(self.ckpt, force)
+
+    def plan(self, stage: bool) -> Plan:
+        return plan_rollback(self.ckpt, self.to_batch, self.to_time, self.sinks, keep_files=self.keep_files,
+                             ledger=self.ledger, force=self.force)
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
+        hooks = JournalHooks(ledger_truncation=plan.target_batch, undo_guard={"checkpoint": ["offsets", "commits"]})
+        return apply_plan(plan, Anchor.of_checkpoint(self.ckpt), checkpoint_roots(self.ckpt, self.sinks),
+                          ctx.storage_options, ctx.progress, hooks, guard=ctx.guard)
+
+    def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
+        return (f"Applied plan {plan.hash[:12]} ({outcome.op_id}): last committed batch is now {plan.target_batch}. "
+                f"Undo with: checkpoint-ops undo {self.ckpt.url}")
+

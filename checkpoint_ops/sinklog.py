@@ -27,13 +27,15 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .errors import BadInputError, RefusedError
-from .executor import Anchor, apply_plan
+from .activity import refuse_if_active, refuse_if_sink_active
+from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .journal import ops_dir
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
+from .operation import ApplyContext, Operation, Site
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -46,15 +48,6 @@ _ENTRY = re.compile(rb'\{"path":"([^"\\]*)","size":-?\d+,"isDir":(?:true|false),
                     rb'"blockReplication":-?\d+,"blockSize":-?\d+,"action":"add"\}\Z')
 _FIELDS = {"path": str, "size": int, "isDir": bool, "modificationTime": int, "blockReplication": int,
            "blockSize": int, "action": str}
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``30s``, ``15m``, ``12h``, ``7d``, ``2w`` (or a plain number of seconds)."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
-    if not m:
-        raise BadInputError(f"{text!r} is not a duration", fix="write it like 30s, 15m, 12h, 7d or 2w")
-    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
 
 
 @dataclass
@@ -492,13 +485,13 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
 # ---- applying ------------------------------------------------------------------------------------------------
 
 
-def apply(ctx: SinkContext, plan: Plan, storage_options: dict | None = None, progress: bool = False) -> dict:
+def apply(ctx: SinkContext, plan: Plan, storage_options: dict | None = None, progress: bool = False,
+          guard=None) -> AppliedOperation:
     """Record in the ledger what the plan's log deletions would forget, apply the plan, and clear the
     staged rewrites it used."""
-    ledger = sync(ctx.ckpt, [ctx.sink], ledger=ctx.ledger)
-    result = apply_plan(plan, ctx.anchor, ctx.root_fms(), storage_options, progress)
-    result["ledger"] = {"batches_recorded": ledger["batches_recorded"],
-                        "sink_batches_recorded": ledger["sink_batches_recorded"]}
+    sync(ctx.ckpt, [ctx.sink], ledger=ctx.ledger)
+    hooks = JournalHooks(undo_guard={SINK: ["_spark_metadata"]})
+    result = apply_plan(plan, ctx.anchor, ctx.root_fms(), storage_options, progress, hooks, guard=guard)
     clear_staging(ctx, plan)
     return result
 
@@ -527,3 +520,106 @@ def clear_staging(ctx: SinkContext, plan: Plan) -> None:
     staged = [u for u in plan.sources.values() if u.startswith(sfm.url(sdir))]
     if staged:
         sfm.delete_many([parse_url(u).path for u in staged])
+
+
+# ---- the operations ----------------------------------------------------------------------------------------
+
+
+class _SinkOperation(Operation):
+    """A plan on a sink's log (and data files), anchored at its checkpoint when given, else at the output."""
+
+    data = False  # list the data files too
+
+    def __init__(self, output_url: str, checkpoint_url: str | None = None, storage_options: dict | None = None,
+                 compact_interval: int = 10):
+        self.output_url, self.checkpoint_url = output_url, checkpoint_url
+        self.storage_options, self.compact_interval = storage_options, compact_interval
+        self.ctx: SinkContext | None = None
+
+    def sites(self) -> list[Site]:
+        if not hasattr(self, "_sites"):
+            fm, root = open_file_manager(self.output_url, self.storage_options)
+            self._sites = [Site(fm, root, f"sink output {self.output_url}")]
+            if self.checkpoint_url:
+                cfm, croot = open_file_manager(self.checkpoint_url, self.storage_options)
+                self._sites.append(Site(cfm, croot, f"checkpoint {self.checkpoint_url}"))
+        return self._sites
+
+    def open(self) -> None:
+        self.ctx = open_context(self.output_url, self.checkpoint_url, self.storage_options, self.compact_interval,
+                                data=self.data)
+
+    def check_active(self, force: bool) -> None:
+        if self.ctx.ckpt is not None:
+            refuse_if_active(self.ctx.ckpt, force)
+        else:
+            refuse_if_sink_active(self.ctx.sink, force)
+
+    def plan(self, stage: bool) -> Plan:
+        if stage:
+            sweep_staging(self.ctx)  # rewrites staged by a planning run that died before its journal
+        return self.build(stage)
+
+    def build(self, stage: bool) -> Plan:
+        raise NotImplementedError
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
+        return apply(self.ctx, plan, ctx.storage_options, ctx.progress, guard=ctx.guard)
+
+    def discard(self, plan: Plan) -> None:
+        clear_staging(self.ctx, plan)
+
+    def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
+        return (f"Applied {self.what} plan {plan.hash[:12]} ({outcome.op_id}). Undo with: checkpoint-ops undo "
+                f"{self.ctx.anchor.url}")
+
+
+class SinkCompactOperation(_SinkOperation):
+    """``checkpoint-ops sink compact``: offline compaction (``plan_compact``)."""
+
+    name = "sink-compact"
+    what = "sink compaction"
+
+    def __init__(self, output_url: str, checkpoint_url: str | None = None, drop_missing: bool = False, **kw):
+        super().__init__(output_url, checkpoint_url, **kw)
+        self.drop_missing = drop_missing
+        self.data = drop_missing
+
+    def build(self, stage: bool) -> Plan:
+        return plan_compact(self.ctx, self.drop_missing, stage)
+
+
+class SinkRetainOperation(_SinkOperation):
+    """``checkpoint-ops sink retain``: drop whole old batches (``plan_retain``)."""
+
+    name = "sink-retain"
+    what = "sink retention"
+
+    def __init__(self, output_url: str, checkpoint_url: str | None = None, keep_after_batch: int | None = None,
+                 older_than_s: float | None = None, delete_files: bool = False, **kw):
+        super().__init__(output_url, checkpoint_url, **kw)
+        self.keep_after_batch, self.older_than_s, self.delete_files = keep_after_batch, older_than_s, delete_files
+        self.data = delete_files
+
+    def build(self, stage: bool) -> Plan:
+        return plan_retain(self.ctx, self.keep_after_batch, self.older_than_s, self.delete_files, stage)
+
+
+class SinkOrphansOperation(_SinkOperation):
+    """``checkpoint-ops sink orphans``: data files no log entry references (``plan_orphans``)."""
+
+    name = "sink-orphans"
+    what = "orphan cleanup"
+    data = True
+
+    def __init__(self, output_url: str, checkpoint_url: str | None = None, min_age_s: float = 3600,
+                 delete: bool = False, quarantine: str | None = None, **kw):
+        super().__init__(output_url, checkpoint_url, **kw)
+        self.min_age_s, self.delete, self.quarantine = min_age_s, delete, quarantine
+
+    def check_active(self, force: bool) -> None:
+        if self.delete or self.quarantine:  # a listing alone changes nothing, whoever writes meanwhile
+            super().check_active(force)
+
+    def build(self, stage: bool) -> Plan:
+        return plan_orphans(self.ctx, self.min_age_s, self.delete, self.quarantine)

@@ -5,10 +5,11 @@ import time
 
 import dagster as dg
 
-from checkpoint_ops.backup import Repository, apply_backup_prune, create_backup, list_backups, plan_backup_prune
-from checkpoint_ops.backup import verify_backups
+from checkpoint_ops.backup import Repository, create_backup, list_backups, verify_backups
+from checkpoint_ops.backup.retention import BackupPruneOperation
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
-from checkpoint_ops.sinklog import parse_duration
+from checkpoint_ops.operation import RunOptions, run
+from checkpoint_ops.units import parse_duration
 from pipelines.maintenance import maintenance_job, query_op
 from pipelines.query import StreamingQuery
 from resources.checkpoint_files import CheckpointFileManagerResource
@@ -29,8 +30,9 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
         r = create_backup(query.checkpoint, dest, sinks, opts)
         repo = Repository.open(dest, opts)
         v = verify_backups(repo, r["backup_id"])
-        plan = plan_backup_prune(repo, keep_last=settings.backup_keep_last)
-        pruned = apply_backup_prune(repo, plan) if not plan.empty else {"manifests_deleted": 0}
+        pruned = run(BackupPruneOperation(dest, keep_last=settings.backup_keep_last, storage_options=opts),
+                     RunOptions(yes=True, storage_options=opts, owner=f"dagster run {context.run.run_id} (backup of "
+                                f"{query.name})"))
     except CheckpointOpsError as e:
         raise dg.Failure(description=f"backup of {query.name} failed: {e.render()}") from None
     md = {
@@ -40,7 +42,7 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
         "backup_bytes": dg.MetadataValue.int(r["bytes"]),
         "backup_new_bytes": dg.MetadataValue.int(r["new_bytes"]),
         "backup_verified": dg.MetadataValue.bool(v["ok"]),
-        "backups_pruned": dg.MetadataValue.int(pruned["manifests_deleted"]),
+        "backups_pruned": dg.MetadataValue.int(pruned.outcome.manifests_deleted if pruned.applied else 0),
         "backup_destination": dg.MetadataValue.text(dest),
     }
     context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md))
@@ -68,7 +70,7 @@ def freshness_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
     def _check(streaming_settings: StreamingSettings,
                checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
         dest = streaming_settings.backup_dest(query.name)
-        limit = parse_duration(streaming_settings.backup_max_age)
+        limit = parse_duration(streaming_settings.backup_max_age, "backup_max_age")
         try:
             rows = list_backups(Repository.open(dest, checkpoint_files.options()))
         except BadInputError as e:

@@ -4,8 +4,10 @@ from typing import Optional
 
 import dagster as dg
 
-from checkpoint_ops.errors import CheckpointOpsError
-from checkpoint_ops.sinklog import apply, open_context, parse_duration, plan_compact, plan_retain, sweep_staging
+from checkpoint_ops.errors import CheckpointOpsError, parameter_names
+from checkpoint_ops.operation import RunOptions, run
+from checkpoint_ops.sinklog import SinkCompactOperation, SinkRetainOperation
+from checkpoint_ops.units import parse_duration
 from pipelines.maintenance import maintenance_job, query_op
 from pipelines.query import StreamingQuery
 from resources.checkpoint_files import CheckpointFileManagerResource
@@ -14,22 +16,23 @@ from resources.settings import StreamingSettings
 
 def compact_sinks(context, query: StreamingQuery, settings: StreamingSettings,
                   files: CheckpointFileManagerResource) -> list[dict]:
-    """Compact each of the query's file sinks, then drop batches older than the retention, if set."""
+    """Compact each of the query's file sinks, then drop batches older than the retention, if set: each
+    through the operation runner (the checkpoint's and the sink's leases, journaled, undoable)."""
     opts = files.options()
+    options = RunOptions(yes=True, storage_options=opts, owner=f"dagster run {context.run.run_id} (compaction of "
+                         f"{query.name})")
     done = []
     for sink in query.sinks:
         try:
-            ctx = open_context(sink, query.checkpoint, opts)
-            sweep_staging(ctx)
-            plan = plan_compact(ctx, stage=True)
-            result = apply(ctx, plan, opts) if not plan.empty else None
-            entry = {"sink": sink, "compact": plan.summary.get("compact"), "op_id": result and result["op_id"]}
-            if settings.sink_retention:
-                ctx = open_context(sink, query.checkpoint, opts, data=True)
-                plan = plan_retain(ctx, older_than_s=parse_duration(settings.sink_retention), delete_files=True,
-                                   stage=True)
-                result = apply(ctx, plan, opts) if not plan.empty else None
-                entry["retain"] = plan.summary.get("retain")
+            with parameter_names({"sink_compact_interval": "the query's Spark settings", "force": None}):
+                result = run(SinkCompactOperation(sink, query.checkpoint, storage_options=opts), options)
+                entry = {"sink": sink, "compact": result.plan.summary.get("compact"),
+                         "op_id": result.outcome.op_id if result.applied else None}
+                if settings.sink_retention:
+                    older = parse_duration(settings.sink_retention, "sink_retention")
+                    result = run(SinkRetainOperation(sink, query.checkpoint, older_than_s=older, delete_files=True,
+                                                     storage_options=opts), options)
+                    entry["retain"] = result.plan.summary.get("retain")
             done.append(entry)
         except CheckpointOpsError as e:
             raise dg.Failure(description=f"compaction of {sink} ({query.name}) refused: {e.render()}") from None

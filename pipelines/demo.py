@@ -28,7 +28,9 @@ if os.path.isdir(DEMO_HOME):
 
 import dagster as dg  # noqa: E402
 
-from checkpoint_ops.backup import Repository, list_backups, plan_restore, restore_backup  # noqa: E402
+from checkpoint_ops.backup import Repository, list_backups  # noqa: E402
+from checkpoint_ops.backup.restore import RestoreOperation  # noqa: E402
+from checkpoint_ops.operation import RunOptions, run  # noqa: E402
 from checkpoint_ops.fsck import run_fsck  # noqa: E402
 from checkpoint_ops.model import Checkpoint  # noqa: E402
 from checkpoint_ops.model.checkpoint import open_sink  # noqa: E402
@@ -141,7 +143,7 @@ def main() -> int:
             md = materialize(defs, instance, name, req.run_config["ops"][name]["config"],
                              tags={**req.tags, "dagster/run_key": req.run_key})
             summary.append((f"{name}: rollback", f"to batch {md['rollback_target_batch']}",
-                            f"reprocessed {md['batch_ids']}; undo: {md['undo_command']}"))
+                            f"reprocessed {md['batch_ids']} (operation {md['rollback_op_id']})"))
         again = sensor_tick(defs, instance, tick.cursor)
         assert not again.run_requests, "a handled request was asked for again"
         say(f"next tick: no new run ({len(os.listdir(os.path.join(requests, 'handled'))) // 2} requests moved to "
@@ -167,9 +169,9 @@ def main() -> int:
         backup = list_backups(repo)[0]
         target = os.path.join(DEMO_HOME, "restored")
         ckpt, out = os.path.join(target, "checkpoint"), os.path.join(target, "events")
-        restored = restore_backup(plan_restore(repo, backup["id"], ckpt, [out], stage=True), repo)
+        restored = run(RestoreOperation(dest, backup["id"], ckpt, [out]), RunOptions(yes=True)).outcome
         say(f"restored backup {backup['id']} (batch {backup['batch']}) into {os.path.relpath(target, REPO)} "
-            f"(operation {restored['op_id']}); as a command: checkpoint-ops backup restore {dest} "
+            f"(operation {restored.op_id}); as a command: checkpoint-ops backup restore {dest} "
             f"{backup['id']} {ckpt} --sink-target {out} --yes")
         findings = run_fsck(Checkpoint.open(ckpt), [open_sink(out)])
         say(f"fsck of the restored copy: {len(findings)} findings")

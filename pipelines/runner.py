@@ -10,19 +10,25 @@ from datetime import datetime, timezone
 
 import dagster as dg
 
-from checkpoint_ops.activity import hold_lease, refuse_if_active
-from checkpoint_ops.errors import CheckpointOpsError
-from checkpoint_ops.executor import Anchor, apply_plan
+from checkpoint_ops.errors import CheckpointOpsError, parameter_names
+from checkpoint_ops.fence import recovery_advice
 from checkpoint_ops.inspect import inspect_checkpoint
+from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.ledger import sync as sync_ledger
-from checkpoint_ops.fence import resume_command
 from checkpoint_ops.model import Checkpoint
+from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
-from checkpoint_ops.rollback import plan_rollback
+from checkpoint_ops.rollback import RollbackOperation
+from checkpoint_ops.units import parse_time
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
+
+# How the library's messages name parameters here: run-config keys, not CLI flags (errors.param).
+RUN_CONFIG_NAMES = {"to_batch": "rollback_to_batch", "to_time": "rollback_to_time", "dry_run": "dry_run",
+                    "force": None, "checkpoint": None, "source_compact_interval": "the query's Spark settings",
+                    "sink_compact_interval": "the query's Spark settings"}
 
 
 def failure(e: CheckpointOpsError, what: str) -> dg.Failure:
@@ -44,44 +50,47 @@ def plan_markdown(plan: Plan) -> str:
     return "\n".join(rows) if plan.actions else "nothing to change"
 
 
-def rollback(context, query, config, files) -> dict:
-    """Plan (and unless a dry run, apply) the rollback the run config asks for; metadata for the UI."""
-    ckpt = files.checkpoint(query.checkpoint)
-    sinks = [files.sink(s) for s in query.sinks]
-    to_time = None
-    if config.rollback_to_time:
+def rollback(context, query, config, files, leases: LeaseSet) -> dict:
+    """Plan (and unless a dry run, apply) the rollback the run config asks for, through the operation
+    runner under the run's leases; metadata for the UI."""
+    with parameter_names(RUN_CONFIG_NAMES):
         try:
-            to_time = datetime.fromisoformat(config.rollback_to_time)
-        except ValueError:
-            raise dg.Failure(description=f"rollback_to_time {config.rollback_to_time!r} is not an ISO 8601 time "
-                             "(e.g. 2026-11-21T06:30:00Z)") from None
-        to_time = to_time if to_time.tzinfo else to_time.replace(tzinfo=timezone.utc)
-    try:
-        refuse_if_active(ckpt, force=False)
-        plan = plan_rollback(ckpt, config.rollback_to_batch, to_time, sinks, ledger=Ledger.for_checkpoint(ckpt))
-    except CheckpointOpsError as e:
-        raise failure(e, "rollback refused") from None
+            to_time = parse_time(config.rollback_to_time, "rollback_to_time") if config.rollback_to_time else None
+            op = RollbackOperation(query.checkpoint, config.rollback_to_batch, to_time, list(query.sinks),
+                                   storage_options=files.options())
+            result = run(op, RunOptions(dry_run=config.dry_run, yes=True, held=leases, storage_options=files.options(),
+                                        owner=f"dagster run {context.run.run_id} ({query.name})"))
+        except CheckpointOpsError as e:
+            raise failure(e, "rollback refused") from None
+    plan = result.plan
     md = {
         "rollback_target_batch": dg.MetadataValue.int(plan.target_batch),
         "rollback_plan_hash": dg.MetadataValue.text(plan.hash),
         "rollback_plan": dg.MetadataValue.md(plan_markdown(plan)),
         "rollback_counts": dg.MetadataValue.json(plan.counts()),
         "rollback_warnings": dg.MetadataValue.json(plan.warnings),
-        "undo_command": dg.MetadataValue.text(f"checkpoint-ops undo {ckpt.url}"),
     }
     for w in plan.warnings:
         context.log.warning(f"rollback plan: {w}")
-    if config.dry_run:
-        return md
-    roots = {"checkpoint": (ckpt.fm, ckpt.root), **{f"sink{i}": (s.fm, s.root) for i, s in enumerate(sinks)}}
-    try:
-        result = apply_plan(plan, Anchor.of_checkpoint(ckpt), roots, files.options())
-    except CheckpointOpsError as e:
-        raise failure(e, "rollback failed") from None
-    context.log.info(f"rolled {query.name} back to batch {plan.target_batch} ({result['op_id']}): "
-                     f"{plan.counts()['delete']} files moved aside; undo with checkpoint-ops undo {ckpt.url}")
-    md["rollback_op_id"] = dg.MetadataValue.text(result["op_id"])
+    if result.applied:
+        op_id = result.outcome.op_id
+        context.log.info(f"rolled {query.name} back to batch {plan.target_batch} ({op_id}): "
+                         f"{plan.counts()['delete']} files moved aside")
+        md["rollback_op_id"] = dg.MetadataValue.text(op_id)
     return md
+
+
+def undo_metadata(query, md: dict, progress: list[dict]) -> dict:
+    """How to revert this run's rollback, if anything can: once the run reprocessed batches after it,
+    undo would mix two timelines (and refuses), so the metadata says what to do instead."""
+    if "rollback_op_id" not in md:
+        return {}
+    if progress:
+        batches = [p["batchId"] for p in progress]
+        return {"undo": dg.MetadataValue.text(
+            f"not possible any more: this run reprocessed batches {batches[0]}..{batches[-1]} after the rollback; "
+            "to go back, materialize again with rollback_to_batch")}
+    return {"undo_command": dg.MetadataValue.text(f"checkpoint-ops undo {query.checkpoint}")}
 
 
 def _progress(p) -> dict:
@@ -95,8 +104,7 @@ def _refuse_if_fenced(query, files) -> None:
     if "metadata" in ckpt.listing and ckpt.fence is not None:
         f = ckpt.fence
         raise dg.Failure(description=f"{query.checkpoint}: an interrupted checkpoint-ops {f.operation} ({f.op_id}) "
-                         f"fenced this checkpoint. Finish it with `{resume_command(f.operation, ckpt.url)}` or "
-                         f"revert it with `checkpoint-ops undo {ckpt.url}`, then run again.")
+                         f"fenced this checkpoint: {recovery_advice(f, ckpt.url)}, then run again.")
 
 
 def _is_connect(spark) -> bool:
@@ -128,39 +136,54 @@ def release_state_stores(spark, stateful: bool) -> None:
 
 
 def run_query(context, query, spark, files) -> list[dict]:
-    """Start the user's writer on the query's checkpoint with Trigger.AvailableNow, under the lease."""
+    """Start the user's writer on the query's checkpoint with Trigger.AvailableNow (the run holds the
+    checkpoint's lease)."""
     _refuse_if_fenced(query, files)
-    fm, root = files.file_manager(query.checkpoint)
     spark.conf.set(NUM_PROGRESS, "100000")  # metadata covers every batch of the run
-    with hold_lease(fm, root, owner=f"dagster run {context.run.run_id} ({query.name})"):
-        writer = query.build(spark)
-        if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
-            raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
-                             f"(df.writeStream...), not {type(writer).__name__}")
-        started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
-        try:
-            started.awaitTermination()
-        except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
-            raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
-        progress = [_progress(p) for p in started.recentProgress]
-        release_state_stores(spark, any(p.get("stateOperators") for p in progress))
-        return progress
+    writer = query.build(spark)
+    if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
+        raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
+                         f"(df.writeStream...), not {type(writer).__name__}")
+    started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
+    try:
+        started.awaitTermination()
+    except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
+        raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
+    progress = [_progress(p) for p in started.recentProgress]
+    release_state_stores(spark, any(p.get("stateOperators") for p in progress))
+    return progress
+
+
+def hold_leases(context, query, files) -> LeaseSet:
+    """The leases of the query's checkpoint and file sinks, for the whole materialization: no command
+    (and no other run) changes them meanwhile. A dead earlier run's lease is taken over, with a warning."""
+    sites = [(*files.file_manager(url), url) for url in [query.checkpoint, *query.sinks]]
+    try:
+        leases = acquire_all(sites, f"dagster run {context.run.run_id} ({query.name})")
+    except CheckpointOpsError as e:
+        raise failure(e, f"{query.name} cannot run") from None
+    for note in leases.notes:
+        context.log.warning(note)
+    return leases
 
 
 def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
-    """The whole materialization: rollback if asked, the run, the ledger, and what happened."""
+    """The whole materialization, under the leases: rollback if asked, the run, the ledger, and what happened."""
     t0 = time.monotonic()
     md: dict = {}
-    if config.rollback_to_batch is not None or config.rollback_to_time:
-        md.update(rollback(context, query, config, files))
-        if config.dry_run:
-            md["dry_run"] = dg.MetadataValue.bool(True)
-            return dg.MaterializeResult(metadata=md)
-    elif config.dry_run:
-        return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
-                                              "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
-    progress = run_query(context, query, spark, files)
-    md.update(describe(query, files, progress))
+    with hold_leases(context, query, files) as leases:
+        if config.rollback_to_batch is not None or config.rollback_to_time:
+            md.update(rollback(context, query, config, files, leases))
+            if config.dry_run:
+                md["dry_run"] = dg.MetadataValue.bool(True)
+                return dg.MaterializeResult(metadata=md)
+        elif config.dry_run:
+            return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
+                                                  "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
+        progress = run_query(context, query, spark, files)
+        md.update(undo_metadata(query, md, progress))
+        md.update(describe(query, files, progress))
+        leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
     return dg.MaterializeResult(metadata=md)
 

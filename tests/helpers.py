@@ -26,6 +26,12 @@ def tree_snapshot(*roots: str) -> dict[str, tuple[str, int]]:
     return out
 
 
+def is_lease_file(path: str) -> bool:
+    """A lease (or its takeover claim, or their Hadoop .crc) that checkpoint-ops keeps in a root it guards."""
+    name = os.path.basename(path)
+    return name.startswith(".checkpoint-ops.lease") or name.startswith("..checkpoint-ops.lease")
+
+
 def cli(*args: str) -> tuple[int, str, str]:
     """Run ``checkpoint-ops`` in process: (exit code, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from pipelines.event_counts import expected_windows, flush_files, read_output
-from tests.helpers import cli_json, tree_snapshot
+from tests.helpers import is_lease_file, cli_json, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL
 
 INTERVALS = ("--source-compact-interval", str(COMPACT_INTERVAL), "--sink-compact-interval", str(COMPACT_INTERVAL))
@@ -205,10 +205,11 @@ def test_keep_files_moves_sink_data_aside(spark, run, tmp_path):
     assert code == 0 and all(os.path.exists(os.path.join(run.output, rel)) for rel in moved)
 
 
-# Mutating calls of a rollback on local disk (storage/killswitch.py counts them): the journal and its
-# .crc (1, 2), the ledger truncation and its .crc (3, 4), the fence over metadata and its .crc (5, 6),
-# then one per file moved aside. The crash matrix (test_crash_matrix.py) kills at every one of them.
-FENCE_AT = 5
+# Mutating calls of a rollback on local disk (storage/killswitch.py counts them): the leases of the
+# checkpoint and of the sink and their .crc (1-4), the journal and its .crc (5, 6), the ledger truncation
+# and its .crc (7, 8), the fence over metadata and its .crc (9, 10), then one per file moved aside. The
+# crash matrix (test_crash_matrix.py) kills at every one of them.
+FENCE_AT = 9
 FENCED = FENCE_AT + 2
 
 
@@ -230,7 +231,7 @@ def test_killed_rollback_is_fenced_then_resumed(run, kill_at):
     code, f = cli_json("fsck", run.checkpoint, *INTERVALS)
     assert "operation-interrupted" in {x["code"] for x in f["findings"]}
     code, r = rollback(run, n, "--yes")
-    assert code == 1 and "--resume" in r["fix"]
+    assert code == 1 and f"checkpoint-ops resume {run.checkpoint}" in r["fix"]
     code, res = cli_json("rollback", run.checkpoint, "--resume", *INTERVALS)
     assert code == 0, res
     assert res["result"]["plan_hash"] == dry["plan"]["plan_hash"]
@@ -285,16 +286,19 @@ def test_undo_of_a_cleanup_after_spark_ran_is_refused(spark, run):
 
 
 def test_active_query_is_refused_unless_forced(run):
-    from checkpoint_ops.activity import hold_lease
+    from checkpoint_ops.lease import acquire
     from checkpoint_ops.storage import open_file_manager
 
     n = target_before_last_compaction(run)
     fm, root = open_file_manager(run.checkpoint)
-    with hold_lease(fm, root, "test-runner"):
+    lease = acquire(fm, root, "test-runner")
+    try:
         code, r = rollback(run, n, "--dry-run")
-        assert code == 1 and "lease" in r["problem"]
-        code, r = rollback(run, n, "--dry-run", "--force")
-        assert code == 0
+        assert code == 1 and "test-runner" in r["problem"] and "lease break" in r["fix"]
+        code, r = rollback(run, n, "--dry-run", "--force")  # --force never overrides a lease
+        assert code == 1 and "test-runner" in r["problem"]
+    finally:
+        lease.release()
     # an uncommitted batch planned moments ago also means "running"
     last = run.last_batch
     os.remove(os.path.join(run.checkpoint, "commits", str(last)))
@@ -324,9 +328,13 @@ def test_journal_written_but_never_fenced_is_abandoned_not_resumed(run):
     # the fence's temp file, written before the kill landed on its publication
     ours = [p for p in before if os.path.basename(p).startswith(".metadata.") and p.endswith(".tmp")]
     assert len(ours) == 1, ours
+    # the killed process's leases (checkpoint and sink): stale at once, its pid is gone
+    dead_leases = [p for p in before if is_lease_file(p)]
+    assert len(dead_leases) == 4, dead_leases
     code, r = cli_json("rollback", run.checkpoint, "--resume", *INTERVALS)
     assert code == 1 and "stopped before changing anything" in r["problem"]
-    assert tree_snapshot(run.checkpoint, run.output) == {p: v for p, v in before.items() if p not in ours}
+    assert tree_snapshot(run.checkpoint, run.output) == {p: v for p, v in before.items()
+                                                         if p not in ours + dead_leases}
     code, r = rollback(run, n, "--yes")  # planning again works
     assert code == 0, r
 

@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 from ..errors import BadInputError, RefusedError
-from ..executor import Anchor, apply_plan
+from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..journal import ops_dir, utc_stamp
+from ..lease import is_lease_file
 from ..ledger import Ledger
 from ..model.checkpoint import Checkpoint
 from ..model.sink import SinkOutput
+from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
 from ..rollback import plan_rollback
 from ..storage import open_file_manager
@@ -69,14 +71,33 @@ def spark_url(loc: Location) -> str:
     return f"{scheme}://{bucket}/{quote(key, safe=_PCHAR)}"
 
 
+def _absolute(part: str) -> bool:
+    return bool(part) and (part.startswith("/") or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", part) is not None)
+
+
+def split_relocation(text: str) -> tuple[str, str]:
+    """``OLD=NEW`` where either side may itself hold ``=`` (Hive-style ``date=2026-11-21``): the split is
+    the one ``=`` after which an absolute path or URL starts and before which one ends."""
+    splits = [(text[:i], text[i + 1:]) for i, ch in enumerate(text) if ch == "="]
+    valid = [(old, new) for old, new in splits if _absolute(old) and _absolute(new)]
+    fix = ("e.g. --relocate /data/in=/mnt/restore/in (Hive-style names like date=2026-11-21 inside either path are "
+           "fine)")
+    if not valid:
+        old, sep, new = text.partition("=")
+        bad = old if not _absolute(old) else new
+        raise BadInputError(f"--relocate {text!r} is not OLD=NEW: {bad!r} is not an absolute path or URL" if sep
+                            else f"--relocate {text!r} is not OLD=NEW", fix=fix)
+    if len(valid) > 1:
+        raise BadInputError(f"--relocate {text!r} can be read as OLD=NEW in more than one way", fix=fix)
+    return valid[0]
+
+
 def parse_rules(relocate: list[str]) -> list[Rule]:
     rules = []
     for text in relocate:
-        old, sep, new = text.partition("=")
-        if not sep or not old or not new:
-            raise BadInputError(f"--relocate {text!r} is not OLD=NEW", fix="e.g. --relocate /data/in=/mnt/restore/in")
+        old, new = split_relocation(text)
         for part in (old, new):
-            if "/../" in f"/{part}/" or not (part.startswith("/") or "://" in part):
+            if "/../" in f"/{part}/":
                 raise BadInputError(f"--relocate {text!r}: {part!r} is not an absolute path or URL without '..'")
         rules.append(Rule(parse_url(old), parse_url(new)))
     return rules
@@ -261,7 +282,7 @@ class _Restore:
 
 
 def _require_empty(fm, root: str, url: str) -> None:
-    found = fm.walk(root)
+    found = [f for f in fm.walk(root) if not is_lease_file(f.path[len(root) + 1:])]  # our own lease: not content
     if found:
         names = sorted(f.path[len(root) + 1:] for f in found)
         raise BadInputError(f"the target is not empty: it holds {', '.join(names[:5])}"
@@ -298,15 +319,16 @@ def verify_objects(repo: Repository, shas: set[str]) -> None:
 
 
 def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | None = None,
-                   progress: bool = False) -> dict:
+                   progress: bool = False, guard=None) -> AppliedOperation:
     """Check every object, then apply the restore plan (fenced until the last file is written)."""
     try:
         verify_objects(repo, rp.objects)
     except BaseException:
         clear_staged(rp)
         raise
-    result = apply_plan(rp.plan, rp.anchor, rp.fms, storage_options, progress, final_metadata=rp.metadata,
-                        journal_extra={"backup": {"destination": repo.url, "id": rp.manifest.id}})
+    hooks = JournalHooks(final_metadata=rp.metadata, undo_guard={"checkpoint": ["offsets", "commits"]},
+                         extra={"backup": {"destination": repo.url, "id": rp.manifest.id}})
+    result = apply_plan(rp.plan, rp.anchor, rp.fms, storage_options, progress, hooks, guard=guard)
     clear_staged(rp)  # a resume would still need them; an applied restore does not
     return result
 
@@ -314,3 +336,49 @@ def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | No
 def clear_staged(rp: RestorePlan) -> None:
     for fm, path in rp.staged or []:
         fm.delete_many([path])
+
+
+class RestoreOperation(Operation):
+    """``checkpoint-ops backup restore``: a backup into an empty target (module docstring)."""
+
+    name = "restore"
+
+    def __init__(self, dest_url: str, backup_id: str, target_url: str, sink_targets: list[str] = (),
+                 relocate: list[str] = (), to_batch: int | None = None, storage_options: dict | None = None):
+        self.dest_url, self.backup_id, self.target_url = dest_url, backup_id, target_url
+        self.sink_targets, self.relocate, self.to_batch = list(sink_targets), list(relocate), to_batch
+        self.storage_options = storage_options
+        self.repo: Repository | None = None
+        self.rp: RestorePlan | None = None
+        fm, root = open_file_manager(target_url, storage_options)
+        self._sites = [Site(fm, root, f"restore target {target_url}")] + [
+            Site(*open_file_manager(url, storage_options), f"sink target {url}") for url in self.sink_targets]
+
+    def sites(self) -> list[Site]:
+        return self._sites
+
+    def _validate(self) -> _Restore:
+        self.repo = Repository.open(self.dest_url, self.storage_options)
+        m = self.repo.manifest(self.backup_id)
+        return _Restore(self.repo, m, self.target_url, self.sink_targets, self.relocate, self.storage_options, False)
+
+    def precheck(self) -> None:
+        """Targets need not exist: everything that can be judged without reading objects is, before the
+        leases (which create the target directories) are taken."""
+        self._validate()
+
+    def plan(self, stage: bool) -> Plan:
+        self.rp = plan_restore(self.repo, self.backup_id, self.target_url, self.sink_targets, self.relocate,
+                               self.to_batch, self.storage_options, stage=stage)
+        return self.rp.plan
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
+        return restore_backup(self.rp, self.repo, ctx.storage_options, ctx.progress, guard=ctx.guard)
+
+    def discard(self, plan: Plan) -> None:
+        if self.rp is not None:
+            clear_staged(self.rp)
+
+    def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
+        return (f"Restored backup {self.backup_id} into {self.target_url} ({outcome.op_id}); batch {plan.target_batch} "
+                f"is the last committed one. Undo with: checkpoint-ops undo {self.target_url}")

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import calendar
 import time
+from dataclasses import dataclass
 
 from ..errors import BadInputError
+from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
+from ..storage import open_file_manager
 from .repository import Repository
 
 
@@ -61,7 +64,25 @@ def plan_backup_prune(repo: Repository, keep_last: int | None = None, keep_withi
     return plan
 
 
-def apply_backup_prune(repo: Repository, plan: Plan) -> dict:
+@dataclass(frozen=True)
+class BackupPruneResult:
+    """What ``apply_backup_prune`` deleted (``--json`` ``result``)."""
+
+    manifests_deleted: int
+    objects_deleted: int
+    bytes_deleted: int
+    objects_deferred: bool
+    note: str | None = None
+
+    def to_dict(self) -> dict:
+        out = {"manifests_deleted": self.manifests_deleted, "objects_deleted": self.objects_deleted,
+               "bytes_deleted": self.bytes_deleted, "objects_deferred": self.objects_deferred}
+        if self.note:
+            out["note"] = self.note
+        return out
+
+
+def apply_backup_prune(repo: Repository, plan: Plan) -> BackupPruneResult:
     """Delete the planned manifests, then (alone, under the lock) every object no manifest or running
     backup needs. Objects are judged again under the lock: a backup may have published since."""
     lock = repo.take_prune_lock()
@@ -70,13 +91,41 @@ def apply_backup_prune(repo: Repository, plan: Plan) -> dict:
         repo.fm.delete_many([repo.path(r) for r in manifests])
         repo.fm.delete_many([repo.path(r.replace("manifests/", "verified/")) for r in manifests])
         if repo.live_intents():
-            return {"manifests_deleted": len(manifests), "objects_deleted": 0, "bytes_deleted": 0,
-                    "objects_deferred": True,
-                    "note": "a backup is being taken: its objects, and any others, are left for the next prune"}
+            return BackupPruneResult(len(manifests), 0, 0, True,
+                                     "a backup is being taken: its objects, and any others, are left for the next prune")
         needed = set().union(*(m.hashes() for m in repo.manifests(refresh=True)))
         garbage = {h: s for h, s in repo.all_objects().items() if h not in needed}
         repo.fm.delete_many([repo.object_path(h) for h in garbage])
-        return {"manifests_deleted": len(manifests), "objects_deleted": len(garbage),
-                "bytes_deleted": sum(garbage.values()), "objects_deferred": False}
+        return BackupPruneResult(len(manifests), len(garbage), sum(garbage.values()), False)
     finally:
         repo.release_prune_lock(lock)
+
+
+class BackupPruneOperation(Operation):
+    """``checkpoint-ops backup prune``: old backups and the objects nothing needs (module docstring)."""
+
+    name = "backup-prune"
+
+    def __init__(self, dest_url: str, keep_last: int | None = None, keep_within_s: float | None = None,
+                 storage_options: dict | None = None):
+        self.dest_url, self.keep_last, self.keep_within_s = dest_url, keep_last, keep_within_s
+        self.storage_options = storage_options
+        self.repo: Repository | None = None
+        fm, root = open_file_manager(dest_url, storage_options)
+        self._sites = [Site(fm, root, f"backup destination {dest_url}")]
+
+    def sites(self) -> list[Site]:
+        return self._sites
+
+    def open(self) -> None:
+        self.repo = Repository.open(self.dest_url, self.storage_options)
+
+    def plan(self, stage: bool) -> Plan:
+        return plan_backup_prune(self.repo, self.keep_last, self.keep_within_s)
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> BackupPruneResult:
+        return apply_backup_prune(self.repo, plan)
+
+    def describe(self, plan: Plan, outcome: BackupPruneResult) -> str:
+        return (f"Deleted {outcome.manifests_deleted} backup(s) and {outcome.objects_deleted} unreferenced objects "
+                f"({outcome.bytes_deleted} bytes)" + (f"; {outcome.note}" if outcome.note else ""))

@@ -57,6 +57,11 @@ class Checkpoint:
 
     def require_checkpoint(self, url: str) -> None:
         if len(self.listing) == 0:
+            info = self.fm.info(self.root) if self.fm.strategy != "direct-put" else None
+            if info is not None and not info.is_dir:
+                raise BadInputError("this is a file, not a checkpoint directory", path=url,
+                                    fix="point at the directory given as checkpointLocation (the one holding "
+                                    "offsets/ and commits/)")
             raise BadInputError(
                 "no such checkpoint (nothing found at this location)",
                 path=url,
@@ -251,7 +256,11 @@ def _is_temp(name: str) -> bool:
 
 def open_sink(url: str, storage_options: dict | None = None, compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> SinkOutput:
     fm, root = open_file_manager(url, storage_options)
-    sink = SinkOutput(fm, root, compact_interval)
+    return require_sink(SinkOutput(fm, root, compact_interval), url)
+
+
+def require_sink(sink: SinkOutput, url: str) -> SinkOutput:
+    """``sink`` if it is a file sink's output with a log, else BadInputError naming ``url``."""
     if not sink.exists():
         raise BadInputError(
             "no such sink output directory (nothing found at this location)",

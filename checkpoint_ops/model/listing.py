@@ -11,6 +11,10 @@ from typing import Iterator
 from ..storage import CheckpointFileManager, FileInfo
 
 
+# The lease and takeover claims of lease.py (and their Hadoop .crc sidecars), in the listed root only.
+OWN_FILE_PREFIXES = (".checkpoint-ops.lease", "..checkpoint-ops.lease")
+
+
 class Listing:
     """Files under ``root``, keyed by path relative to ``root`` ("offsets/5")."""
 
@@ -21,6 +25,7 @@ class Listing:
         self._children: dict[str, dict[str, FileInfo]] = {}
         self._subdirs: dict[str, set[str]] | None = None  # derived from _children when first needed
         self.empty_dirs: dict[str, FileInfo] = {}  # rel -> entry, where the walk reports them
+        self.own: dict[str, FileInfo] = {}  # our lease files in the root (lease.py), kept out of the model
         cut = len(self.root) + 1
         prefix = self.root + "/"
         files_ = self.files
@@ -30,6 +35,9 @@ class Listing:
             if not path.startswith(prefix):
                 continue
             rel = path[cut:]
+            if rel.startswith(OWN_FILE_PREFIXES):
+                self.own[rel] = f  # our lease (and its checksum sidecar): not part of what Spark reads
+                continue
             if f.is_dir:
                 self.empty_dirs[rel] = f
                 continue

@@ -1,0 +1,100 @@
+"""``checkpoint-ops backup``: incremental, verified, relocatable checkpoint backups."""
+
+from __future__ import annotations
+
+from ..cli import Parents, emit, run_operation, storage_options
+from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..units import parse_duration
+
+
+def cmd_backup_create(args) -> int:
+    from ..backup import create_backup
+
+    r = create_backup(args.checkpoint, args.dest, args.sink, storage_options(args), progress=not args.json,
+                      source_compact_interval=args.source_compact_interval,
+                      sink_compact_interval=args.sink_compact_interval)
+    at = f" at batch {r['batch']}" if r["batch"] is not None else ""
+    emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
+                  f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
+                  + (f"; incremental to {r['parent']}" if r["parent"] else "") + f"\n  {r['manifest']}")
+    return EXIT_OK
+
+
+def cmd_backup_list(args) -> int:
+    from ..backup import Repository, list_backups
+
+    rows = list_backups(Repository.open(args.dest, storage_options(args)))
+    lines = [f"{len(rows)} backup(s) in {args.dest}" + (":" if rows else "")]
+    for b in rows:
+        lines.append(f"  {b['id']}  {b['created']}  {b['checkpoint']}  batch {b['batch']}  {b['files']} files  "
+                     f"{b['bytes']} bytes (new {b['new_bytes']})  verified: {b['verified'] or 'never'}")
+    emit(args, {"destination": args.dest, "backups": rows}, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_backup_verify(args) -> int:
+    from ..backup import Repository, verify_backups
+
+    r = verify_backups(Repository.open(args.dest, storage_options(args)), args.backup_id)
+    lines = [f"{len(r['backups'])} backup(s), {r['objects_checked']} objects checked: "
+             + ("all good" if r["ok"] else f"{len(r['bad_objects'])} BAD")]
+    for b in r["backups"]:
+        for bad in b["bad"]:
+            lines.append(f"  {b['backup_id']}: {bad['object']} ({bad['root']}/{bad['file']}): {bad['problem']}")
+    emit(args, r, "\n".join(lines))
+    return EXIT_OK if r["ok"] else EXIT_FINDINGS
+
+
+def cmd_backup_restore(args) -> int:
+    from ..backup.restore import RestoreOperation
+
+    op = RestoreOperation(args.dest, args.backup_id, args.target, args.sink_target, args.relocate, args.to_batch,
+                          storage_options(args))
+    return run_operation(args, op)
+
+
+def cmd_backup_prune(args) -> int:
+    from ..backup.retention import BackupPruneOperation
+
+    within = parse_duration(args.keep_within, "--keep-within") if args.keep_within else None
+    return run_operation(args, BackupPruneOperation(args.dest, args.keep_last, within, storage_options(args)))
+
+
+def register(sub, parents: Parents) -> None:
+    p = sub.add_parser("backup", help="incremental, verified, relocatable checkpoint backups")
+    bsub = p.add_subparsers(dest="backup_command", required=True, metavar="ACTION")
+
+    q = bsub.add_parser("create", parents=[*parents.reading, parents.intervals, parents.sinks],
+                        help="back up a checkpoint (and its sinks) at its last commit")
+    q.add_argument("checkpoint", metavar="CHECKPOINT")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.set_defaults(func=cmd_backup_create)
+
+    q = bsub.add_parser("list", parents=parents.reading, help="the backups at a destination")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.set_defaults(func=cmd_backup_list)
+
+    q = bsub.add_parser("verify", parents=parents.reading, help="re-read every stored object and check its hash")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("backup_id", metavar="BACKUP_ID", nargs="?")
+    q.set_defaults(func=cmd_backup_verify)
+
+    q = bsub.add_parser("restore", parents=[*parents.reading, parents.mutating],
+                        help="restore a backup into an empty location")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("backup_id", metavar="BACKUP_ID")
+    q.add_argument("target", metavar="TARGET_CHECKPOINT")
+    q.add_argument("--sink-target", metavar="OUTPUT_PATH", action="append", default=[],
+                   help="where each backed-up file sink goes (repeat, in the order they were backed up)")
+    q.add_argument("--relocate", metavar="OLD=NEW", action="append", default=[],
+                   help="rewrite paths under OLD to NEW in source logs, sink logs and the ledger (repeatable; either "
+                   "path may hold '=', e.g. date=2026-11-21)")
+    q.add_argument("--to-batch", type=int, metavar="M", help="roll the restored copy back to batch M")
+    q.set_defaults(func=cmd_backup_restore)
+
+    q = bsub.add_parser("prune", parents=[*parents.reading, parents.mutating],
+                        help="delete old backups and the objects nothing needs")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K backups of each checkpoint")
+    q.add_argument("--keep-within", metavar="DURATION", help="keep backups taken within DURATION (e.g. 7d)")
+    q.set_defaults(func=cmd_backup_prune)

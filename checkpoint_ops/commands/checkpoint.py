@@ -1,0 +1,55 @@
+"""Read-only commands on a checkpoint: ``inspect``, ``offsets``, ``fsck``."""
+
+from __future__ import annotations
+
+from ..cli import Parents, emit, open_checkpoint
+from ..errors import EXIT_FINDINGS, EXIT_OK
+from ..ledger import ledger_or_none
+
+
+def cmd_inspect(args) -> int:
+    from ..inspect import inspect_checkpoint, render_inspect
+
+    ckpt, sinks = open_checkpoint(args)
+    report = inspect_checkpoint(ckpt, sinks, ledger=ledger_or_none(ckpt) if ckpt.kind == "structured" else None)
+    emit(args, report, render_inspect(report))
+    return EXIT_OK
+
+
+def cmd_offsets(args) -> int:
+    from ..inspect import batch_offsets, render_offsets
+
+    ckpt, _ = open_checkpoint(args)
+    report = batch_offsets(ckpt, args.batch, ledger=ledger_or_none(ckpt))
+    emit(args, report, render_offsets(report))
+    return EXIT_OK
+
+
+def cmd_fsck(args) -> int:
+    from ..fsck import FsckReport, run_fsck
+
+    ckpt, sinks = open_checkpoint(args)
+    findings = run_fsck(ckpt, sinks, deep=args.deep, ledger=ledger_or_none(ckpt) if ckpt.kind == "structured" else None)
+    report = FsckReport.of(ckpt, findings)
+    emit(args, report.to_dict(), report.render())
+    return EXIT_FINDINGS if findings else EXIT_OK
+
+
+def register(sub, parents: Parents) -> None:
+    common = [*parents.reading, parents.intervals]
+    p = sub.add_parser("inspect", parents=[*common, parents.sinks],
+                       help="summarise a checkpoint (batches, sources, state, rollback window, lease)")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("offsets", parents=common, help="the source offsets batch N started from and ended at")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("--batch", type=int, required=True, metavar="N")
+    p.set_defaults(func=cmd_offsets)
+
+    p = sub.add_parser("fsck", parents=[*common, parents.sinks],
+                       help="check a checkpoint (and sinks) for anything that breaks a restart")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("--deep", action="store_true",
+                   help="also verify every checksum sidecar against its file (reads every file)")
+    p.set_defaults(func=cmd_fsck)

@@ -1,0 +1,105 @@
+"""Journaled operations on a checkpoint: ``rollback``, ``undo``, ``resume``, ``history``, ``prune``."""
+
+from __future__ import annotations
+
+from ..cli import Parents, emit, run_operation, storage_options
+from ..errors import EXIT_OK, BadInputError
+from ..units import parse_duration, parse_time
+
+
+def cmd_rollback(args) -> int:
+    from ..recovery import ResumeOperation
+    from ..rollback import RollbackOperation
+
+    opts = storage_options(args)
+    if args.resume:  # the older spelling of `resume`, for a rollback
+        if args.to_batch is not None or args.to_time is not None:
+            raise BadInputError("--resume finishes the interrupted rollback's own plan: drop --to-batch/--to-time")
+        return run_operation(args, ResumeOperation(args.checkpoint, opts, args.source_compact_interval),
+                             extra={"resumed": True})
+    if args.to_batch is None and args.to_time is None:
+        raise BadInputError("give --to-batch N or --to-time ISO8601 (or --resume)")
+    to_time = parse_time(args.to_time, "--to-time") if args.to_time else None
+    op = RollbackOperation(args.checkpoint, args.to_batch, to_time, args.sink, args.keep_files, opts,
+                           args.source_compact_interval, args.sink_compact_interval, force=args.force)
+    return run_operation(args, op)
+
+
+def cmd_undo(args) -> int:
+    from ..recovery import UndoOperation
+
+    return run_operation(args, UndoOperation(args.checkpoint, storage_options(args), args.source_compact_interval))
+
+
+def cmd_resume(args) -> int:
+    from ..recovery import ResumeOperation
+
+    op = ResumeOperation(args.checkpoint, storage_options(args), args.source_compact_interval)
+    return run_operation(args, op, extra={"resumed": True})
+
+
+def cmd_history(args) -> int:
+    from ..prune import history
+    from ..recovery import open_anchor
+
+    anchor, _ = open_anchor(args.checkpoint, storage_options(args), args.source_compact_interval)
+    entries = [e.to_dict() for e in history(anchor)]
+    lines = [f"{len(entries)} operation(s) journaled for {anchor.url}" + (":" if entries else "")]
+    for e in entries:
+        c = e["counts"]
+        target = f" to batch {e['target_batch']}" if e["target_batch"] is not None else ""
+        lines.append(f"  {e['op_id']}  {e['operation']}{target}  {e['status']}, undo record "
+                     f"{e['undo_record']}  (deleted {c['delete']}, wrote {c['write']}, rewrote {c.get('replace', 0)}, "
+                     f"moved {c['keep']})")
+    emit(args, {"checkpoint": anchor.url, "operations": entries}, "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_prune(args) -> int:
+    from ..prune import PruneOperation
+
+    older = parse_duration(args.older_than, "--older-than") if args.older_than else None
+    op = PruneOperation(args.checkpoint, args.keep_last, older, storage_options(args), args.source_compact_interval)
+    return run_operation(args, op)
+
+
+def register(sub, parents: Parents) -> None:
+    common = [*parents.reading, parents.intervals]
+    mutating = [*common, parents.mutating]
+
+    p = sub.add_parser("rollback", parents=[*mutating, parents.sinks],
+                       help="roll a checkpoint and its file sinks back to a batch (journaled, undoable)",
+                       description="--force also goes ahead without a metadata file (Spark would start the query "
+                       "under a new id).")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    target = p.add_mutually_exclusive_group()
+    target.add_argument("--to-batch", type=int, metavar="N", help="the batch that will be the last committed one")
+    target.add_argument("--to-time", metavar="ISO8601",
+                        help="roll back to the last batch planned at or before this time (batchTimestampMs)")
+    p.add_argument("--keep-files", metavar="DIR", help="move the sink data files of rolled-back batches here instead "
+                   "of deleting them")
+    p.add_argument("--resume", action="store_true", help="finish an interrupted rollback (the same as `resume`)")
+    p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("undo", parents=mutating,
+                       help="revert the last operation (or finish an interrupted undo) byte for byte")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.set_defaults(func=cmd_undo)
+
+    p = sub.add_parser("resume", parents=mutating,
+                       help="finish an interrupted operation (its journaled plan), or roll it forward after an "
+                       "interrupted undo")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.set_defaults(func=cmd_resume)
+
+    p = sub.add_parser("history", parents=common,
+                       help="the operations journaled for a checkpoint (or a sink output), and which can be undone")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("prune", parents=mutating, help="delete the undo records (trash) of older finished operations")
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K applied operations undoable")
+    p.add_argument("--older-than", metavar="DURATION",
+                   help="prune only operations created longer ago (e.g. 30d, 12h)")
+    p.set_defaults(func=cmd_prune)

@@ -1,0 +1,228 @@
+"""The operation layer: one runner for every command that changes a checkpoint, a sink output or a
+backup destination, used alike by the CLI and by the Dagster layer.
+
+An **operation** is its sites (the roots it changes: a checkpoint, sink outputs, a restore target, a
+backup destination), a plan builder, and the hooks its apply needs. ``run`` does, for every one:
+
+    take the lease of every site
+      → read what the plan needs (never before the lease: another writer may have been mid-way)
+      → refuse if the query looks active
+      → plan
+      → dry-run: return the plan, change nothing
+      → confirm (``yes``, the exact ``plan_hash`` reviewed, or a person at a prompt)
+      → apply (the executor journals, fences, changes, unfences; the heartbeat keeps the leases)
+      → release the leases, whatever happened
+
+Operations live beside their planners (``rollback.RollbackOperation``, ``recovery.UndoOperation``,
+``sinklog.SinkCompactOperation``, ``backup.restore.RestoreOperation``, ...). Results are typed.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Protocol
+
+from .errors import BadInputError, RefusedError
+from .lease import LeaseSet, acquire_all
+from .plan import Plan
+from .storage import CheckpointFileManager
+
+MIN_PLAN_HASH = 8  # a shorter prefix is too weak to count as "the plan I reviewed"
+
+
+@dataclass(frozen=True)
+class Site:
+    """A root an operation changes: its lease is taken before anything is read there."""
+
+    fm: CheckpointFileManager
+    root: str
+    what: str  # for people: "checkpoint /data/ckpt", "sink output s3://b/out"
+
+    @property
+    def url(self) -> str:
+        return self.fm.url(self.root)
+
+    def lease_target(self) -> tuple[CheckpointFileManager, str, str]:
+        return self.fm, self.root, self.what
+
+
+class Outcome(Protocol):
+    """What applying an operation did (typed per operation; ``to_dict`` is its ``--json`` form)."""
+
+    def to_dict(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class ApplyContext:
+    """What an operation's apply may use."""
+
+    storage_options: dict | None
+    progress: bool
+    leases: LeaseSet
+
+    def guard(self) -> None:
+        """Between steps: stop if a lease was lost (our heartbeat lapsed and someone took over)."""
+        self.leases.check()
+
+
+class Operation(abc.ABC):
+    """One mutating command (module docstring)."""
+
+    name: ClassVar[str]
+    #: apply only after --yes, --plan-hash or a prompt (resume finishes a plan confirmed when it started)
+    confirm_required: ClassVar[bool] = True
+    #: take the sites' leases (``lease break`` removes someone else's instead)
+    takes_lease: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def sites(self) -> list[Site]:
+        """The roots to lease, known from the arguments alone."""
+
+    def precheck(self) -> None:
+        """Refuse, before any lease is written, what needs no reading under the lease: by default, a
+        site that is not an existing directory (a lease there would create it)."""
+        for site in self.sites():
+            require_directory(site)
+
+    def open(self) -> None:
+        """Read what the plan needs; called once the leases are held."""
+
+    def more_sites(self) -> list[Site]:
+        """Roots known only once opened (an undo's are in its journal); leased before planning."""
+        return []
+
+    def check_active(self, force: bool) -> None:
+        """Refuse (``RefusedError``) if the query looks active, unless ``force``."""
+
+    @abc.abstractmethod
+    def plan(self, stage: bool) -> Plan:
+        """The plan. ``stage``: it will be applied, so content too big for the journal may be staged."""
+
+    @abc.abstractmethod
+    def apply(self, plan: Plan, ctx: ApplyContext) -> Outcome:
+        """Carry the plan out (journaled, fenced, resumable and undoable through the executor)."""
+
+    def discard(self, plan: Plan) -> None:
+        """The plan will not be applied (dry run, refused, declined): drop what ``plan`` staged."""
+
+    def nothing_to_do(self, plan: Plan) -> bool:
+        return plan.empty
+
+    def describe(self, plan: Plan, outcome: Outcome) -> str:
+        """One line for people after applying."""
+        return f"Applied {self.name} plan {plan.hash[:12]}."
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run an operation (the CLI's shared flags; the Dagster layer's run config)."""
+
+    dry_run: bool = False
+    yes: bool = False
+    plan_hash: str | None = None
+    force: bool = False
+    progress: bool = False
+    owner: str = "checkpoint-ops"
+    storage_options: dict | None = None
+    #: show the plan before confirming (the CLI prints it)
+    show_plan: Callable[[Plan], None] | None = None
+    #: ask a person (None: nobody to ask, e.g. no terminal)
+    prompt: Callable[[str], bool] | None = None
+    #: leases the caller holds already (the streaming runner holds its checkpoint's for the whole run)
+    held: LeaseSet | None = None
+    #: tell the user at once (a lease taken over from a dead holder), even if the operation then fails
+    warn: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class OperationResult:
+    """What ``run`` did: the plan, and the outcome unless it was a dry run or nothing to do."""
+
+    operation: str
+    plan: Plan
+    dry_run: bool
+    outcome: Any = None  # an Outcome when applied
+    notes: tuple[str, ...] = ()  # warnings for the user (a lease taken over from a dead holder)
+
+    @property
+    def applied(self) -> bool:
+        return self.outcome is not None
+
+    def to_dict(self, with_plan: bool = True) -> dict:
+        return {"operation": self.operation, "dry_run": self.dry_run,
+                "plan": self.plan.to_dict() if with_plan else None,
+                "result": self.outcome.to_dict() if self.outcome is not None else None,
+                "notes": list(self.notes)}
+
+
+def require_directory(site: Site) -> None:
+    """``site`` is an existing directory. On an object store there is nothing to check: a lease under an
+    empty prefix leaves no trace once released, and the plan says what is (not) there."""
+    fm = site.fm
+    if fm.strategy == "direct-put":
+        return
+    info = fm.info(site.root)
+    if info is None:
+        raise BadInputError("nothing at this location", path=site.url,
+                            fix="check the path (and --storage-options for remote file systems)")
+    if not info.is_dir:
+        raise BadInputError("this is a file, not a directory", path=site.url,
+                            fix="point at the directory itself (a checkpoint: the one holding offsets/ and "
+                            "commits/; a sink: the one holding _spark_metadata/)")
+
+
+def check_plan_hash(plan: Plan, expected: str, where: str) -> None:
+    if len(expected) < MIN_PLAN_HASH:
+        raise BadInputError(f"--plan-hash {expected!r} is too short to name one plan",
+                            fix=f"give at least {MIN_PLAN_HASH} characters of the hash --dry-run printed")
+    if not plan.hash.startswith(expected.lower()):
+        raise RefusedError(f"the plan changed since it was reviewed: it is now {plan.hash[:12]}, not {expected}",
+                           path=where, fix="review the new plan with --dry-run")
+
+
+def confirm(op: Operation, plan: Plan, options: RunOptions, where: str) -> None:
+    """Go ahead only with ``yes``, the reviewed plan's hash, or a 'yes' from a person."""
+    if options.plan_hash:
+        check_plan_hash(plan, options.plan_hash, where)
+        return  # the exact plan that was reviewed
+    if options.yes or not op.confirm_required:
+        return
+    if options.prompt is None:
+        raise RefusedError(f"not applying {op.name} plan {plan.hash[:12]} without confirmation", path=where,
+                           fix="review it with --dry-run, then run again with --yes (or --plan-hash HASH)")
+    if not options.prompt(f"Apply {op.name} plan {plan.hash[:12]}?"):
+        raise RefusedError("not applied: declined at the prompt", path=where)
+
+
+def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
+    """The one sequence (module docstring)."""
+    leases = LeaseSet()
+    try:
+        op.precheck()
+        if op.takes_lease:
+            acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases)
+        op.open()
+        if op.takes_lease:
+            acquire_all([s.lease_target() for s in op.more_sites()], options.owner, options.held, into=leases)
+        notes = tuple(leases.notes)
+        if options.warn is not None:
+            for note in notes:
+                options.warn(note)
+        op.check_active(options.force)
+        plan = op.plan(stage=not options.dry_run)
+        where = op.sites()[0].url if op.sites() else None
+        try:
+            if options.dry_run or op.nothing_to_do(plan):
+                op.discard(plan)
+                return OperationResult(op.name, plan, options.dry_run, None, notes)
+            if options.show_plan is not None:
+                options.show_plan(plan)
+            confirm(op, plan, options, where)
+        except BaseException:
+            op.discard(plan)
+            raise
+        outcome = op.apply(plan, ApplyContext(options.storage_options, options.progress, leases))
+        return OperationResult(op.name, plan, False, outcome, notes)
+    finally:
+        leases.release()

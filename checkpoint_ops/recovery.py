@@ -1,0 +1,246 @@
+"""Finishing, rolling forward and undoing journaled operations: ``resume`` and ``undo``.
+
+Every recovery path ends. Whatever was interrupted, one of two commands reaches a checkpoint Spark
+starts from, and neither points back at the other:
+
+* an interrupted operation (fenced, or journaled and not marked): ``resume`` finishes it, ``undo``
+  reverts it;
+* an interrupted undo: ``undo`` finishes it, ``resume`` rolls the operation forward again (its result
+  is a checkpoint Spark starts from);
+* an operation whose undo record lost files: ``undo`` says so once, before changing anything, and names
+  ``resume`` (interrupted) or says the checkpoint is consistent as it is (applied).
+
+The journal an anchor's ``resume``/``undo`` acts on is the fence's, else the newest one that is not
+undone or abandoned (operations the journal marks as not undoable, such as a ``lease break``, are
+history only).
+"""
+
+from __future__ import annotations
+
+from .activity import refuse_if_active
+from .errors import RefusedError
+from .executor import (
+    Anchor,
+    AppliedOperation,
+    Executor,
+    UndoRecordLost,
+    ensure_ledger_truncation,
+    reopen,
+)
+from .fence import is_fence, parse_fence
+from .journal import Journal, load_journal, scan_journals
+from .ledger import ledger_at
+from .model.checkpoint import Checkpoint
+from .model.sink import SINK_LOG_DIR
+from .operation import ApplyContext, Operation, Site
+from .plan import Plan
+from .storage import open_file_manager
+from .storage.paths import join
+
+# States of the journal ``find_journal`` returns.
+FENCED_UNDO = "fenced-undo"
+UNDOING = "undoing"  # an undo was interrupted while the checkpoint was not fenced
+UNFINISHED = "unfinished"  # journal written, not fenced yet (or unfenced but not marked)
+APPLIED = "applied"
+
+
+def open_anchor(url: str, storage_options: dict | None = None, source_compact_interval: int = 10
+                ) -> tuple[Anchor, Checkpoint | None]:
+    """What a journal-level command (undo, resume, history, prune) acts on: a checkpoint, or the output
+    of a file sink whose operations ran without a checkpoint; and the checkpoint's model if it is one."""
+    fm, root = open_file_manager(url, storage_options)
+    ckpt = Checkpoint(fm, root, source_compact_interval=source_compact_interval)
+    if ckpt.kind == "unknown" and ckpt.listing.has_dir(SINK_LOG_DIR):
+        return Anchor(fm, root, fm.url(root), None, checkpoint=False), None
+    only_litter = all(rel.rsplit("/", 1)[-1].startswith(".") for rel in ckpt.listing.files)
+    if only_litter and scan_journals(fm, Anchor(fm, root, url).ops):
+        return Anchor.of_checkpoint(ckpt), ckpt  # a restore that stopped before its first file: its journal says
+    ckpt.require_checkpoint(url)
+    return Anchor.of_checkpoint(ckpt), ckpt
+
+
+def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
+    """The journal ``resume`` (want="resume") or ``undo`` (want="undo") acts on, and its state:
+    ``fenced-<operation>`` (``fenced-undo`` included), ``undoing``, ``unfinished`` or ``applied``."""
+    fm, ops = anchor.fm, anchor.ops
+    if anchor.checkpoint and is_fence(anchor.metadata):
+        f = parse_fence(anchor.metadata)
+        return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
+    for path, markers in reversed(scan_journals(fm, ops).items()):
+        if "undone" in markers or "abandoned" in markers:
+            continue
+        j = load_journal(fm, path)
+        if not j.record.get("undoable", True) and "applied" in markers:
+            continue  # history only (a lease break)
+        if UNDOING in markers:
+            return j, UNDOING
+        if "applied" in markers:
+            if want == "undo" and "pruned" in markers:
+                target = j.record["plan"]["target_batch"]
+                raise RefusedError(
+                    f"the last {j.record['operation']} ({j.op_id}"
+                    + (f", to batch {target}" if target is not None else "") + ") cannot be undone: its undo "
+                    "record was pruned", path=fm.url(j.path),
+                    fix="restore from a backup taken before it; `checkpoint-ops history` lists what can still be "
+                        "undone")
+            return j, APPLIED
+        return j, UNFINISHED
+    raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))
+
+
+def _interrupted_undo(state: str) -> bool:
+    return state in (FENCED_UNDO, UNDOING)
+
+
+class _JournalOperation(Operation):
+    """An operation on a journaled one: its anchor, its journal, the roots that journal names."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, source_compact_interval: int = 10):
+        self.url = url
+        self.storage_options = storage_options
+        self.source_compact_interval = source_compact_interval
+        self.fm, self.root = open_file_manager(url, storage_options)
+        self.anchor: Anchor | None = None
+        self.ckpt: Checkpoint | None = None
+        self.journal: Journal | None = None
+        self.state = ""
+        self.ex: Executor | None = None
+
+    def sites(self) -> list[Site]:
+        return [Site(self.fm, self.root, self.url)]
+
+    def open(self) -> None:
+        self.anchor, self.ckpt = open_anchor(self.url, self.storage_options, self.source_compact_interval)
+        self._refusal: RefusedError | None = None
+        try:
+            self.journal, self.state = find_journal(self.anchor, self.want)
+        except RefusedError as e:
+            # Nothing to do. Still lease what the newest operation changed before saying so: a holder
+            # killed while releasing its leases leaves some behind, and this takes them over and clears them.
+            self._refusal = e
+            newest = list(scan_journals(self.anchor.fm, self.anchor.ops))
+            self.journal = load_journal(self.anchor.fm, newest[-1]) if newest else None
+
+    def more_sites(self) -> list[Site]:
+        """The checkpoint and sinks the journaled plan changes (never its ledger or trash)."""
+        out = []
+        if self.journal is None:
+            return out
+        for rid, url in self.journal.record["plan"]["roots"].items():
+            if rid == "checkpoint" or rid.startswith("sink"):
+                fm, root = open_file_manager(url, self.storage_options)
+                out.append(Site(fm, root, url))
+        return out
+
+    def check_active(self, force: bool) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+        if self.ckpt is not None:
+            refuse_if_active(self.ckpt, force)
+
+    def _executor(self, ctx: ApplyContext | None = None) -> Executor:
+        if self.ex is None:
+            self.ex = reopen(self.anchor, self.journal, self.storage_options)
+        if ctx is not None:
+            self.ex.guard = ctx.guard
+            if ctx.progress:
+                self.ex.show_progress()
+        return self.ex
+
+    def _stale_unstarted(self, stage: bool) -> None:
+        """An operation that never changed anything has a plan that may be stale now (Spark may have
+        run since): it is dropped (marked ``abandoned``, its ledger truncation removed), not resumed."""
+        ex = self._executor()
+        if ex.effects_on_disk() > 0:
+            return
+        op, op_id = self.journal.record["operation"], self.journal.op_id
+        if stage:
+            ex._drop_stray_temps(ex._listings())  # the temp file of the write it was killed in, if any
+            self.journal.mark("abandoned")
+            ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(op_id)
+            done = "its plan may be stale now and was dropped"
+        else:
+            done = "its plan may be stale now: running this without --dry-run drops it"
+        raise RefusedError(f"the interrupted {op} {op_id} stopped before changing anything, so there is nothing "
+                           f"to {self.want}; {done}", path=self.anchor.url,
+                           fix=f"plan the {op} again (with --dry-run first)")
+
+
+class ResumeOperation(_JournalOperation):
+    """Finish an interrupted operation, or roll it forward after an interrupted undo."""
+
+    name = "resume"
+    want = "resume"
+    confirm_required = False  # the plan was confirmed when the operation started
+
+    def plan(self, stage: bool) -> Plan:
+        if self.state == APPLIED:
+            raise RefusedError(f"the last operation ({self.journal.op_id}) completed: nothing to resume",
+                               path=self.anchor.url)
+        if self.state == UNFINISHED:
+            self._stale_unstarted(stage)
+        return self._executor().plan
+
+    def nothing_to_do(self, plan: Plan) -> bool:
+        return False  # an interrupted operation with every file done still unfences and marks itself
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
+        ex = self._executor(ctx)
+        ensure_ledger_truncation(self.anchor, self.journal)
+        try:
+            ex.apply(resuming=True)
+        finally:
+            ex.close()
+        if _interrupted_undo(self.state):
+            self.journal.unmark(UNDOING)  # rolled forward: it stands applied, undoable again
+        return AppliedOperation.of(self.journal, "applied", ex.roots)
+
+    def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
+        how = "Rolled forward" if _interrupted_undo(self.state) else "Resumed and finished"
+        return f"{how} {outcome.op_id} ({outcome.operation}, plan {outcome.plan_hash[:12]})" + (
+            f"; last committed batch is now {outcome.target_batch}" if outcome.operation == "rollback" else "")
+
+
+class UndoOperation(_JournalOperation):
+    """Revert the newest operation (or finish an interrupted undo), byte for byte."""
+
+    name = "undo"
+    want = "undo"
+
+    def plan(self, stage: bool) -> Plan:
+        if self.state == UNFINISHED:
+            self._stale_unstarted(stage)
+        try:
+            return self._executor().preview_undo(applied=self.state == APPLIED)
+        except UndoRecordLost as e:
+            op = self.journal.record["operation"]
+            if self.state == APPLIED:
+                fix = (f"the checkpoint is consistent as it is (the result of the {op}); to go back further, "
+                       f"restore a backup taken before {self.journal.op_id} (`checkpoint-ops backup list DEST`)")
+            else:
+                fix = (f"finish the {op} instead: `checkpoint-ops resume {self.anchor.url}` (its result is a "
+                       "checkpoint Spark starts from)")
+            raise RefusedError(e.problem, path=e.path, fix=fix) from None
+
+    def nothing_to_do(self, plan: Plan) -> bool:
+        return False  # with every file back, an interrupted undo still restores metadata and marks itself
+
+    def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
+        ex = self._executor(ctx)
+        try:
+            ex.undo(applied=self.state == APPLIED)
+        finally:
+            ex.close()
+        if self.journal.record.get("ledger_truncation") is not None:
+            ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(self.journal.op_id)
+        return AppliedOperation.of(self.journal, "undone", ex.roots)
+
+    def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
+        return f"Undone {outcome.op_id}: everything it changed is as it was before it."
+
+    @property
+    def undoing(self) -> str:
+        """What is being undone, for the confirmation prompt."""
+        rec = self.journal.record
+        target = rec["plan"].get("target_batch")
+        return f"{rec['operation']} {self.journal.op_id}" + (f" to batch {target}" if target is not None else "")

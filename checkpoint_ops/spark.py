@@ -1,0 +1,72 @@
+"""For queries you start yourself: hold the checkpoint's lease while the query is active.
+
+A query started by checkpoint-ops' own runner (the Dagster asset) holds its checkpoint's lease, so every
+command refuses to touch that checkpoint while it runs. A query you start with plain PySpark holds none,
+and the tool sees nothing of it while it is idle between triggers. Wrap it::
+
+    from checkpoint_ops.spark import hold_lease_while_active
+
+    query = df.writeStream.option("checkpointLocation", ckpt).trigger(processingTime="75 seconds").start(out)
+    with hold_lease_while_active(query, ckpt, sinks=[out]):
+        query.awaitTermination()
+
+The lease is taken when the helper is called (refused, with the holder named, if an operation holds it),
+renewed by a heartbeat while ``query.isActive``, and released when the query stops or the block ends.
+No PySpark import here: ``query`` is any object with ``isActive`` (a ``StreamingQuery``).
+"""
+
+from __future__ import annotations
+
+import threading
+
+from .lease import LeaseSet, acquire_all
+from .storage import open_file_manager
+
+POLL_SECONDS = 5.0
+
+
+class ActiveQueryLease:
+    """The leases of a running query's checkpoint (and file sinks), released when it stops."""
+
+    def __init__(self, query, leases: LeaseSet, poll_s: float = POLL_SECONDS):
+        self.query = query
+        self.leases = leases
+        self._stop = threading.Event()
+        self._watch = threading.Thread(target=self._watch_query, args=(poll_s,), name="checkpoint-ops-query-lease",
+                                       daemon=True)
+        self._watch.start()
+
+    def _watch_query(self, poll_s: float) -> None:
+        while not self._stop.wait(poll_s):
+            try:
+                active = bool(self.query.isActive)
+            except Exception:  # noqa: BLE001 - the session is gone: so is the query
+                active = False
+            if not active:
+                break
+        self.leases.release()
+
+    def release(self) -> None:
+        """Release now (the query may go on, unprotected)."""
+        self._stop.set()
+        if self._watch is not threading.current_thread():
+            self._watch.join()
+
+    def __enter__(self) -> "ActiveQueryLease":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner: str | None = None,
+                            storage_options: dict | None = None, poll_s: float = POLL_SECONDS) -> ActiveQueryLease:
+    """Take the lease of ``checkpoint`` (and of each file sink output) for ``query``; it is renewed while
+    the query is active and released when it stops (module docstring)."""
+    name = getattr(query, "name", None) or getattr(query, "id", None) or "a streaming query"
+    owner = owner or f"spark query {name} (hold_lease_while_active)"
+    sites = []
+    for url in [checkpoint, *sinks]:
+        fm, root = open_file_manager(url, storage_options)
+        sites.append((fm, root, url))
+    return ActiveQueryLease(query, acquire_all(sites, owner), poll_s)
