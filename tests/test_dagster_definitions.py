@@ -1,8 +1,7 @@
-"""The factory's definitions without Spark: what they contain, the launchpad config, the schedules, the
-reprocessing sensor, and the workspace as the dagster CLI loads it."""
+"""The factory's definitions without Spark: what they contain, the launchpad config, the schedules, and the
+workspace as the dagster CLI loads it (the reprocessing sensor: test_reprocess_sensor.py)."""
 
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -101,85 +100,6 @@ def test_schedules_request_valid_runs(tmp_path):
                                                                     scheduled_execution_time=when))
             (request,) = data.run_requests
             assert dg.validate_run_config(defs.resolve_job_def(job), request.run_config)
-
-
-# ---- reprocess_request_sensor ----------------------------------------------------------------------------------
-
-
-def sensor_tick(defs, instance, cursor=None):
-    sensor = defs.resolve_sensor_def("reprocess_request_sensor")
-    ctx = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                  resources={"streaming_settings": defs.resources["streaming_settings"]})
-    return sensor.evaluate_tick(ctx)
-
-
-def drop(home, name, doc) -> str:
-    folder = os.path.join(home, "reprocess-requests")
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, name), "w") as f:
-        f.write(doc if isinstance(doc, str) else json.dumps(doc))
-    return os.path.join(folder, name)
-
-
-def test_sensor_turns_a_request_into_one_run(tmp_path):
-    home = str(tmp_path)
-    defs = make_defs(home)
-    with dg.instance_for_test() as instance:
-        assert "no request folder" in sensor_tick(defs, instance).skip_message
-        path = drop(home, "fix-bad-batch.json", {"asset": "alpha", "to_batch": 7, "id": "INC-1234"})
-        drop(home, "by-time.json", {"asset": "beta", "to_time": "2026-11-21T06:30:00Z"})
-        tick = sensor_tick(defs, instance)
-        by_key = {r.run_key: r for r in tick.run_requests}
-        assert set(by_key) == {"INC-1234", "by-time"}  # run_key: the id, else the file name
-        r = by_key["INC-1234"]
-        assert r.job_name == "alpha_job" and r.run_config == {"ops": {"alpha": {"config": {"rollback_to_batch": 7}}}}
-        assert dg.validate_run_config(defs.resolve_job_def("alpha_job"), r.run_config)
-        assert by_key["by-time"].run_config["ops"]["beta"]["config"] == {"rollback_to_time": "2026-11-21T06:30:00Z"}
-        assert os.path.exists(path)  # marked only once its run exists
-
-        # evaluated again before the run exists: nothing new is asked for
-        again = sensor_tick(defs, instance, cursor=tick.cursor)
-        assert again.run_requests == [] and "waiting for its run" in again.skip_message
-
-        # the run exists (as the daemon creates it, with its run key): the request is marked handled
-        run = instance.create_run_for_job(defs.resolve_job_def("alpha_job"), run_config=r.run_config,
-                                          tags={**r.tags, "dagster/run_key": "INC-1234"})
-        third = sensor_tick(defs, instance, cursor=again.cursor)
-        assert third.run_requests == []
-        handled = os.path.join(home, "reprocess-requests", "handled", "fix-bad-batch.json")
-        assert os.path.exists(handled) and not os.path.exists(path)
-        assert run.run_id in open(handled + ".reason.txt").read()
-
-        # the same id again: it never runs twice, and the file is kept, marked
-        dup = drop(home, "again.json", {"asset": "alpha", "to_batch": 3, "id": "INC-1234"})
-        fourth = sensor_tick(defs, instance, cursor=third.cursor)
-        assert fourth.run_requests == [] and not os.path.exists(dup)
-        assert os.path.exists(os.path.join(home, "reprocess-requests", "handled", "again.json"))
-
-
-@pytest.mark.parametrize("doc, reason", [
-    ("{not json", "not valid JSON"),
-    ('["alpha", 3]', "not a JSON object"),
-    ({"asset": "gamma", "to_batch": 3}, "unknown asset 'gamma'"),
-    ({"asset": "alpha"}, "exactly one"),
-    ({"asset": "alpha", "to_batch": 3, "to_time": "2026-11-21T06:30:00Z"}, "exactly one"),
-    ({"asset": "alpha", "to_batch": -1}, "non-negative"),
-    ({"asset": "alpha", "to_batch": True}, "non-negative"),
-    ({"asset": "alpha", "to_time": "last tuesday"}, "not an ISO 8601 time"),
-    ({"asset": "alpha", "to_batch": 3, "id": ""}, '"id" must be'),
-    ({"asset": "alpha", "to_batch": 3, "batch": 4}, "unknown field"),
-], ids=["json", "array", "asset", "no-target", "two-targets", "negative", "bool", "time", "id", "field"])
-def test_sensor_rejects_bad_requests_with_a_reason(tmp_path, doc, reason):
-    home = str(tmp_path)
-    defs = make_defs(home)
-    path = drop(home, "req.json", doc)
-    with dg.instance_for_test() as instance:
-        tick = sensor_tick(defs, instance)
-    assert tick.run_requests == []
-    assert path in tick.skip_message and reason in tick.skip_message, tick.skip_message
-    rejected = os.path.join(home, "reprocess-requests", "rejected", "req.json")
-    assert os.path.exists(rejected) and not os.path.exists(path)
-    assert reason in open(rejected + ".reason.txt").read()
 
 
 # ---- the workspace as the dagster CLI sees it -------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The factory's streaming assets on real Spark: materialize, then roll back and reprocess from run config in
-one materialization (file sink and foreachBatch), dry runs, refused rollbacks, and the backup and compaction
-jobs around them."""
+one materialization (file sink and foreachBatch), dry runs, refused rollbacks, reprocessing requests filed by
+the outcome of their runs, and the backup and compaction jobs around them."""
 
 import datetime
 import json
@@ -11,11 +11,13 @@ import pytest
 
 from checkpoint_ops.backup import Repository, list_backups
 from checkpoint_ops.model import Checkpoint
-from pipelines.event_counts import expected_windows, flush_files, read_output, write_bad_event_file, write_event_files
-from pipelines.streaming import streaming_definitions
+from pipelines.event_counts import (counts_writer, expected_windows, flush_files, read_output, write_bad_event_file,
+                                    write_event_files)
+from pipelines.streaming import StreamingQuery, streaming_definitions
 from tests.dagster_queries import counts_query, expected_totals, read_totals, totals_query
 from tests.helpers import tree_snapshot
-from tests.spark_runs import SESSION_CONF, unload_state_stores
+from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
+from tests.test_reprocess_sensor import sensor_tick
 
 GOOD_FIRST = 4  # files 0..3 arrive first
 BAD = 4  # file 4 arrives bad (values x1000) with good files 5 and 6
@@ -121,6 +123,56 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
         assert reason in failure.description, failure.description
         assert tree_snapshot(*roots) == before, config
     unload_state_stores(spark)
+
+
+def test_reprocess_requests_are_filed_by_the_outcome_of_their_runs(spark, spark_runs, tmp_path, instance):
+    """The sensor's requests run as the real streaming job on a checkpoint Spark wrote: one for a batch the
+    checkpoint never had fails (the rollback is refused, nothing changes) and lands in failed/ with the
+    refusal; the other rolls back, reprocesses and lands in handled/."""
+    run = spark_runs("hdfs")
+    run.reset()
+
+    def build(session):
+        for k, v in FLAVOURS["hdfs"].items():
+            session.conf.set(k, v)
+        return counts_writer(session, run.input, run.output)
+
+    query = StreamingQuery(name="generated", build=build, checkpoint=run.checkpoint, sinks=[run.output])
+    home = str(tmp_path / "home")
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    folder = os.path.join(home, "reprocess-requests")
+    os.makedirs(folder)
+    target = run.last_batch - 1
+    for name, doc in [("missing.json", {"asset": "generated", "to_batch": 999, "id": "INC-1"}),
+                      ("redo.json", {"asset": "generated", "to_batch": target, "id": "INC-2"})]:
+        with open(os.path.join(folder, name), "w") as f:
+            json.dump(doc, f)
+    try:
+        tick = sensor_tick(defs, instance)
+        results = {}
+        for request in tick.run_requests:  # as the daemon launches them: the request's tags and run key
+            results[request.run_key] = defs.resolve_job_def(request.job_name).execute_in_process(
+                instance=instance, run_config=request.run_config, raise_on_error=False,
+                tags={**request.tags, "dagster/run_key": request.run_key})
+        assert set(results) == {"generated:INC-1", "generated:INC-2"}
+        failed, redone = results["generated:INC-1"], results["generated:INC-2"]
+        assert not failed.success and redone.success
+        refusal = failed.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+        assert refusal.startswith("rollback refused") and "999" in refusal
+        md = metadata(redone, "generated")
+        assert md["rollback_target_batch"] == target and md["batch_ids"].startswith(f"{target + 1}..")
+
+        filed = sensor_tick(defs, instance, tick.cursor)
+        assert filed.run_requests == [] and sorted(os.listdir(folder)) == ["failed", "handled"]
+        with open(os.path.join(folder, "failed", "missing.json.reason.txt")) as f:
+            note = f.read()
+        assert note.startswith(f"failed: run {failed.run_id} of generated_job (run_key generated:INC-1) ended FAILURE")
+        assert f"reason: {refusal}" in note
+        with open(os.path.join(folder, "handled", "redo.json.reason.txt")) as f:
+            assert f.read().startswith(f"succeeded: run {redone.run_id} of generated_job (run_key generated:INC-2)")
+    finally:
+        unload_state_stores(spark)
+        run.reset()
 
 
 def test_backup_and_compaction_jobs(spark, tmp_path, instance):

@@ -1,7 +1,8 @@
 """Smoke test of the example as `make ui` serves it: `dagster dev` on the workspace with the instance settings
 of dagster_home/dagster.yaml; a materialization and a rollback-and-reprocess launched through GraphQL with
 launchpad config, as the UI launches them; a backup launched alongside never overlaps the stream (one pool
-per checkpoint); and a request file dropped for the running sensor becomes a reprocessing run."""
+per checkpoint); and a request file dropped for the running sensor becomes a reprocessing run, and is filed
+under handled/ when that run ends."""
 
 import json
 import os
@@ -124,8 +125,16 @@ def test_launch_rollback_and_reprocess_like_the_ui(dagster_dev, spark):
     runs = []
     while not runs and time.monotonic() < deadline:
         time.sleep(2)
-        runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": "smoke-1"}))
+        runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/run_key": "events_stream:smoke-1"}))
     assert runs, "the sensor did not launch the request\n" + open(tmp / "dev.log").read()[-4000:]
     wait(client, runs[0].run_id, tmp)
     mat = instance.get_latest_materialization_event(dg.AssetKey("events_stream")).asset_materialization
     assert mat.metadata["rollback_target_batch"].value == 3 and mat.metadata["batch_ids"].value == "4..4"
+    # the run ended: the sensor's next evaluation files the request under handled/ with the outcome
+    note = requests / "handled" / "smoke.json.reason.txt"
+    deadline = time.monotonic() + 120
+    while not note.exists() and time.monotonic() < deadline:
+        time.sleep(2)
+    assert note.exists(), "the sensor did not file the request\n" + open(tmp / "dev.log").read()[-4000:]
+    assert note.read_text().startswith(f"succeeded: run {runs[0].run_id}")
+    assert not (requests / "smoke.json").exists()
