@@ -7,10 +7,11 @@ often the query is stopped, rolled back and resumed. Two flush files per source 
 beyond the data) close everything at the end, so the final output of a run is complete.
 
 A checkpoint is generated once per (query, state store) and kept pristine, like ``spark_runs.py``:
-two query runs (a restart in between, so transformWithState writes its operator metadata and schema
-twice), small retention so Spark purges and compacts. The *reference* is the uninterrupted run: the
-pristine checkpoint resumed with the flush files; it must also equal the output worked out here in
-Python, so a query that misbehaves cannot pass for a reference.
+two query runs (a restart in between, so transformWithState writes its operator metadata again), with
+retention and compaction intervals small enough that Spark purges, compacts and cleans up within 9
+batches. The *reference* is the uninterrupted run: the pristine checkpoint resumed with the flush
+files; it must also equal the output worked out here in Python, so a query that misbehaves cannot
+pass for a reference.
 """
 
 from __future__ import annotations
@@ -25,15 +26,20 @@ from datetime import datetime, timezone
 from typing import Callable
 
 from pipelines.event_counts import _write  # hidden temp file, mtime set, then renamed into place
-from tests.spark_runs import COMPACT_INTERVAL, FLAVOURS, SESSION_CONF, SparkRun, unload_state_stores
+from tests.spark_runs import FLAVOURS, SESSION_CONF, SparkRun, unload_state_stores
 
 FILE_MTIME_BASE = 1_700_000_000
 FLUSH_KEY_PREFIX = "flush"
 EVENT_BASE_S = 3600  # event times start here: an event at the epoch equals the initial watermark (0) and is dropped as late
 FLUSH_TIME_S = 10**6
-FILES_PER_RUN = (6, 4)  # two query runs: 10 input files per source, about 11 batches
-# Retention small enough that 11 batches purge offsets and state and compact the logs.
-OPERATOR_CONF = {"spark.sql.streaming.minBatchesToRetain": "6"}
+FILES_PER_RUN = (4, 3)  # two query runs: 7 input files per source, 9 batches (each run ends with a no-data batch)
+# Retention and compaction small enough that 9 batches purge offsets and state and compact and clean the logs.
+COMPACT_INTERVAL = 3  # of the file-source and file-sink logs: compactions at batches 2, 5 and 8
+OPERATOR_CONF = {
+    "spark.sql.streaming.minBatchesToRetain": "5",
+    "spark.sql.streaming.fileSink.log.compactInterval": str(COMPACT_INTERVAL),
+    "spark.sql.streaming.fileSource.log.compactInterval": str(COMPACT_INTERVAL),
+}
 ROCKSDB_FLAVOURS = ("rocksdb", "rocksdb_v2")
 ALL_FLAVOURS = ("hdfs", "rocksdb", "rocksdb_v2")
 
@@ -387,12 +393,6 @@ def generate_operator_run(spark, query: OperatorQuery, flavour: str, base: str) 
         run.files = start
         if run.progress:
             run.restart_batch = run.last_batch + 1
-        run.progress += run.run_query(spark)
-    # Tests roll back across the newest compaction of the sink and source logs: end on a plain file.
-    while (run.last_batch + 1) % COMPACT_INTERVAL in (0, 1):
-        run.write_files(start, start + 1)
-        start += 1
-        run.files = start
         run.progress += run.run_query(spark)
     time.sleep(0.1)
     shutil.copytree(base, run.pristine, symlinks=True)

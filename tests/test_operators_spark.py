@@ -20,8 +20,7 @@ import shutil
 import pytest
 
 from tests.helpers import cli, cli_json, tree_snapshot
-from tests.operator_runs import QUERIES
-from tests.spark_runs import COMPACT_INTERVAL
+from tests.operator_runs import COMPACT_INTERVAL, QUERIES
 from tests.test_bad_input_corpus import remove_with_sidecars
 
 INTERVALS = ("--source-compact-interval", str(COMPACT_INTERVAL), "--sink-compact-interval", str(COMPACT_INTERVAL))
