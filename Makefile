@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test demo ui bench reliability check-java venv clean
+.PHONY: test test-operators demo ui bench reliability check-java venv clean
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -33,6 +33,10 @@ venv: $(STAMP)
 
 test: check-java $(STAMP)
 	$(PY) -m pytest
+
+# Every stateful operator on every state store Spark allows for it (`make test` runs a representative part).
+test-operators: check-java $(STAMP)
+	$(PY) -m pytest tests/test_operators_spark.py -m "operators or operators_full"
 
 demo: check-java $(STAMP)
 	$(PY) -m pipelines.demo

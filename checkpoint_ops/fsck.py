@@ -13,6 +13,8 @@ from .lease import LeaseState, lease_of
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
+from .model.operator_metadata import OperatorMetadata
+from .model.operators import FileProblem
 from .model.sink import SinkOutput
 from .model.logfile import unreadable
 from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
@@ -73,7 +75,43 @@ class Fsck:
             self._sink(sink)
         self._restart_set()
         self._window()
+        self._operator_files()
         return self.findings
+
+    def _operator_files(self) -> None:
+        """Operator metadata and state schema files: damage the restart set does not need (it named
+        the rest), and transformWithState schema paths that point out of the checkpoint."""
+        ck = self.ckpt
+        if ck.fence is not None:
+            return
+        catalog = ck.operator_files
+        named = {f.path for f in self.findings}
+        for op in sorted(ck.state.operators.values(), key=lambda o: o.op_id):
+            parsed = catalog.read(catalog.files(op))
+            for rel, got in parsed.items():
+                if not isinstance(got, FileProblem) or got.path in named:
+                    continue
+                if rel == op.metadata_v1_rel:
+                    self.add(WARNING, "operator-metadata-damaged", got.path,
+                             f"{got.problem}: Spark 4.3 does not read it to restart, but Spark's state-metadata and "
+                             "statestore readers fail on it, and the operator has no name here",
+                             "restore it from a backup (Spark writes it only when it is missing: deleting it while "
+                             "the query is stopped makes the next run write a new one)")
+                else:
+                    noun = "operator-metadata" if got.role == "operator metadata" else "state-schema"
+                    self.add(WARNING, f"{noun}-damaged", got.path,
+                             f"{got.problem}: a restart from the latest batch does not read it, a rollback to the "
+                             "batches it covers does", "restore it from a backup")
+            newest = op.metadata_v2.get(max(op.metadata_v2)) if op.metadata_v2 else None
+            md = parsed.get(newest) if newest else None
+            outside = catalog.outside_paths(md) if isinstance(md, OperatorMetadata) else []
+            if outside:
+                self.add(WARNING, "state-schema-outside-checkpoint", ck.listing.url(newest),
+                         f"the operator metadata names state schema files outside this checkpoint (e.g. {outside[0]}): "
+                         "it was copied or moved, and Spark reads the schema from the old location when the query "
+                         "restarts, failing once that is gone",
+                         "restore the checkpoint with `checkpoint-ops backup restore` (which rewrites these paths), "
+                         "or run it from its original location")
 
     def _window(self) -> None:
         """Damage further down that cuts the rollback window short (Spark's retention deletes from the

@@ -61,7 +61,7 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
             for b, o in offsets.items()
         ],
         "sources": _sources(ckpt, latest, damaged),
-        "state": _state(ckpt),
+        "state": _state(ckpt, damaged),
         "rollback_window": rollback_window(ckpt, list(sinks), ledger).to_dict(),
         "lease": lease_of(ckpt.fm, ckpt.root, ckpt.listing).to_dict(),
     }
@@ -98,23 +98,27 @@ def _sources(ckpt: Checkpoint, latest, damaged: list) -> list[dict]:
     return out
 
 
-def _state(ckpt: Checkpoint) -> dict:
+def _state(ckpt: Checkpoint, damaged: list) -> dict:
     st = ckpt.state
     st.operator_metadata()
+    catalog = ckpt.operator_files
     ops = []
     for op in sorted(st.operators.values(), key=lambda o: o.op_id):
         first, last = st.version_range(op)
+        info = catalog.describe(op, ckpt.latest_offset)
         ops.append(
             {
                 "id": op.op_id,
-                "name": op.name,
+                "name": info.name or op.name,
                 "partitions": len(op.partitions),
                 "stores": op.store_names,
                 "versions": {"first": first, "last": last},
                 "files": sum(len(s.files) for s in op.stores.values()),
                 "bytes": sum(f.size for s in op.stores.values() for f in s.files),
+                **info.to_dict(),
             }
         )
+    damaged += catalog.problems()  # unreadable operator files: shown, never fatal (fsck says what to do)
     return {
         "provider": st.provider,
         "checkpoint_format_version": ckpt.checkpoint_format_version,
@@ -252,6 +256,7 @@ def render_inspect(r: dict) -> str:
                 f"    operator {op['id']} {op['name'] or ''}: {op['partitions']} partitions, stores {op['stores']}, "
                 f"versions {v['first']}..{v['last']}, {op['files']} files"
             )
+            lines += _render_operator(op)
     else:
         lines.append("  state: (stateless)")
     w = r["rollback_window"]
@@ -270,6 +275,32 @@ def render_inspect(r: dict) -> str:
             f"compact every {s['compact_interval']}"
         )
     return "\n".join(lines)
+
+
+def _render_operator(op: dict) -> list[str]:
+    """The stores of one operator: size, key and value schema (per column family), schema files."""
+    lines = []
+    md = op.get("metadata")
+    if md is not None:
+        props = md.get("properties") or {}
+        extra = ", ".join(f"{k} {props[k]}" for k in ("timeMode", "outputMode") if k in props)
+        lines.append(f"      metadata {md['path']} (v{md['format_version']}{', ' + extra if extra else ''})")
+    for store in op.get("state_stores", []):
+        v = store["versions"]
+        lines.append(f"      store {store['name']}: {store['partitions']} partitions, versions {v['first']}..{v['last']}, "
+                     f"{store['files']} files, {store['bytes']} bytes")
+        families = store["column_families"]
+        if len(families) == 1 and families[0]["name"] == "default":
+            lines.append(f"        key   {families[0]['key_schema']}")
+            lines.append(f"        value {families[0]['value_schema']}")
+        else:
+            for cf in families:
+                lines.append(f"        column family {cf['name']}: key {cf['key_schema']}, value {cf['value_schema']}")
+        for f in store["schema_files"]:
+            b = f["batches"]
+            what = f"v{f['format_version']}" if f["format_version"] else "UNREADABLE"
+            lines.append(f"        schema {f['path']} ({what}, batches {b['first']}..{b['last']})")
+    return lines
 
 
 def render_offsets(r: dict) -> str:

@@ -9,6 +9,8 @@ After batch N is the last committed one, Spark's restart reads (reference §2.5,
 * the state files that load version N+1 for every operator, partition and store (HDFS snapshot and
   deltas; RocksDB zip and changelogs, and the SSTs the zips name; on checkpoint format V2 the files the
   unique ids in ``commits/N`` and the changelog lineage lead to);
+* every operator's state schema files (v1/v2), and for transformWithState the newest operator metadata
+  v2 at or below N and the v3 schema files it names (``model/operators.py``);
 * each file sink's log as of batch N (latest compact at or below N and the plain files after it), and
   the data files those entries name.
 
@@ -17,7 +19,7 @@ Rollback validates the whole set before planning, ``inspect`` computes the rollb
 what Spark's retention keeps: the batch is simply out of reach) or *damage* (a file that should be
 there is missing, torn, unreadable, from a newer Spark, or has a stale checksum).
 
-``deep=False`` judges from the listing and the log files (which are small and parsed anyway); ``deep``
+``deep=False`` judges from the listing, the log files and the operator files (all small); ``deep``
 also reads every state file of the set (LZ4 framing, zips, SST sizes, checksum files).
 """
 
@@ -33,6 +35,8 @@ from .model.codecs import LZ4_MAGIC, CodecError, changelog_header, decompress_pr
 from .model.compactible import CompactibleLog, LogEntry, all_valid_batches, is_compaction_batch
 from .model.listing import Listing
 from .model.logfile import LogFormatError, unreadable
+from .model.operators import METADATA as OPERATOR_METADATA
+from .model.operators import FileProblem, OperatorFile
 from .model.sink import SinkOutput
 from .model.state import StateFile, Store
 from .storage.checksums import hadoop_crc_matches, hadoop_crc_name, hadoop_crc_size, spark_checksum_matches
@@ -51,6 +55,7 @@ _LOG_CODES = {"empty": "empty-log-file", "truncated": "truncated-log-file", "not
               "unknown-version": "unknown-version", "no-version": "no-version-line", "unreadable": "unreadable-file",
               "missing": "missing-log-file", "gap": "missing-log-file"}
 _LOG_KINDS = {"empty": TORN, "truncated": TORN, "unknown-version": FUTURE, "missing": MISSING, "gap": MISSING}
+# (operator metadata and state schema problems use the same kinds)
 _SUMMARY = {TORN: "is torn", MISSING: "is missing", UNREADABLE: "is unreadable", FUTURE: "is from a newer Spark",
             STALE: "has a stale checksum", PURGED: "is gone (purged)"}
 _MAX_CHANGELOG_VERSION = 4
@@ -181,6 +186,7 @@ class RestartSets:
             self._add_sources(rs, offsets)
         if commit is not None or not self.ckpt.state.has_unique_ids:
             self._add_state(rs, batch, commit)
+        self._add_operator_files(rs, batch)
         for i, sink in enumerate(self.sinks):
             self._add_sink(rs, i, sink, batch)
         return rs
@@ -437,6 +443,20 @@ class RestartSets:
                 out += self._chain(store, b.files, blobs)
         return out
 
+    # -- operator metadata and state schema files -------------------------------------------------------
+    def _add_operator_files(self, rs: RestartSet, batch: int) -> None:
+        """The operator metadata v2 and state schema files Spark reads to restart (model/operators.py)."""
+        catalog = self.ckpt.operator_files
+        for op in sorted(self.ckpt.state.operators.values(), key=lambda o: o.op_id):
+            items = catalog.restart_files(op, batch)
+            parsed = catalog.read([f for f in items if isinstance(f, OperatorFile)])
+            for item in items:
+                if isinstance(item, OperatorFile):
+                    rs.files.append(RestartFile(CKPT, item.rel, item.role))
+                    item = parsed[item.rel]
+                if isinstance(item, FileProblem):
+                    rs.damage.append(_operator_damage(item))
+
     def _state_failure(self, store: Store, v: int, b) -> Damage:
         L = self.ckpt.listing
         rel = b.missing or store.rel_dir
@@ -556,6 +576,21 @@ class RestartSets:
                       "Hadoop's FileSystem API fail with ChecksumException",
                       f"delete {crc_rel} if {rel} is right (a missing checksum is accepted), else restore both "
                       "from a backup")
+
+
+def _operator_damage(p: FileProblem) -> Damage:
+    """An operator metadata or state schema file of the restart set that is missing, damaged or purged."""
+    if p.kind == "purged":
+        return Damage(CKPT, p.rel, p.path, p.role, PURGED, "purged", p.problem,
+                      "choose a later batch (see `checkpoint-ops inspect`); an older backup reaches further")
+    noun = "operator-metadata" if p.role == OPERATOR_METADATA else "state-schema"
+    kind = _LOG_KINDS.get(p.kind, UNREADABLE)
+    if p.rel.endswith("/_metadata/schema"):
+        fix = "restore it from a backup (Spark wrote it when the query first ran: every batch's restart reads it)"
+    else:
+        fix = "restore it from a backup, or roll back to a batch before the query run that wrote it"
+    return Damage(CKPT, p.rel, p.path, p.role, kind, f"{noun}-missing" if kind == MISSING else f"{noun}-damaged",
+                  p.problem, fix)
 
 
 def _cleanup_could_leave(store: Store, lowest: int) -> bool:

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from tests.operator_runs import QUERIES, generate_operator_run
 from tests.spark_runs import FLAVOURS, generate, make_session
 
 HERE = os.path.dirname(__file__)
@@ -34,6 +35,31 @@ def spark_runs(spark, tmp_path_factory):
         return cache[flavour]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def operator_runs(spark, tmp_path_factory):
+    """(query name, flavour) -> OperatorRun of tests/operator_runs.py, generated lazily once per session."""
+    root = tmp_path_factory.mktemp("operator-runs")
+    cache = {}
+
+    def get(query: str, flavour: str):
+        if (query, flavour) not in cache:
+            cache[query, flavour] = generate_operator_run(spark, QUERIES[query], flavour, str(root / f"{query}-{flavour}"))
+        return cache[query, flavour]
+
+    return get
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``operators_full`` (the rest of the operator x state store matrix) run only when
+    ``-m`` names that marker (``make test-operators``); the default run deselects them."""
+    if "operators_full" in (config.getoption("markexpr") or ""):
+        return
+    keep = [item for item in items if item.get_closest_marker("operators_full") is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
 @pytest.fixture(params=sorted(FLAVOURS))

@@ -10,10 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 
 from pipelines.event_counts import build_query, write_event_files
+
+# Python workers (applyInPandasWithState, transformWithStateInPandas) must run this interpreter, which
+# has pandas and pyarrow; Spark starts `python3` from PATH otherwise. Read when the SparkContext starts.
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 HDFS = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"

@@ -105,3 +105,37 @@ def test_lz4_decoder_overlapping_matches():
     # literal "ab", then a match of length 6 at offset 2 (overlapping copy) -> "abababab", then "c"
     block = bytes([0x22]) + b"ab" + bytes([0x02, 0x00]) + bytes([0x10]) + b"c"
     assert lz4_block_decompress(block, 9) == b"ababababc"
+
+
+def test_hadoop_paths_as_operator_metadata_spells_them():
+    """transformWithState's operator metadata names schema files by Path.toString: not URL-encoded,
+    ``file:/`` locally, ``s3a://`` on S3; a restore reads and rewrites them in the same form."""
+    from checkpoint_ops.storage.paths import Location, hadoop_path, hadoop_path_to_location
+
+    cases = {
+        "file:/data/ck 1/state/0/_stateSchema/default/0_a": Location("file", "/data/ck 1/state/0/_stateSchema/default/0_a", "file"),
+        "file:///data/ck/x": Location("file", "/data/ck/x", "file"),
+        "s3a://bucket/ck/state/0/_stateSchema/default/7_b": Location("s3", "bucket/ck/state/0/_stateSchema/default/7_b", "s3a"),
+    }
+    for text, loc in cases.items():
+        assert hadoop_path_to_location(text) == loc
+        assert hadoop_path_to_location(hadoop_path(loc)) == loc
+    assert hadoop_path(cases["file:///data/ck/x"]) == "file:/data/ck/x"
+    assert hadoop_path(Location("s3", "bucket/ck", "s3")) == "s3a://bucket/ck"
+
+
+def test_operator_metadata_bad_input():
+    from checkpoint_ops.model.operator_metadata import parse_operator_metadata
+
+    good = (b'v2\n{"operatorInfo":{"operatorId":0,"operatorName":"transformWithStateInPandasExec"},"stateStoreInfo":'
+            b'[{"storeName":"default","numColsPrefixKey":0,"numPartitions":2,"stateSchemaFilePaths":["file:/c/s"]}],'
+            b'"operatorPropertiesJson":"{\\"timeMode\\":\\"EventTime\\"}"}')
+    md = parse_operator_metadata(good, "state/0/_metadata/v2/7", "/c/state/0/_metadata/v2/7", 7)
+    assert (md.format_version, md.name, md.batch, md.properties) == (2, "transformWithStateInPandasExec", 7,
+                                                                      {"timeMode": "EventTime"})
+    assert md.stores[0].schema_paths == ("file:/c/s",) and md.stores[0].partitions == 2
+    for data, kind in [(b"", "empty"), (good[:60], "truncated"), (b"v3" + good[2:], "unknown-version"),
+                       (b'v1\n{"operatorInfo":{}}', "malformed"), (b"\x00garbage", "no-version")]:
+        with pytest.raises(LogFormatError) as e:
+            parse_operator_metadata(data, "m", "/c/m")
+        assert e.value.kind == kind, (data, e.value.problem)

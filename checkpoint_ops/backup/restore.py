@@ -6,7 +6,8 @@ cannot start on half a checkpoint; an interrupted restore resumes (``checkpoint-
 undoes (``checkpoint-ops undo TARGET``, which leaves the target empty again). Every object is read and
 checked against its hash before anything is written, and again as it is written.
 
-Relocation: file-source logs, sink logs and the batch ledger hold absolute paths (reference §7). The
+Relocation: file-source logs, sink logs and the batch ledger hold absolute paths (reference §7), and so
+does transformWithState's operator metadata v2 (the state schema files Spark reads on restart). The
 backup's own checkpoint and sink locations map to the targets; ``--relocate OLD=NEW`` maps more (the
 input directory, say). A sink log entry must end up inside its sink target, or the restore is refused.
 
@@ -36,13 +37,21 @@ from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
 from ..rollback import plan_rollback
 from ..storage import open_file_manager
-from ..storage.paths import Location, join, parse_url, spark_url_to_location
+from ..storage.paths import (
+    Location,
+    hadoop_path,
+    hadoop_path_to_location,
+    join,
+    parse_url,
+    spark_url_to_location,
+)
 from .repository import Manifest, Repository
 from .transfer import retry
 from .view import BackupView
 
 _SOURCE_LOG = re.compile(r"^sources/[^/]+/\d+(\.compact)?$")
 _SINK_LOG = re.compile(r"^_spark_metadata/\d+(\.compact)?$")
+_OPERATOR_METADATA_V2 = re.compile(r"^state/\d+/_metadata/v2/\d+$")
 _PCHAR = "/-._~!$&'()*+,;=:@"
 
 
@@ -142,13 +151,17 @@ class _Restore:
         self.staged: list[tuple] = []
 
     # -- relocating the paths inside logs -------------------------------------------------------------
-    def _move(self, path: str) -> str | None:
-        loc = spark_url_to_location(path)
+    def _relocate(self, loc: Location) -> Location | None:
+        """Where the first rule that applies moves ``loc`` (None if none does)."""
         for rule in self.rules:
             new = rule.apply(loc)
             if new is not None:
-                return spark_url(new)
+                return new
         return None
+
+    def _move(self, path: str) -> str | None:
+        new = self._relocate(spark_url_to_location(path))
+        return None if new is None else spark_url(new)
 
     def _line(self, line: bytes, rid: str, rel: str) -> bytes:
         try:
@@ -171,6 +184,26 @@ class _Restore:
         doc["path"] = new
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
+    def _move_hadoop_path(self, path: str) -> str | None:
+        """A path as Hadoop's ``Path.toString`` writes it, relocated (None if no rule moves it)."""
+        new = self._relocate(hadoop_path_to_location(path))
+        return None if new is None else hadoop_path(new)
+
+    def _operator_metadata(self, content: bytes) -> bytes:
+        """Operator metadata v2 names its state schema files by absolute path, and Spark reads them there
+        when the query restarts: point them at the target. Only those strings change."""
+        doc = json.loads(content.partition(b"\n")[2])
+        out = content
+        for store in doc.get("stateStoreInfo") or []:
+            paths = store.get("stateSchemaFilePaths") or ([store["stateSchemaFilePath"]]
+                                                          if store.get("stateSchemaFilePath") else [])
+            for path in paths:
+                new = self._move_hadoop_path(path)
+                if new is not None and new != path:
+                    old_json = json.dumps(path, ensure_ascii=False).encode()
+                    out = out.replace(old_json, json.dumps(new, ensure_ascii=False).encode())
+        return out
+
     def _ledger_line(self, line: bytes) -> bytes:
         rec = json.loads(line)
         sinks = rec.get("sinks")
@@ -189,11 +222,15 @@ class _Restore:
         """(new content, or None if the file needs no change). Log files are read line by line."""
         kind = ("source" if rid == "checkpoint" and _SOURCE_LOG.match(rel) else
                 "sink" if rid in self.sink_rules and _SINK_LOG.match(rel) else
+                "operator" if rid == "checkpoint" and _OPERATOR_METADATA_V2.match(rel) else
                 "ledger" if rid == "ledger" and "-truncate-" not in rel else None)
         if kind is None:
             return None
         if content is None:
             content = retry(lambda: self.repo.read_object(data_sha))
+        if kind == "operator":
+            new = self._operator_metadata(content)
+            return None if new == content else new
         lines = content.split(b"\n")
         if kind == "ledger":
             out = [self._ledger_line(x) if x.strip() else x for x in lines]

@@ -17,6 +17,7 @@ from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
 from .listing import Listing
 from .logfile import LogFile, LogFormatError, log_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
+from .operators import OperatorFiles
 from .sink import SinkOutput
 from .sources import SourceDir, classify_sources
 from .state import StateModel
@@ -222,6 +223,11 @@ class Checkpoint:
     @cached_property
     def state(self) -> StateModel:
         return StateModel(self.listing, self.conf.get(PROVIDER_CLASS_KEY), self.conf.get(CODEC_KEY, "lz4"))
+
+    @cached_property
+    def operator_files(self) -> OperatorFiles:
+        """The operator metadata and state schema files, read and parsed on demand (each once)."""
+        return OperatorFiles(self.state)
 
     @property
     def checkpoint_format_version(self) -> int | None:

@@ -100,15 +100,30 @@ def decompress_prefix(data: bytes, codec: str, want: int = 70_000) -> bytes:
     raise CodecError(f"state compression codec {codec!r} is not supported for reading changelog headers")
 
 
-def read_java_utf(buf: bytes, pos: int) -> tuple[str, int]:
-    """``DataInputStream.readUTF``: 2-byte big-endian length, then (modified) UTF-8."""
+def read_java_utf(buf: bytes, pos: int, strict: bool = False) -> tuple[str, int]:
+    """``DataInputStream.readUTF``: 2-byte big-endian length, then (modified) UTF-8.
+
+    ``strict``: bytes that are not modified UTF-8 raise CodecError instead of becoming U+FFFD.
+    """
     if pos + 2 > len(buf):
         raise CodecError("truncated string")
     (n,) = struct.unpack_from(">H", buf, pos)
     raw = buf[pos + 2 : pos + 2 + n]
     if len(raw) < n:
         raise CodecError("truncated string")
+    if strict:
+        return decode_modified_utf8(raw), pos + 2 + n
     return raw.replace(b"\xc0\x80", b"\x00").decode("utf-8", "replace"), pos + 2 + n
+
+
+def decode_modified_utf8(raw: bytes) -> str:
+    """Java's modified UTF-8: NUL is ``C0 80`` and a character outside the BMP is two 3-byte
+    surrogates. Raises CodecError on anything else that is not UTF-8."""
+    try:
+        text = raw.replace(b"\xc0\x80", b"\x00").decode("utf-8", "surrogatepass")
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+    except UnicodeError as e:
+        raise CodecError(f"not modified UTF-8 ({e.reason})") from None
 
 
 def changelog_header(prefix: bytes) -> tuple[int, list[tuple[int, str]] | None]:

@@ -21,6 +21,7 @@ from typing import Callable
 from ..storage.checksums import is_hadoop_crc_name
 from .codecs import CodecError, changelog_header, decompress_prefix
 from .listing import Listing
+from .state_schema import SCHEMA_FILE
 
 STATE_FILE = re.compile(r"^(\d+)(?:_([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}))?\.(delta|snapshot|zip|changelog)$")
 # Spark master after 4.3: column-family variants of the HDFS provider.
@@ -99,7 +100,8 @@ class Operator:
     metadata_v1: dict | None = None
     metadata_v1_rel: str | None = None
     metadata_v2: dict[int, str] = field(default_factory=dict)  # batch id -> rel
-    schema_files: list[tuple[str, int, str]] = field(default_factory=list)  # (store, batch id, rel)
+    schema_files: list[tuple[str, int, str]] = field(default_factory=list)  # (store, batch id, rel): v3
+    legacy_schema_files: dict[str, str] = field(default_factory=dict)  # store -> rel of its v1/v2 schema file
     stores: dict[tuple[int, str], Store] = field(default_factory=dict)
     metadata_v2_doc: dict | None = None
 
@@ -184,6 +186,10 @@ class StateModel:
                     op.stores[(part, DEFAULT_STORE)] = self._scan_store(op.op_id, part, DEFAULT_STORE, pdir)
                 for store_name in named:
                     op.stores[(part, store_name)] = self._scan_store(op.op_id, part, store_name, f"{pdir}/{store_name}")
+                if part == 0:  # Spark writes v1/v2 schema files in partition 0 only
+                    for store_name, sdir in [(DEFAULT_STORE, pdir)] + [(n, f"{pdir}/{n}") for n in named]:
+                        if SCHEMA_FILE in L.files_in(f"{sdir}/_metadata"):
+                            op.legacy_schema_files[store_name] = f"{sdir}/_metadata/{SCHEMA_FILE}"
 
     def _scan_store(self, op_id: int, part: int, name: str, rel_dir: str) -> Store:
         L = self.listing

@@ -71,3 +71,25 @@ def spark_url_to_location(url: str) -> Location:
         return Location("file", unquote(parts.path) or "/", scheme)
     canonical = SCHEME_ALIASES.get(scheme, scheme)
     return Location(canonical, unquote(parts.netloc + parts.path), scheme)
+
+
+def hadoop_path_to_location(path: str) -> Location:
+    """A path as Hadoop's ``Path.toString`` writes it (qualified, not URL-encoded): ``file:/tmp/ck``,
+    ``s3a://bucket/ck``. Spark writes these into operator metadata (state schema file paths)."""
+    scheme, sep, rest = path.partition(":")
+    if not sep or "/" in scheme or len(scheme) == 1:
+        return Location("file", posixpath.normpath(path), "")
+    scheme = scheme.lower()
+    if scheme in LOCAL_SCHEMES:
+        if rest.startswith("//"):  # file:///tmp/ck, or file://host/tmp/ck
+            rest = "/" + rest[2:].partition("/")[2]
+        return Location("file", posixpath.normpath(rest), scheme)
+    return Location(SCHEME_ALIASES.get(scheme, scheme), rest.lstrip("/").rstrip("/"), scheme)
+
+
+def hadoop_path(loc: Location) -> str:
+    """``Path.toString`` of a location, as ``hadoop_path_to_location`` reads it back."""
+    if loc.is_local:
+        return f"file:{loc.path}"
+    scheme = {"s3": "s3a"}.get(loc.original_scheme or loc.scheme, loc.original_scheme or loc.scheme)
+    return f"{scheme}://{loc.path}"
