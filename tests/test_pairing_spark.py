@@ -1,0 +1,98 @@
+"""Misconfiguration refused before anything changes: the cases of the issue, on outputs real Spark wrote.
+
+* Which files of an output are data: exactly what Spark's file index reads (Spark itself judges); a
+  checkpoint kept inside its output is never an orphan, and Spark resumes from it afterwards.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from urllib.parse import unquote, urlsplit
+
+from checkpoint_ops.model.sink import SinkOutput
+from checkpoint_ops.storage import open_file_manager
+from pipelines.event_counts import event_rows
+from tests.helpers import cli_json, tree_snapshot
+from tests.spark_runs import COMPACT_INTERVAL
+from tests.test_rollback_spark import INTERVALS
+
+SINK = ("--sink-compact-interval", str(COMPACT_INTERVAL))
+ORPHAN = "part-00000-00000000-0000-0000-0000-00000000dead-c000.snappy.parquet"
+
+
+def rows(spark, out: str) -> list:
+    """What Spark's readers see in the output (through its sink log)."""
+    return sorted(tuple(r) for r in spark.read.parquet(out).collect())
+
+
+def expected(files: int) -> list:
+    """The stateless query copies (key, value) of every event: batch i read input file i."""
+    return sorted((e["key"], e["value"]) for i in range(files) for e in event_rows(i))
+
+
+def a_part_file(out: str) -> str:
+    return sorted(glob.glob(os.path.join(out, "part-*.parquet")))[0]
+
+
+def contents(*roots: str) -> dict:
+    return {p: digest for p, (digest, _) in tree_snapshot(*roots).items()}
+
+
+# ---- which files are data ------------------------------------------------------------------------------
+
+
+def test_data_files_are_what_sparks_file_index_reads(spark, pairs, tmp_path):
+    """Copies of a real data file under every kind of name Spark's listing treats specially: the files
+    ``SinkOutput.data_files`` calls data are exactly the files Spark reads when it lists the directory."""
+    src = a_part_file(pairs["a"].output)
+    where = tmp_path / "listed"
+    rels = ["part-0.parquet", ".hidden.parquet", "_underscore.parquet", "_a=b.parquet", ".a=b.parquet",
+            "x=1/p.parquet", "_x=1/p.parquet", "_x=1/_y/p.parquet", "_x=1/.y/p.parquet", "_metadata/p.parquet",
+            "_common_metadata_x/p.parquet", "leaf/_metadata", "leaf/_common_metadata", "leaf/x.parquet",
+            "sub/ok/p.parquet", "sub/.hidden/p.parquet", "sub/_tmp/p.parquet", "p.parquet._COPYING_",
+            "a._COPYING_/p.parquet"]
+    for rel in rels:
+        (where / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(src, where / rel)
+    fm, root = open_file_manager(str(where))
+    ours = set(SinkOutput(fm, root).data_files())
+
+    from pyspark.sql import functions as F
+
+    schema = spark.read.parquet(src).schema
+    df = spark.read.schema(schema).option("recursiveFileLookup", "true").parquet(str(where))
+    read = {os.path.relpath(unquote(urlsplit(r[0]).path), where)
+            for r in df.select(F.input_file_name()).distinct().collect()}
+    assert ours == read
+    assert ours == {"part-0.parquet", "_a=b.parquet", "x=1/p.parquet", "_x=1/p.parquet", "_metadata/p.parquet",
+                    "_common_metadata_x/p.parquet", "leaf/x.parquet", "sub/ok/p.parquet"}
+
+
+def test_a_checkpoint_inside_its_output_is_never_an_orphan(spark, pairs):
+    r = pairs["inside"]
+    out, ckpt = r.output, r.checkpoint
+    assert ckpt.startswith(out + "/") and os.path.exists(os.path.join(ckpt, "offsets", "0"))
+    args = ("sink", "orphans", out, "--min-age", "0s", "--delete", *SINK)
+    code, o = cli_json(*args, "--dry-run", "--force")
+    assert code == 0, o
+    assert o["plan"]["summary"]["orphans"].startswith("0 files") and o["plan"]["actions"] == [], o["plan"]
+    code, f = cli_json("fsck", ckpt, "--sink", out, *INTERVALS)
+    assert (code, f["findings"]) == (0, [])
+
+    shutil.copy(a_part_file(out), os.path.join(out, ORPHAN))  # a real orphan beside it: found, and only it
+    code, o = cli_json(*args, "--dry-run", "--force")
+    assert o["plan"]["summary"]["orphan files"] == [ORPHAN] and {a["rel"] for a in o["plan"]["actions"]} == {ORPHAN}
+    code, f = cli_json("fsck", ckpt, "--sink", out, *INTERVALS)
+    assert [(x["code"], os.path.basename(x["path"])) for x in f["findings"]] == [("sink-orphan-file", ORPHAN)]
+
+    kept = contents(ckpt)
+    code, o = cli_json(*args, "--force", "--yes")
+    assert code == 0, o
+    assert not os.path.exists(os.path.join(out, ORPHAN)) and contents(ckpt) == kept
+    assert rows(spark, out) == expected(r.files)
+    r.run(spark, 3)  # Spark resumes from the checkpoint inside the output
+    assert rows(spark, out) == expected(r.files)
+    code, f = cli_json("fsck", ckpt, "--sink", out, *INTERVALS)
+    assert (code, f["findings"]) == (0, [])
