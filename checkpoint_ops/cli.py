@@ -258,10 +258,12 @@ def cmd_ledger_sync(args) -> int:
     from .ledger import sync
 
     ckpt, sinks = _open(args)
-    r = sync(ckpt, sinks)
+    r = sync(ckpt, sinks, assume_paired=args.assume_paired)
     rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"
     text = (f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
             + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
+    for v in r["pairing"]:
+        text += f"\n  pairing of {v['sink']}: {v['status']} ({v['evidence']})"
     for d in r["skipped"]:
         text += f"\n  skipped (damaged, not recorded): {d['path']}: {d['problem']}"
     _emit(args, r, text)
@@ -645,7 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ledger", help="the batch ledger: which files each batch wrote, kept past compaction")
     lsub = p.add_subparsers(dest="ledger_command", required=True, metavar="ACTION")
-    _command(lsub, "sync", cmd_ledger_sync, "record every batch Spark's files still describe", sinks=True)
+    q = _command(lsub, "sync", cmd_ledger_sync, "record every batch Spark's files still describe", sinks=True)
+    q.add_argument("--assume-paired", action="store_true", help="record each --sink as this checkpoint's output even "
+                   "when its batch history does not show it (never over a sink recorded with another checkpoint)")
     q = _command(lsub, "show", cmd_ledger_show, "what the ledger knows (one batch with --batch)")
     q.add_argument("--batch", type=int, metavar="N")
     return parser

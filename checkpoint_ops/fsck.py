@@ -14,6 +14,7 @@ from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
 from .model.logfile import unreadable
+from .pairing import check_pairing
 from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
 from .window import rollback_window
 from .storage.checksums import (
@@ -68,8 +69,10 @@ class Fsck:
         self._state(commits)
         self._temp_files()
         self._checksums(self.ckpt.listing)
-        for sink in self.sinks:
-            self._sink(sink)
+        for sink, verdict in zip(self.sinks, check_pairing(self.ckpt, self.sinks, self.ledger)):
+            if not verdict.ok:
+                self.add(ERROR, "sink-not-paired", sink.url, verdict.problem, verdict.fix)
+            self._sink(sink, paired=verdict.ok)
         self._restart_set()
         self._window()
         return self.findings
@@ -307,7 +310,8 @@ class Fsck:
                              "restore the state file from a backup; if the file is right, delete its checksum file")
 
     # -- sinks -------------------------------------------------------------------------------------
-    def _sink(self, sink: SinkOutput) -> None:
+    def _sink(self, sink: SinkOutput, paired: bool = True) -> None:
+        """The sink's own log and files; and, when it belongs to the checkpoint, how the two compare."""
         log = sink.log
         L = sink.listing
         if not self._parse_compactible(log) or log.latest is None:
@@ -320,7 +324,7 @@ class Fsck:
                      "the next compaction fail with FileNotFoundException",
                      "restore it from a backup (a batch ledger can rebuild it: `checkpoint-ops ledger`)")
         ck_latest = self.ckpt.latest_offset
-        if ck_latest is not None and log.latest > ck_latest:
+        if paired and ck_latest is not None and log.latest > ck_latest:
             self.add(ERROR, "sink-ahead", L.url(log.rel(log.latest)),
                      f"the sink log has batches up to {log.latest} but the checkpoint plans only up to {ck_latest}: "
                      f"the file sink silently skips batch ids it already logged, so batches {ck_latest + 1}.."

@@ -23,6 +23,7 @@ from datetime import datetime
 
 from .errors import BadInputError, RefusedError
 from .fence import is_fence, parse_fence, resume_command
+from .pairing import require_pairing
 from .restart import Damage, RestartSets, damage_in_removed
 from .model.checkpoint import Checkpoint
 from .model.compactible import (
@@ -374,6 +375,7 @@ def plan_rollback(
     if target > C:
         raise RefusedError(f"batch {target} was never committed (the last committed batch is {C})", path=ckpt.url,
                            fix=f"choose a batch up to {C}")
+    require_pairing(ckpt, sinks, ledger)
     warnings = check_restart_set(ckpt, target, sinks, ledger, force=force, what="roll back to")
     b = _Builder(ckpt, sinks, target, keep_files, ledger)
     b.plan.warnings += warnings

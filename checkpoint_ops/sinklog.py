@@ -34,6 +34,7 @@ from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
+from .pairing import require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -85,7 +86,8 @@ class SinkContext:
 
 def open_context(output_url: str, checkpoint_url: str | None = None, storage_options: dict | None = None,
                  compact_interval: int = 10, data: bool = False) -> SinkContext:
-    """Open a sink output (with its data files listed only if ``data``) and its checkpoint and ledger."""
+    """Open a sink output (with its data files listed only if ``data``) and its checkpoint and ledger.
+    With a checkpoint, the output must be its query's (``pairing.require_pairing``: PairingRefused, exit 1)."""
     fm, root = open_file_manager(output_url, storage_options)
     sink = SinkOutput(fm, root, compact_interval, data=data)
     if not sink.log.files:
@@ -95,6 +97,7 @@ def open_context(output_url: str, checkpoint_url: str | None = None, storage_opt
     if checkpoint_url:
         ckpt = Checkpoint.open(checkpoint_url, storage_options)
         ledger = Ledger.for_checkpoint(ckpt)
+        require_pairing(ckpt, [sink], ledger)
     else:
         ledger = Ledger(fm, join(ops_dir(fm, root), "ledger"))
     return SinkContext(sink, ckpt, ledger)

@@ -2,19 +2,23 @@
 
 * Which files of an output are data: exactly what Spark's file index reads (Spark itself judges); a
   checkpoint kept inside its output is never an orphan, and Spark resumes from it afterwards.
+* Another query's output given as ``--sink``: every command that would change or judge the two together
+  refuses (exit 1), nothing changes; once recorded, the records decide; the right pair still works.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 from urllib.parse import unquote, urlsplit
 
 from checkpoint_ops.model.sink import SinkOutput
+from checkpoint_ops.pairing import PAIRING_FILE
 from checkpoint_ops.storage import open_file_manager
 from pipelines.event_counts import event_rows
-from tests.helpers import cli_json, tree_snapshot
+from tests.helpers import cli, cli_json, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL
 from tests.test_rollback_spark import INTERVALS
 
@@ -96,3 +100,57 @@ def test_a_checkpoint_inside_its_output_is_never_an_orphan(spark, pairs):
     assert rows(spark, out) == expected(r.files)
     code, f = cli_json("fsck", ckpt, "--sink", out, *INTERVALS)
     assert (code, f["findings"]) == (0, [])
+
+
+# ---- another query's output --------------------------------------------------------------------------------
+
+
+def test_another_querys_output_is_refused_before_anything_changes(spark, pairs, tmp_path):
+    a, b = pairs["a"], pairs["b"]
+    dest = tmp_path / "dest"
+    everything = os.path.dirname(a.base)  # both queries' trees and their ledgers beside them
+    before = tree_snapshot(everything)
+    refused = {
+        "rollback --dry-run": ["rollback", a.checkpoint, "--to-batch", 5, "--sink", b.output, *INTERVALS, "--dry-run"],
+        "rollback --yes": ["rollback", a.checkpoint, "--to-batch", 5, "--sink", b.output, *INTERVALS, "--yes"],
+        "ledger sync": ["ledger", "sync", a.checkpoint, "--sink", b.output, *INTERVALS],
+        "backup create": ["backup", "create", a.checkpoint, dest, "--sink", b.output, *INTERVALS],
+        "sink compact": ["sink", "compact", b.output, "--checkpoint", a.checkpoint, *SINK, "--yes"],
+        "sink files": ["sink", "files", b.output, "--batch", 5, "--checkpoint", a.checkpoint, *SINK],
+        "fsck": ["fsck", a.checkpoint, "--sink", b.output, *INTERVALS],
+    }
+    for name, args in refused.items():
+        code, out, err = cli(*args, "--json")
+        doc = json.loads(out)
+        assert code == 1 and "Traceback" not in err, (name, out, err)
+        if name == "fsck":
+            assert [x["code"] for x in doc["findings"]] == ["sink-not-paired"], doc
+            problem = doc["findings"][0]["problem"]
+        else:
+            assert doc["pairing"]["status"] == "not-lined-up" and doc["pairing"]["compared"], doc
+            problem = doc["problem"]
+        assert b.output in problem and a.checkpoint in problem and "do not line up" in problem, problem
+        assert tree_snapshot(everything) == before, f"{name} changed something"
+        assert not dest.exists()
+    code, i = cli_json("inspect", a.checkpoint, "--sink", b.output, *INTERVALS)
+    assert code == 0 and i["sinks"][0]["pairing"]["status"] == "not-lined-up"
+
+    # recorded (each query's ledger sync): the records decide
+    for q in (a, b):
+        code, s = cli_json("ledger", "sync", q.checkpoint, "--sink", q.output, *INTERVALS)
+        assert code == 0 and s["pairing"][0]["status"] == "paired", s
+        assert sorted(s["pairing"][0]["recorded"]) == ["ledger", "sink"]
+    code, out, err = cli("rollback", a.checkpoint, "--to-batch", 5, "--sink", b.output, *INTERVALS, "--dry-run")
+    assert code == 1 and f"output of checkpoint {b.checkpoint}" in err, err
+    code, out, err = cli("ledger", "sync", a.checkpoint, "--sink", b.output, *INTERVALS, "--assume-paired")
+    assert code == 1 and f"output of checkpoint {b.checkpoint}" in err, err  # never over the other's record
+    for name in (PAIRING_FILE, f".{PAIRING_FILE}.crc"):  # the output's record lost: the ledger still tells
+        os.remove(os.path.join(b.output, name))
+    code, out, err = cli("rollback", a.checkpoint, "--to-batch", 5, "--sink", b.output, *INTERVALS, "--dry-run")
+    assert code == 1 and f"records that its query writes {a.output}" in err, err
+
+    # the right pair still works, and neither output loses or duplicates a row
+    code, r = cli_json("rollback", a.checkpoint, "--to-batch", 5, "--sink", a.output, *INTERVALS, "--yes")
+    assert code == 0, r
+    a.run(spark, 2)
+    assert rows(spark, a.output) == expected(a.files) and rows(spark, b.output) == expected(b.files)
