@@ -2,6 +2,8 @@
 
 * Which files of an output are data: exactly what Spark's file index reads (Spark itself judges); a
   checkpoint kept inside its output is never an orphan, and Spark resumes from it afterwards.
+* ``backup restore`` targets that overlap: exit 2, nothing written; a proper restore leaves the targets
+  paired at their new locations, and Spark resumes there.
 * Another query's output given as ``--sink``: every command that would change or judge the two together
   refuses (exit 1), nothing changes; once recorded, the records decide; the right pair still works.
 """
@@ -17,9 +19,9 @@ from urllib.parse import unquote, urlsplit
 from checkpoint_ops.model.sink import SinkOutput
 from checkpoint_ops.pairing import PAIRING_FILE
 from checkpoint_ops.storage import open_file_manager
-from pipelines.event_counts import event_rows
+from pipelines.event_counts import event_rows, write_event_files
 from tests.helpers import cli, cli_json, tree_snapshot
-from tests.spark_runs import COMPACT_INTERVAL
+from tests.spark_runs import COMPACT_INTERVAL, run_stateless
 from tests.test_rollback_spark import INTERVALS
 
 SINK = ("--sink-compact-interval", str(COMPACT_INTERVAL))
@@ -100,6 +102,52 @@ def test_a_checkpoint_inside_its_output_is_never_an_orphan(spark, pairs):
     assert rows(spark, out) == expected(r.files)
     code, f = cli_json("fsck", ckpt, "--sink", out, *INTERVALS)
     assert (code, f["findings"]) == (0, [])
+
+
+# ---- restore targets --------------------------------------------------------------------------------------
+
+
+def test_restore_refuses_overlapping_targets_and_pairs_the_targets(spark, pairs, tmp_path):
+    r = pairs["inside"]
+    dest = tmp_path / "dest"
+    code, b = cli_json("backup", "create", r.checkpoint, dest, "--sink", r.output, *INTERVALS)
+    assert code == 0, b
+    t = tmp_path / "t"
+    for target, sink_targets, how in [
+        (t / "x", [t / "x"], "is the same place as"),
+        (t / "x" / "checkpoint", [t / "x"], "lies inside"),  # the source's own layout
+        (t / "x", [t / "x" / "out"], "contains"),
+        (t / "x", [t / "o1", t / "o1" / "o2"], "contains"),
+        (t / "x", [t / "o1", t / "o1"], "is the same place as"),
+    ]:
+        extra = [a for s in sink_targets for a in ("--sink-target", s)]
+        for mode in ("--dry-run", "--yes"):
+            code, out, err = cli("backup", "restore", dest, b["backup_id"], target, *extra, mode)
+            assert code == 2 and how in err and "nothing was written" in err and "Traceback" not in err, (out, err)
+            assert not t.exists(), "a refused restore wrote something"
+
+    base = tmp_path / "restored"  # checkpoint, output and input side by side, as the query expects them
+    shutil.copytree(r.input, base / "input")
+    code, res = cli_json("backup", "restore", dest, b["backup_id"], base / "checkpoint", "--sink-target",
+                         base / "output", "--relocate", f"{r.input}={base / 'input'}", "--yes")
+    assert code == 0, res
+    record = json.loads((base / "output" / PAIRING_FILE).read_text())
+    assert (record["checkpoint"], record["sinks"], record["query_id"]) == \
+        (str(base / "checkpoint"), [str(base / "output")], b["query_id"])
+    ledger_records = [json.loads(open(p).read()) for p in
+                      glob.glob(str(base / ".checkpoint-ops" / "checkpoint" / "ledger" / "pairing" / "*.json"))]
+    assert [(x["checkpoint"], x["sinks"]) for x in ledger_records] == [(str(base / "checkpoint"), [str(base / "output")])]
+    code, i = cli_json("inspect", base / "checkpoint", "--sink", base / "output", *INTERVALS)
+    assert i["sinks"][0]["pairing"]["status"] == "paired"
+    assert sorted(i["sinks"][0]["pairing"]["recorded"]) == ["ledger", "sink"]
+    code, f = cli_json("fsck", base / "checkpoint", "--sink", base / "output", *INTERVALS)
+    assert (code, f["findings"]) == (0, [])
+    # the original output is not the restored checkpoint's: its own record says whose it is
+    code, out, err = cli("rollback", base / "checkpoint", "--to-batch", 5, "--sink", r.output, *INTERVALS, "--dry-run")
+    assert code == 1 and f"output of checkpoint {r.checkpoint}" in err, err
+    write_event_files(str(base / "input"), r.files, r.files + 2)
+    run_stateless(spark, str(base))
+    assert rows(spark, str(base / "output")) == expected(r.files + 2)
 
 
 # ---- another query's output --------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import threading
 import time
 
 from ..errors import BadInputError, RefusedError
-from ..ledger import Ledger
+from ..ledger import PAIRING_DIR, Ledger
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
@@ -217,7 +217,8 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
                 rel for rel in roots[f"sink{i}"][3] if rel.startswith(SINK_LOG_DIR + "/")}
         if ledger is not None:
             files = {f.path[len(ledger.path) + 1:]: f for f in ledger.fm.walk(ledger.path)}
-            files = {r: f for r, f in files.items() if "/" not in r and not r.startswith(".")}
+            files = {r: f for r, f in files.items() if not r.rsplit("/", 1)[-1].startswith(".") and (
+                "/" not in r or (r.startswith(PAIRING_DIR + "/") and r.count("/") == 1))}
             if files:
                 roots["ledger"] = (ledger.fm.url(ledger.path), ledger.fm, ledger.path, files)
     parent = _parent(repo, ckpt.url)
