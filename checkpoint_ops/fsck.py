@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .fence import resume_command
+from .lag import sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
@@ -324,6 +325,9 @@ class Fsck:
                      "the next compaction fail with FileNotFoundException",
                      "restore it from a backup (a batch ledger can rebuild it: `checkpoint-ops ledger`)")
         ck_latest = self.ckpt.latest_offset
+        lag = sink_lag(self.ckpt, sink, self.ledger) if paired else None
+        if lag is not None and lag.behind:
+            self._sink_behind(sink, lag)
         if paired and ck_latest is not None and log.latest > ck_latest:
             self.add(ERROR, "sink-ahead", L.url(log.rel(log.latest)),
                      f"the sink log has batches up to {log.latest} but the checkpoint plans only up to {ck_latest}: "
@@ -358,11 +362,34 @@ class Fsck:
                         "; every one of them has a file at the same relative path here"),
                      "point --sink at the original location, or rewrite the sink log paths for the new location")
         for rel in sorted(set(sink.data_files()) - known):
+            if lag is not None and lag.behind:
+                self.add(WARNING, "sink-orphan-file", L.url(rel),
+                         f"data file not in the sink log. The sink log is behind its checkpoint ({lag.describe()} "
+                         "committed without a log entry), so this may be the data of a batch whose entry is missing",
+                         f"do not delete it: roll back and reprocess as the sink-behind finding says; afterwards "
+                         f"`checkpoint-ops sink orphans {sink.url}` lists what is still orphaned")
+                continue
             self.add(WARNING, "sink-orphan-file", L.url(rel),
                      "data file not in the sink log (a failed or rolled-back batch wrote it): Spark readers ignore "
                      "it, but readers that list the directory (ignoreMetadata, other engines) see it",
-                     "delete it while the query is stopped")
+                     f"while the query is stopped, `checkpoint-ops sink orphans {sink.url} --delete` moves it into "
+                     "an undo record (pass --checkpoint so the query's lease is checked)")
         self._checksums(L)
+
+    def _sink_behind(self, sink: SinkOutput, lag) -> None:
+        target = lag.rollback_target
+        fix = (f"roll back the checkpoint and the sink to the last batch the sink has, then run the query to "
+               f"reprocess: `{self.cmd} --to-batch {target} --sink {sink.url}`; the run re-runs "
+               f"{lag.describe()} and writes their rows again. Do not delete data files: those of {lag.describe()} "
+               "are what the sink log lost" if target is not None else
+               "restore the checkpoint and its sink from a backup taken before the loss (no rollback can re-run "
+               "batch 0 with this sink log). Do not delete data files")
+        self.add(ERROR, "sink-behind", sink.listing.url(lag.missing_rels[0]),
+                 f"{lag.describe()} {'were' if len(lag.missing) > 1 else 'was'} committed ({lag.committed_by}) but "
+                 f"the sink log has no entry for {'them' if len(lag.missing) > 1 else 'it'} "
+                 f"({', '.join(lag.missing_rels[:3])}{', ...' if len(lag.missing) > 3 else ''} missing): those rows are "
+                 "not in the output for Spark's readers, and the query will not write them again (it runs only "
+                 f"batches after {lag.last_committed})", fix)
 
     # -- legacy --------------------------------------------------------------------------------------
     def _dstream(self) -> None:

@@ -159,6 +159,10 @@ class Ledger:
             return None
         return [LogEntry(raw, json.loads(raw)) for raw in rec["entries"]]
 
+    def has_sink_entries(self, sink: SinkOutput, batch: int) -> bool:
+        """Whether the ledger recorded what ``batch`` wrote to this sink (without parsing the entries)."""
+        return sink.url in self.records.get(batch, {}).get("sinks", {})
+
     def sink_log_files_at(self, sink: SinkOutput, t: int) -> dict[int, list[LogEntry]] | None:
         """Contents of the sink log files a reader needs as of batch ``t`` that are gone from disk.
 

@@ -29,12 +29,13 @@ from typing import Callable
 from .errors import BadInputError, RefusedError
 from .executor import Anchor, apply_plan
 from .journal import ops_dir
+from .lag import SinkLag, sink_lag
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
-from .pairing import require_pairing
+from .pairing import paired_checkpoint, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -66,6 +67,7 @@ class SinkContext:
     sink: SinkOutput
     ckpt: Checkpoint | None
     ledger: Ledger
+    storage_options: dict | None = None
 
     @property
     def anchor(self) -> Anchor:
@@ -100,7 +102,20 @@ def open_context(output_url: str, checkpoint_url: str | None = None, storage_opt
         require_pairing(ckpt, [sink], ledger)
     else:
         ledger = Ledger(fm, join(ops_dir(fm, root), "ledger"))
-    return SinkContext(sink, ckpt, ledger)
+    return SinkContext(sink, ckpt, ledger, storage_options)
+
+
+def lag_of(ctx: SinkContext) -> SinkLag:
+    """Whether the sink is behind its checkpoint: the one given, else the one its pairing record names
+    (and that checkpoint's ledger), else what the ledger beside the output recorded."""
+    ckpt, ledger = ctx.ckpt, ctx.ledger
+    if ckpt is None:
+        ckpt = paired_checkpoint(ctx.sink, ctx.storage_options)
+        if ckpt is not None:
+            lag = sink_lag(ckpt, ctx.sink, Ledger.for_checkpoint(ckpt))
+            if lag.behind:
+                return lag
+    return sink_lag(ckpt, ctx.sink, ledger)
 
 
 # ---- which files a batch wrote ------------------------------------------------------------------------
@@ -464,6 +479,17 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
     if delete and quarantine:
         raise BadInputError("give one of --delete and --quarantine DIR")
     _check_log(log)
+    lag = lag_of(ctx)
+    if lag.behind and (delete or quarantine):
+        raise RefusedError(
+            f"the sink is behind its checkpoint: {lag.describe()} {'were' if len(lag.missing) > 1 else 'was'} "
+            f"committed ({lag.committed_by}) but the sink log has no entry for "
+            f"{'them' if len(lag.missing) > 1 else 'it'}, so the files that look orphaned may be exactly the rows it "
+            "lost; removing them would make the loss permanent", path=sink.url,
+            fix="roll back the checkpoint and the sink to the last batch the sink has and reprocess "
+            + (f"(`checkpoint-ops rollback CHECKPOINT --to-batch {lag.rollback_target} --sink {sink.url}`, then run "
+               "the query)" if lag.rollback_target is not None else "(restore from a backup)")
+            + "; then clean orphans")
     now = time.time() if now is None else now
     live = {rel for e in (log.entries_after(log.latest) if log.latest is not None else [])
             if (rel := sink.rel_of(e)) is not None}
@@ -489,6 +515,10 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
                                + (f"; {young} younger than the safety window left alone" if young else "")
                                + ("" if delete or quarantine else " (listed only: --delete or --quarantine DIR acts)"))
     plan.summary["orphan files"] = orphans[:20] + ([f"... and {len(orphans) - 20} more"] if len(orphans) > 20 else [])
+    if lag.behind:
+        plan.warnings.append(f"the sink is behind its checkpoint ({lag.describe()} committed without a sink log entry): "
+                             "these files may be the rows it lost; do not remove them before rolling back and "
+                             "reprocessing")
     return plan
 
 

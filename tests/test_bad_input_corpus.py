@@ -424,6 +424,14 @@ def commits_ahead(run, n):
     return (f"commits/{run.last_batch}", f"offsets/{run.last_batch}")
 
 
+def sink_log_behind(run, n):
+    """The sink log entry of the last batch is gone while commits/<last> is there (the sink is behind)."""
+    rel = f"_spark_metadata/{run.last_batch}"
+    assert os.path.exists(os.path.join(run.output, rel)), "the fixture ends on a plain sink log file"
+    remove_with_sidecars(os.path.join(run.output, rel))
+    return (rel,)
+
+
 def another_querys_output(run, n):
     """Nothing damaged: the --sink is the output of another flavour's query (the case names it)."""
     return ()
@@ -486,6 +494,7 @@ CASES = [
     Case("leftover_tmp_state", "hdfs", leftover_tmp_state, "removed"),
     Case("v99_latest_source_log", "rocksdb", v99_latest_source_log, "removed", {"inspect"}),
     Case("commits_ahead_of_offsets", "rocksdb", commits_ahead, "removed", {"inspect"}),
+    Case("sink_log_behind_its_checkpoint", "hdfs", sink_log_behind, "removed"),
     # the sink is not the checkpoint's
     Case("another_querys_output", "rocksdb", another_querys_output, "refused", {"ledger"}, sink_from="hdfs"),
     # neither: the rollback does not need it

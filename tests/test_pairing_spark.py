@@ -6,6 +6,9 @@
   paired at their new locations, and Spark resumes there.
 * Another query's output given as ``--sink``: every command that would change or judge the two together
   refuses (exit 1), nothing changes; once recorded, the records decide; the right pair still works.
+* A sink log behind its checkpoint: an ``fsck`` error (the Dagster health check fails), orphan cleanup
+  refuses, nothing suggests deleting data, and the suggested rollback plus reprocessing gives exactly the
+  right output.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from checkpoint_ops.storage import open_file_manager
 from pipelines.event_counts import event_rows, write_event_files
 from tests.helpers import cli, cli_json, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL, run_stateless
-from tests.test_rollback_spark import INTERVALS
+from tests.test_rollback_spark import INTERVALS, exact, finish_and_read
 
 SINK = ("--sink-compact-interval", str(COMPACT_INTERVAL))
 ORPHAN = "part-00000-00000000-0000-0000-0000-00000000dead-c000.snappy.parquet"
@@ -202,3 +205,50 @@ def test_another_querys_output_is_refused_before_anything_changes(spark, pairs, 
     assert code == 0, r
     a.run(spark, 2)
     assert rows(spark, a.output) == expected(a.files) and rows(spark, b.output) == expected(b.files)
+
+
+# ---- a sink behind its checkpoint ----------------------------------------------------------------------------
+
+
+def test_sink_behind_is_an_error_and_the_suggested_rollback_restores_exact_output(spark, run, tmp_path):
+    from pipelines.health import fsck_metadata
+    from pipelines.query import StreamingQuery
+    from resources.checkpoint_files import CheckpointFileManagerResource
+
+    last = run.last_batch
+    log = os.path.join(run.output, "_spark_metadata")
+    assert os.path.exists(os.path.join(log, str(last))), "the fixture ends on a plain sink log file"
+    for name in (str(last), f".{last}.crc"):  # the log entry of the last batch is lost; commits/<last> is there
+        os.remove(os.path.join(log, name))
+
+    code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert code == 1
+    behind = [x for x in f["findings"] if x["code"] == "sink-behind"]
+    assert len(behind) == 1 and behind[0]["severity"] == "error", f["findings"]
+    assert behind[0]["path"].endswith(f"_spark_metadata/{last}")
+    assert f"--to-batch {last - 1} --sink {run.output}" in behind[0]["fix"]
+    orphans = [x for x in f["findings"] if x["code"] == "sink-orphan-file"]
+    assert orphans and all(x["fix"].startswith("do not delete") for x in orphans)  # batch <last>'s data
+    for x in f["findings"]:  # nothing suggests deleting data files (only warns not to)
+        assert "delete" not in x["fix"].lower().replace("do not delete", ""), x
+
+    query = StreamingQuery(name="events", build=lambda spark: None, checkpoint=run.checkpoint, sinks=[run.output])
+    errors, _ = fsck_metadata(query, CheckpointFileManagerResource())  # what checkpoint_health_check judges
+    assert "sink-behind" in {e.code for e in errors}
+
+    code, s = cli_json("ledger", "sync", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert code == 0, s  # records the pairing: orphan cleanup finds the checkpoint through it
+    kept = contents(run.checkpoint, run.output)
+    for how in (["--delete"], ["--quarantine", str(tmp_path / "q")]):
+        code, out, err = cli("sink", "orphans", run.output, "--min-age", "0s", *how, "--force", "--yes", *SINK)
+        assert code == 1 and f"batch {last} was committed" in err and "permanent" in err, (out, err)
+        assert contents(run.checkpoint, run.output) == kept
+    code, out, err = cli("rollback", run.checkpoint, "--to-batch", last, "--sink", run.output, *INTERVALS, "--yes")
+    assert code == 1 and f"--to-batch {last - 1}" in err and contents(run.checkpoint, run.output) == kept, err
+
+    code, r = cli_json("rollback", run.checkpoint, "--to-batch", last - 1, "--sink", run.output, *INTERVALS, "--yes")
+    assert code == 0, r
+    assert any(w.startswith(f"_spark_metadata/{last} is missing") for w in r["plan"]["warnings"]), r["plan"]["warnings"]
+    assert finish_and_read(spark, run) == exact(run)
+    code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert (code, f["findings"]) == (0, [])
