@@ -29,6 +29,7 @@ class SinkLag:
     """How a sink log compares with the batches its checkpoint committed."""
 
     sink: str
+    checkpoint: str | None  # the checkpoint compared with (None: only a ledger)
     last_logged: int | None  # the sink log's latest batch
     last_committed: int | None  # the latest commit of the checkpoint or its ledger
     committed_by: str  # what says so: "commits/21", "the batch ledger", ...
@@ -48,7 +49,7 @@ class SinkLag:
         return f"batch{'es' if len(self.missing) > 1 else ''} {_span(self.missing)}"
 
     def to_dict(self) -> dict:
-        return {"sink": self.sink, "last_logged": self.last_logged, "last_committed": self.last_committed,
+        return {"sink": self.sink, "checkpoint": self.checkpoint, "last_logged": self.last_logged, "last_committed": self.last_committed,
                 "committed_by": self.committed_by, "missing": list(self.missing), "behind": self.behind,
                 "rollback_target": self.rollback_target}
 
@@ -70,12 +71,13 @@ def sink_lag(ckpt: Checkpoint | None, sink: SinkOutput, ledger: Ledger | None = 
         recorded = [b for b in ledger.records if ledger.has("commits", b) or ledger.has_sink_entries(sink, b)]
         if recorded:
             committed.append((max(recorded), f"the batch ledger recorded batch {max(recorded)}"))
+    url = ckpt.url if ckpt is not None else None
     if not committed:
-        return SinkLag(sink.url, log.latest, None, "", (), ())
+        return SinkLag(sink.url, url, log.latest, None, "", (), ())
     top, by = max(committed)
     s = log.latest if log.latest is not None else -1
     upto = min(s, top)
     floor = max((c for c in log.compact_ids if c <= upto), default=-1)
     missing = [b for b in range(floor + 1, upto + 1) if b not in log.files]
     missing += range(s + 1, top + 1)
-    return SinkLag(sink.url, log.latest, top, by, tuple(missing), tuple(log.rel(b) for b in missing))
+    return SinkLag(sink.url, url, log.latest, top, by, tuple(missing), tuple(log.rel(b) for b in missing))

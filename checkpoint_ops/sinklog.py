@@ -487,8 +487,8 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
             f"{'them' if len(lag.missing) > 1 else 'it'}, so the files that look orphaned may be exactly the rows it "
             "lost; removing them would make the loss permanent", path=sink.url,
             fix="roll back the checkpoint and the sink to the last batch the sink has and reprocess "
-            + (f"(`checkpoint-ops rollback CHECKPOINT --to-batch {lag.rollback_target} --sink {sink.url}`, then run "
-               "the query)" if lag.rollback_target is not None else "(restore from a backup)")
+            + (f"(`checkpoint-ops rollback {lag.checkpoint or 'CHECKPOINT'} --to-batch {lag.rollback_target} --sink "
+               f"{sink.url}`, then run the query)" if lag.rollback_target is not None else "(restore from a backup)")
             + "; then clean orphans")
     now = time.time() if now is None else now
     live = {rel for e in (log.entries_after(log.latest) if log.latest is not None else [])

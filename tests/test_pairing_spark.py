@@ -242,6 +242,7 @@ def test_sink_behind_is_an_error_and_the_suggested_rollback_restores_exact_outpu
     for how in (["--delete"], ["--quarantine", str(tmp_path / "q")]):
         code, out, err = cli("sink", "orphans", run.output, "--min-age", "0s", *how, "--force", "--yes", *SINK)
         assert code == 1 and f"batch {last} was committed" in err and "permanent" in err, (out, err)
+        assert f"rollback {run.checkpoint} --to-batch {last - 1} --sink {run.output}" in err, err
         assert contents(run.checkpoint, run.output) == kept
     code, out, err = cli("rollback", run.checkpoint, "--to-batch", last, "--sink", run.output, *INTERVALS, "--yes")
     assert code == 1 and f"--to-batch {last - 1}" in err and contents(run.checkpoint, run.output) == kept, err
