@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from .fence import recovery_advice
 from .lease import LeaseState, lease_of
+from .lag import sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog
 from .model.logfile import LogFormatError
@@ -17,6 +18,7 @@ from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
 from .model.sink import SinkOutput
 from .model.logfile import unreadable
+from .pairing import check_pairing
 from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
 from .window import rollback_window
 from .storage.checksums import (
@@ -71,8 +73,10 @@ class Fsck:
         self._state(commits)
         self._temp_files()
         self._checksums(self.ckpt.listing)
-        for sink in self.sinks:
-            self._sink(sink)
+        for sink, verdict in zip(self.sinks, check_pairing(self.ckpt, self.sinks, self.ledger)):
+            if not verdict.ok:
+                self.add(ERROR, "sink-not-paired", sink.url, verdict.problem, verdict.fix)
+            self._sink(sink, paired=verdict.ok)
         self._restart_set()
         self._window()
         self._operator_files()
@@ -345,7 +349,8 @@ class Fsck:
                              "restore the state file from a backup; if the file is right, delete its checksum file")
 
     # -- sinks -------------------------------------------------------------------------------------
-    def _sink(self, sink: SinkOutput) -> None:
+    def _sink(self, sink: SinkOutput, paired: bool = True) -> None:
+        """The sink's own log and files; and, when it belongs to the checkpoint, how the two compare."""
         log = sink.log
         L = sink.listing
         if not self._parse_compactible(log) or log.latest is None:
@@ -358,7 +363,10 @@ class Fsck:
                      "the next compaction fail with FileNotFoundException",
                      "restore it from a backup (a batch ledger can rebuild it: `checkpoint-ops ledger`)")
         ck_latest = self.ckpt.latest_offset
-        if ck_latest is not None and log.latest > ck_latest:
+        lag = sink_lag(self.ckpt, sink, self.ledger) if paired else None
+        if lag is not None and lag.behind:
+            self._sink_behind(sink, lag)
+        if paired and ck_latest is not None and log.latest > ck_latest:
             self.add(ERROR, "sink-ahead", L.url(log.rel(log.latest)),
                      f"the sink log has batches up to {log.latest} but the checkpoint plans only up to {ck_latest}: "
                      f"the file sink silently skips batch ids it already logged, so batches {ck_latest + 1}.."
@@ -392,11 +400,34 @@ class Fsck:
                         "; every one of them has a file at the same relative path here"),
                      "point --sink at the original location, or rewrite the sink log paths for the new location")
         for rel in sorted(set(sink.data_files()) - known):
+            if lag is not None and lag.behind:
+                self.add(WARNING, "sink-orphan-file", L.url(rel),
+                         f"data file not in the sink log. The sink log is behind its checkpoint ({lag.describe()} "
+                         "committed without a log entry), so this may be the data of a batch whose entry is missing",
+                         f"do not delete it: roll back and reprocess as the sink-behind finding says; afterwards "
+                         f"`checkpoint-ops sink orphans {sink.url}` lists what is still orphaned")
+                continue
             self.add(WARNING, "sink-orphan-file", L.url(rel),
                      "data file not in the sink log (a failed or rolled-back batch wrote it): Spark readers ignore "
                      "it, but readers that list the directory (ignoreMetadata, other engines) see it",
-                     "delete it while the query is stopped")
+                     f"while the query is stopped, `checkpoint-ops sink orphans {sink.url} --delete` moves it into "
+                     "an undo record (pass --checkpoint so the query's lease is checked)")
         self._checksums(L)
+
+    def _sink_behind(self, sink: SinkOutput, lag) -> None:
+        target = lag.rollback_target
+        fix = (f"roll back the checkpoint and the sink to the last batch the sink has, then run the query to "
+               f"reprocess: `{self.cmd} --to-batch {target} --sink {sink.url}`; the run re-runs "
+               f"{lag.describe()} and writes their rows again. Do not delete data files: those of {lag.describe()} "
+               "are what the sink log lost" if target is not None else
+               "restore the checkpoint and its sink from a backup taken before the loss (no rollback can re-run "
+               "batch 0 with this sink log). Do not delete data files")
+        self.add(ERROR, "sink-behind", sink.listing.url(lag.missing_rels[0]),
+                 f"{lag.describe()} {'were' if len(lag.missing) > 1 else 'was'} committed ({lag.committed_by}) but "
+                 f"the sink log has no entry for {'them' if len(lag.missing) > 1 else 'it'} "
+                 f"({', '.join(lag.missing_rels[:3])}{', ...' if len(lag.missing) > 3 else ''} missing): those rows are "
+                 "not in the output for Spark's readers, and the query will not write them again (it runs only "
+                 f"batches after {lag.last_committed})", fix)
 
     # -- legacy --------------------------------------------------------------------------------------
     def _dstream(self) -> None:

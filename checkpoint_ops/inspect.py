@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from .errors import BadInputError
 from .fence import Fence, recovery_advice
 from .lease import lease_of
+from .pairing import check_pairing
 from .model.checkpoint import Checkpoint
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
@@ -66,7 +67,12 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
         "lease": lease_of(ckpt.fm, ckpt.root, ckpt.listing).to_dict(),
     }
     if sinks:
-        report["sinks"] = [_sink(s, damaged) for s in sinks]
+        try:
+            pairing = [v.to_dict() for v in check_pairing(ckpt, list(sinks), ledger, complete=True)]
+        except BadInputError as e:  # a pairing record that is not one: named, like any damaged file
+            damaged.append(e)
+            pairing = [None] * len(sinks)
+        report["sinks"] = [{**_sink(s, damaged), "pairing": p} for s, p in zip(sinks, pairing)]
         report["sink"] = report["sinks"][0]
     report["damaged"] = [{"path": e.path, "problem": e.problem} for e in
                          {e.path: e for e in damaged}.values()]
@@ -274,6 +280,10 @@ def render_inspect(r: dict) -> str:
             f"  sink {s['path']}: latest batch {s['latest_batch']}, {s['files']} files, {s['bytes']} bytes, "
             f"compact every {s['compact_interval']}"
         )
+        p = s.get("pairing")
+        if p:
+            verdict = p["status"] if p["ok"] else f"{p['status']} (not this checkpoint's output)"
+            lines.append(f"    pairing: {verdict}: {p['evidence']}")
     return "\n".join(lines)
 
 

@@ -12,6 +12,10 @@ Spark's folders. It is a sequence of immutable segment files, applied in name (=
   (path, size, mtime, ...);
 * ``<time>-truncate-<op id>.json``: written by a rollback to N; records above N recorded before it
   belong to the abandoned timeline and are ignored. ``undo`` removes it.
+
+Beside the segments, ``pairing/<time>-<id>.json`` records which file-sink outputs the checkpoint's query
+writes (``PairingRecord``; the same record sits beside each sink log, see ``pairing.py``). They live in a
+subdirectory so that releases before them, which read only the segments, still read the ledger.
 """
 
 from __future__ import annotations
@@ -33,6 +37,45 @@ from .storage.paths import join
 
 FORMAT = 1
 MAX_SYNC_RUN = 8  # consecutive sync segments kept before they are merged into one
+PAIRING_DIR = "pairing"
+
+
+@dataclass(frozen=True)
+class PairingRecord:
+    """That the query of one checkpoint writes these file-sink outputs: kept in the checkpoint's ledger
+    and beside each sink log, so either side alone still tells (``pairing.py`` judges them)."""
+
+    checkpoint: str  # the checkpoint's URL
+    query_id: str | None  # the ``id`` in its ``metadata`` when recorded
+    sinks: tuple[str, ...]  # output URLs
+    recorded_at: str  # UTC, as utc_stamp() writes it (a restore: when its backup was taken)
+    by: str  # what recorded it: "ledger sync", "backup create", "backup restore", ...
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "checkpoint": self.checkpoint, "query_id": self.query_id, "sinks": list(self.sinks),
+                "recorded_at": self.recorded_at, "by": self.by}
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+
+    @classmethod
+    def parse(cls, data: bytes, url: str) -> "PairingRecord":
+        """The record in a pairing file; BadInputError (naming the file) if it is not one."""
+        try:
+            doc = json.loads(data)
+            if doc.get("format", 0) > FORMAT:
+                raise BadInputError(f"pairing record format {doc.get('format')} is newer than this tool understands",
+                                    path=url, fix="use the spark-checkpoint-ops release that wrote it")
+            sinks = doc["sinks"]
+            if not isinstance(doc["checkpoint"], str) or not isinstance(sinks, list) or \
+                    not all(isinstance(x, str) for x in sinks):
+                raise TypeError
+            return cls(doc["checkpoint"], doc.get("query_id"), tuple(sinks), str(doc.get("recorded_at", "")),
+                       str(doc.get("by", "")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise BadInputError("not a pairing record this tool writes (JSON naming a checkpoint and its sinks)",
+                                path=url, fix="move it away: the pairing is then judged from the batch history "
+                                "and recorded again by the next `checkpoint-ops ledger sync`") from None
 
 
 @dataclass
@@ -43,6 +86,7 @@ class Ledger:
     path: str
     _records: dict[int, dict] | None = None
     segments: list[str] = field(default_factory=list)
+    _pairings: list[PairingRecord] = field(default_factory=list)
 
     @classmethod
     def for_checkpoint(cls, ckpt: Checkpoint) -> "Ledger":
@@ -56,10 +100,14 @@ class Ledger:
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> None:
-        names = sorted(f.name for f in self.fm.walk(self.path) if "/" not in f.path[len(self.path) + 1:]
-                       and not f.name.startswith("."))
+        found = [f.path[len(self.path) + 1:] for f in self.fm.walk(self.path)]
+        names = sorted(r for r in found if "/" not in r and not r.startswith("."))
+        pairing = sorted(r for r in found if r.startswith(PAIRING_DIR + "/") and "/" not in r[len(PAIRING_DIR) + 1:]
+                         and not r.rsplit("/", 1)[-1].startswith("."))
         self.segments = names
-        data = self.fm.read_many([join(self.path, n) for n in names])
+        data = self.fm.read_many([join(self.path, n) for n in names + pairing])
+        self._pairings = [PairingRecord.parse(data[join(self.path, r)], self.fm.url(join(self.path, r)))
+                          for r in pairing if data.get(join(self.path, r)) is not None]
         records: dict[int, dict] = {}
         for n in names:
             blob = data.get(join(self.path, n))
@@ -82,6 +130,13 @@ class Ledger:
                                     "then forgets what it recorded)") from None
         self._records = records
 
+    @property
+    def pairings(self) -> list[PairingRecord]:
+        """Every pairing record, oldest first."""
+        if self._records is None:
+            self.load()
+        return list(self._pairings)
+
     def has(self, kind: str, batch: int) -> bool:
         rec = self.records.get(batch)
         return bool(rec) and rec.get(kind) is not None
@@ -103,6 +158,10 @@ class Ledger:
         if rec is None:
             return None
         return [LogEntry(raw, json.loads(raw)) for raw in rec["entries"]]
+
+    def has_sink_entries(self, sink: SinkOutput, batch: int) -> bool:
+        """Whether the ledger recorded what ``batch`` wrote to this sink (without parsing the entries)."""
+        return sink.url in self.records.get(batch, {}).get("sinks", {})
 
     def sink_log_files_at(self, sink: SinkOutput, t: int) -> dict[int, list[LogEntry]] | None:
         """Contents of the sink log files a reader needs as of batch ``t`` that are gone from disk.
@@ -141,6 +200,14 @@ class Ledger:
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self.segments.append(name)
         return name
+
+    def record_pairing(self, record: PairingRecord) -> str:
+        """Add a pairing record (immutable, like the segments); returns its path relative to the ledger."""
+        rel = f"{PAIRING_DIR}/{utc_stamp()}-{uuid.uuid4().hex[:8]}.json"
+        self.fm.write_bytes(join(self.path, rel), record.to_bytes(), overwrite=False)
+        if self._records is not None:
+            self._pairings.append(record)
+        return rel
 
     def truncate(self, after_batch: int, op_id: str) -> str:
         """Forget records above ``after_batch`` (written by a rollback; removed by its undo)."""
@@ -202,11 +269,19 @@ def _merge(into: dict, rec: dict) -> None:
             into[k] = v
 
 
-def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger | None" = None) -> dict:
+def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger | None" = None, *,
+         assume_paired: bool = False) -> dict:
     """Record every batch Spark's files still describe and the ledger does not have yet.
 
+    With a checkpoint, first the pairing of the checkpoint and its sinks (``pairing.record_pairing``): a
+    sink that is not the query's output is refused (PairingRefused) before anything is recorded.
     Without a checkpoint (``ledger`` given) only the sinks' batches are recorded."""
     ledger = ledger or Ledger.for_checkpoint(ckpt)
+    pairing = []
+    if ckpt is not None and sinks:
+        from .pairing import record_pairing  # pairing reads the ledger: imported here, not at the top
+
+        pairing = record_pairing(ckpt, list(sinks), ledger, by="ledger sync", assume_paired=assume_paired)
     new: dict[int, dict] = {}
 
     def rec(b: int) -> dict:
@@ -255,6 +330,7 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
         "ledger_batches": {"first": min(ledger.records.keys() | new.keys(), default=None),
                            "last": max(ledger.records.keys() | new.keys(), default=None)},
         "skipped": [{"path": e.path, "problem": e.problem} for e in {e.path: e for e in damaged}.values()],
+        "pairing": [v.to_dict() for v in pairing],
     }
 
 

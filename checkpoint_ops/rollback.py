@@ -25,6 +25,8 @@ from .errors import BadInputError, RefusedError, param
 from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
 from .ledger import ledger_or_none
+from .lag import SinkLag, sink_lag
+from .pairing import record_pairing, require_pairing
 from .restart import Damage, RestartSets, damage_in_removed
 from .activity import refuse_if_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, checkpoint_roots
@@ -213,13 +215,21 @@ class _Builder:
             elif (target not in listing or target in gone) and not target.endswith(".tmp"):
                 self.delete(root, listing, rel, "checksum sidecar of a file that is gone", "litter")
 
-    def sink(self, i: int, sink: SinkOutput) -> None:
+    def sink(self, i: int, sink: SinkOutput, lag: SinkLag | None = None) -> None:
         rid, t, log, L = f"sink{i}", self.target, sink.log, sink.listing
         s = log.latest
-        if s is None or s <= t:
+        # committed batches the sink log lost: what they wrote is known only from the listing
+        unlogged = [b for b in (lag.missing if lag is not None else ()) if b > t]
+        if (s is None or s <= t) and not unlogged:
             self.plan.summary[rid] = f"latest batch {s}: nothing to roll back"
             return
-        before = self._sink_entries_before(sink, s)
+        for b, rel in zip(lag.missing if lag is not None else (), lag.missing_rels if lag is not None else ()):
+            if b > t:
+                self.plan.warnings.append(
+                    f"{rel} is missing: batch {b} was committed but the sink log has no entry for it (the sink is "
+                    f"behind its checkpoint); the rollback re-runs it, and the data files no sink log entry lists as "
+                    f"of batch {t} are taken from the listing")
+        before = self._sink_entries_before(sink, s) if not unlogged else None
         after_entries = self._sink_entries_after(i, sink, t)
         after = {e.path for e in after_entries}
         for b in log.batch_ids:
@@ -231,8 +241,8 @@ class _Builder:
         if before is None:  # what the removed batches wrote is unknown: take it from the listing
             kept = {r for r in (sink.rel_of(e) for e in after_entries) if r is not None}
             gone = [(rel, size) for rel, size in sink.data_files().items() if rel not in kept]
-            reason = (f"data files no sink log entry lists as of batch {t} (the removed batches' log is damaged, so "
-                      "what they wrote is taken from the listing)")
+            reason = (f"data files no sink log entry lists as of batch {t} (the removed batches' log is "
+                      f"{'missing' if unlogged else 'damaged'}, so what they wrote is taken from the listing)")
         else:
             gone = []
             for path, e in before.items():
@@ -262,7 +272,10 @@ class _Builder:
                 fix="run the rollback against the output's original location",
             )
         self._stale_sidecars(rid, L, "_spark_metadata")
-        self.plan.summary[rid] = f"batches {t + 1}..{s} removed from the sink log: {removed} data files ({nbytes} bytes)"
+        self.plan.summary[rid] = (f"batches {t + 1}..{s} removed from the sink log" if s > t else
+                                  f"the sink log ends at batch {s}") + f": {removed} data files ({nbytes} bytes)" + \
+            (f"; batches {unlogged[0]}..{unlogged[-1]} were committed without a sink log entry: reprocessing "
+             "rewrites them" if unlogged else "")
 
     def _sink_entries_before(self, sink: SinkOutput, s: int) -> dict[str, LogEntry] | None:
         """What readers of the sink see now (the latest batch ``s``), to tell which data files the
@@ -383,14 +396,27 @@ def plan_rollback(
     if target > C:
         raise RefusedError(f"batch {target} was never committed (the last committed batch is {C}"
                            f"{_last_operation(ckpt)})", path=ckpt.url, fix=f"choose a batch up to {C}")
+    require_pairing(ckpt, sinks, ledger)
+    lags = [sink_lag(ckpt, s) for s in sinks]  # against the checkpoint's own commits (the ledger stays unread)
+    for s, lag in zip(sinks, lags):
+        if s.log.latest is not None and target > s.log.latest:
+            back = lag.rollback_target
+            raise RefusedError(
+                f"the sink log of {s.url} ends at batch {s.log.latest}: after a rollback to {target}, batches "
+                f"{s.log.latest + 1}..{target} would stay committed without their rows in the sink, and the query "
+                "would not write them again",
+                path=s.listing.url(s.log.rel(s.log.latest + 1)),
+                fix=(f"roll back to the last batch the sink has: `checkpoint-ops rollback {ckpt.url} --to-batch {back} "
+                     f"--sink {s.url}`, then reprocess" if back is not None else "restore from a backup"),
+            )
     warnings = check_restart_set(ckpt, target, sinks, ledger, force=force, what="roll back to")
     b = _Builder(ckpt, sinks, target, keep_files, ledger)
     b.plan.warnings += warnings
     b.logs()
     b.sources()
     b.state()
-    for i, s in enumerate(sinks):
-        b.sink(i, s)
+    for i, (s, lag) in enumerate(zip(sinks, lags)):
+        b.sink(i, s, lag)
     b.litter()
     b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
     return b.plan
@@ -502,8 +528,11 @@ class RollbackOperation(Operation):
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         hooks = JournalHooks(ledger_truncation=plan.target_batch, undo_guard={"checkpoint": ["offsets", "commits"]})
-        return apply_plan(plan, Anchor.of_checkpoint(self.ckpt), checkpoint_roots(self.ckpt, self.sinks),
-                          ctx.storage_options, ctx.progress, hooks, guard=ctx.guard)
+        applied = apply_plan(plan, Anchor.of_checkpoint(self.ckpt), checkpoint_roots(self.ckpt, self.sinks),
+                             ctx.storage_options, ctx.progress, hooks, guard=ctx.guard)
+        if self.sinks:  # checked when planned; now recorded on both sides (an operation that took both)
+            record_pairing(self.ckpt, self.sinks, self.ledger, by=f"rollback {applied.op_id}")
+        return applied
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
         return (f"Applied plan {plan.hash[:12]} ({outcome.op_id}): last committed batch is now {plan.target_batch}. "

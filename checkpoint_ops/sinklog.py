@@ -30,12 +30,14 @@ from .errors import BadInputError, RefusedError
 from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .journal import ops_dir
+from .lag import SinkLag, sink_lag
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
+from .pairing import paired_checkpoint, record_pairing, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -58,6 +60,7 @@ class SinkContext:
     sink: SinkOutput
     ckpt: Checkpoint | None
     ledger: Ledger
+    storage_options: dict | None = None
 
     @property
     def anchor(self) -> Anchor:
@@ -78,7 +81,8 @@ class SinkContext:
 
 def open_context(output_url: str, checkpoint_url: str | None = None, storage_options: dict | None = None,
                  compact_interval: int = 10, data: bool = False) -> SinkContext:
-    """Open a sink output (with its data files listed only if ``data``) and its checkpoint and ledger."""
+    """Open a sink output (with its data files listed only if ``data``) and its checkpoint and ledger.
+    With a checkpoint, the output must be its query's (``pairing.require_pairing``: PairingRefused, exit 1)."""
     fm, root = open_file_manager(output_url, storage_options)
     sink = SinkOutput(fm, root, compact_interval, data=data)
     if not sink.log.files:
@@ -88,9 +92,23 @@ def open_context(output_url: str, checkpoint_url: str | None = None, storage_opt
     if checkpoint_url:
         ckpt = Checkpoint.open(checkpoint_url, storage_options)
         ledger = Ledger.for_checkpoint(ckpt)
+        require_pairing(ckpt, [sink], ledger)
     else:
         ledger = Ledger(fm, join(ops_dir(fm, root), "ledger"))
-    return SinkContext(sink, ckpt, ledger)
+    return SinkContext(sink, ckpt, ledger, storage_options)
+
+
+def lag_of(ctx: SinkContext) -> SinkLag:
+    """Whether the sink is behind its checkpoint: the one given, else the one its pairing record names
+    (and that checkpoint's ledger), else what the ledger beside the output recorded."""
+    ckpt, ledger = ctx.ckpt, ctx.ledger
+    if ckpt is None:
+        ckpt = paired_checkpoint(ctx.sink, ctx.storage_options)
+        if ckpt is not None:
+            lag = sink_lag(ckpt, ctx.sink, Ledger.for_checkpoint(ckpt))
+            if lag.behind:
+                return lag
+    return sink_lag(ckpt, ctx.sink, ledger)
 
 
 # ---- which files a batch wrote ------------------------------------------------------------------------
@@ -454,6 +472,17 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
     if delete and quarantine:
         raise BadInputError("give one of --delete and --quarantine DIR")
     _check_log(log)
+    lag = lag_of(ctx)
+    if lag.behind and (delete or quarantine):
+        raise RefusedError(
+            f"the sink is behind its checkpoint: {lag.describe()} {'were' if len(lag.missing) > 1 else 'was'} "
+            f"committed ({lag.committed_by}) but the sink log has no entry for "
+            f"{'them' if len(lag.missing) > 1 else 'it'}, so the files that look orphaned may be exactly the rows it "
+            "lost; removing them would make the loss permanent", path=sink.url,
+            fix="roll back the checkpoint and the sink to the last batch the sink has and reprocess "
+            + (f"(`checkpoint-ops rollback {lag.checkpoint or 'CHECKPOINT'} --to-batch {lag.rollback_target} --sink "
+               f"{sink.url}`, then run the query)" if lag.rollback_target is not None else "(restore from a backup)")
+            + "; then clean orphans")
     now = time.time() if now is None else now
     live = {rel for e in (log.entries_after(log.latest) if log.latest is not None else [])
             if (rel := sink.rel_of(e)) is not None}
@@ -479,6 +508,10 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
                                + (f"; {young} younger than the safety window left alone" if young else "")
                                + ("" if delete or quarantine else " (listed only: --delete or --quarantine DIR acts)"))
     plan.summary["orphan files"] = orphans[:20] + ([f"... and {len(orphans) - 20} more"] if len(orphans) > 20 else [])
+    if lag.behind:
+        plan.warnings.append(f"the sink is behind its checkpoint ({lag.describe()} committed without a sink log entry): "
+                             "these files may be the rows it lost; do not remove them before rolling back and "
+                             "reprocessing")
     return plan
 
 
@@ -564,7 +597,10 @@ class _SinkOperation(Operation):
         raise NotImplementedError
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
-        return apply(self.ctx, plan, ctx.storage_options, ctx.progress, guard=ctx.guard)
+        applied = apply(self.ctx, plan, ctx.storage_options, ctx.progress, guard=ctx.guard)
+        if self.ctx.ckpt is not None:  # checked when opened; now recorded on both sides
+            record_pairing(self.ctx.ckpt, [self.ctx.sink], self.ctx.ledger, by=f"{self.name} {applied.op_id}")
+        return applied
 
     def discard(self, plan: Plan) -> None:
         clear_staging(self.ctx, plan)

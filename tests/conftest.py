@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.operator_runs import QUERIES, generate_operator_run
-from tests.spark_runs import FLAVOURS, generate, make_session
+from tests.spark_runs import FLAVOURS, generate, generate_pair_runs, make_session
 
 HERE = os.path.dirname(__file__)
 
@@ -60,6 +60,23 @@ def pytest_collection_modifyitems(config, items):
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def pair_runs(spark, tmp_path_factory):
+    """Small stateless queries, generated once per session: "a" and "b" write two outputs, "inside" keeps its
+    checkpoint inside its output (name -> QueryRun)."""
+    return generate_pair_runs(spark, str(tmp_path_factory.mktemp("pair-runs")))
+
+
+@pytest.fixture
+def pairs(pair_runs):
+    """``pair_runs``, each reset to its pristine tree before and after the test."""
+    for r in pair_runs.values():
+        r.reset()
+    yield pair_runs
+    for r in pair_runs.values():
+        r.reset()
 
 
 @pytest.fixture(params=sorted(FLAVOURS))

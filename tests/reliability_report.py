@@ -68,9 +68,11 @@ What the matrix found and what changed because of it:
     lines.append("Each case damages one real checkpoint of the given flavour; n is the rollback target (two batches "
                  "before the last compaction). *restart*: the damage is in the files Spark reads to restart after "
                  "n; *removed*: in what the rollback removes (a repair: the plan names it, and the result passes "
-                 "`fsck --deep` and Spark resumes from it with exact output); *elsewhere*: neither. Every command "
-                 "must exit as listed, name the file where marked (✓), print no traceback, and leave the tree "
-                 "unchanged (except an applied rollback).\n")
+                 "`fsck --deep` and Spark resumes from it with exact output); *elsewhere*: neither; *refused*: "
+                 "nothing is damaged, but the `--sink` is another query's output, and every command that would "
+                 "change or judge the two together refuses, naming it. Every command must exit as listed, name the "
+                 "file where marked (✓), print no traceback, and leave the tree unchanged (except an applied "
+                 "rollback, and the pairing record `ledger sync` may add beside the checkpoint's own sink log).\n")
     cmds = list(expected(CASES[0]))
     lines.append("| case | flavour | where | " + " | ".join(f"`{c}`" for c in cmds) + " |")
     lines.append("|---|---|---|" + "---|" * len(cmds))

@@ -78,20 +78,12 @@ def unload_state_stores(spark) -> None:
     spark._jvm.org.apache.spark.sql.execution.streaming.state.StateStore.stop()
 
 
-@dataclass
-class SparkRun:
-    flavour: str
-    base: str
-    progress: list[dict] = field(default_factory=list)
-    files: int = 0
+class _Pristine:
+    """``input/`` and ``output/`` under ``self.base``, and the pristine copy beside it that ``reset`` puts back."""
 
     @property
     def input(self) -> str:
         return os.path.join(self.base, "input")
-
-    @property
-    def checkpoint(self) -> str:
-        return os.path.join(self.base, "checkpoint")
 
     @property
     def output(self) -> str:
@@ -101,18 +93,30 @@ class SparkRun:
     def pristine(self) -> str:
         return self.base + ".pristine"
 
+    def reset(self) -> None:
+        """Put the pristine generated tree back at the canonical location (mtimes included)."""
+        if os.path.exists(self.base):
+            shutil.rmtree(self.base)
+        shutil.copytree(self.pristine, self.base, symlinks=True)
+
+
+@dataclass
+class SparkRun(_Pristine):
+    flavour: str
+    base: str
+    progress: list[dict] = field(default_factory=list)
+    files: int = 0
+
+    @property
+    def checkpoint(self) -> str:
+        return os.path.join(self.base, "checkpoint")
+
     @property
     def last_batch(self) -> int:
         return self.progress[-1]["batchId"]
 
     def progress_for(self, batch: int) -> dict:
         return next(p for p in self.progress if p["batchId"] == batch)
-
-    def reset(self) -> None:
-        """Put the pristine generated tree back at the canonical location."""
-        if os.path.exists(self.base):
-            shutil.rmtree(self.base)
-        shutil.copytree(self.pristine, self.base, symlinks=True)
 
     def run_query(self, spark, conf: dict | None = None, **kw) -> list[dict]:
         """Run the query (availableNow) on this run's directories; returns the progress of each batch.
@@ -162,11 +166,49 @@ def build_stateless_query(spark, input_dir: str, output_dir: str, checkpoint_dir
             .trigger(availableNow=True).start(output_dir))
 
 
-def run_stateless(spark, base: str) -> list[dict]:
+def run_stateless(spark, base: str, checkpoint: str | None = None) -> list[dict]:
+    """The stateless query on ``base``/input and ``base``/output; its checkpoint ``base``/checkpoint unless given."""
     for k, v in SESSION_CONF.items():
         if k.startswith("spark.sql."):
             spark.conf.set(k, v)
     q = build_stateless_query(spark, os.path.join(base, "input"), os.path.join(base, "output"),
-                              os.path.join(base, "checkpoint"))
+                              checkpoint or os.path.join(base, "checkpoint"))
     q.awaitTermination()
     return [json.loads(p.json) if hasattr(p, "json") else dict(p) for p in q.recentProgress]
+
+
+@dataclass
+class QueryRun(_Pristine):
+    """One stateless query's directories (input file i is batch i), kept pristine like ``SparkRun``."""
+
+    base: str
+    checkpoint: str
+    files: int = 0
+
+    def reset(self) -> None:
+        super().reset()
+        self.files = len([n for n in os.listdir(self.input) if n.endswith(".json")])
+
+    def run(self, spark, more: int = 0) -> list[dict]:
+        """Add ``more`` input files and let the query process what is new."""
+        write_event_files(self.input, self.files, self.files + more)
+        self.files += more
+        return run_stateless(spark, self.base, self.checkpoint)
+
+
+PAIR_FILES = 8  # batches 0..7 per query: a compaction at 4 (interval 5), plain log files on both sides of it
+
+
+def generate_pair_runs(spark, root: str) -> dict[str, QueryRun]:
+    """Two queries writing two outputs, "a" then "b" (the same batch ids, run at other times), and "inside",
+    whose checkpoint is kept inside its own output (``output/checkpoint``)."""
+    runs = {}
+    for name in ("a", "b", "inside"):
+        base = os.path.join(root, name)
+        ckpt = os.path.join(base, "output", "checkpoint") if name == "inside" else os.path.join(base, "checkpoint")
+        run = QueryRun(base, ckpt)
+        run.run(spark, PAIR_FILES)
+        time.sleep(0.1)
+        shutil.copytree(base, run.pristine, symlinks=True)
+        runs[name] = run
+    return runs

@@ -9,11 +9,14 @@ the expected outcome of every command follows by the rules in ``expected()``:
   (dry run and apply) exits 2 naming the file, and changes nothing;
 * ``removed``: the damage is in what the rollback removes anyway: a repair. The plan names it, the
   rollback applies, the result passes ``fsck --deep`` and Spark resumes from it with exact output;
-* ``elsewhere``: neither: the rollback proceeds (it does not need the file).
+* ``elsewhere``: neither: the rollback proceeds (it does not need the file);
+* ``refused``: the ``--sink`` is not the checkpoint's (another query's output): rollback, ``fsck`` and
+  ``ledger sync`` refuse (exit 1) naming it, and change nothing.
 
 Always: no traceback, and the checkpoint and sink trees are unchanged by every command except an
-applied rollback. ``fsck --deep`` names every damage (exit 1); ``undo``, ``history`` and ``prune``
-have nothing to act on and say so without touching anything.
+applied rollback (and ``ledger sync``, which may add the pairing record beside the sink log, naming this
+checkpoint). ``fsck --deep`` names every damage (exit 1); ``undo``, ``history`` and ``prune`` have nothing
+to act on and say so without touching anything.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Callable
 
 import pytest
 
+from checkpoint_ops.pairing import PAIRING_FILE
 from tests.helpers import cli
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, log_offset_at, target_before_last_compaction
 
@@ -126,9 +130,10 @@ class Case:
     name: str
     flavour: str
     damage: Callable  # (run, n) -> the names a message may use for the damaged file
-    where: str  # restart | removed | elsewhere
+    where: str  # restart | removed | elsewhere | refused
     reads: set = field(default_factory=set)  # read-only commands that read it: inspect, offsets, ledger
     unprivileged: bool = False  # run the commands without root's permission override (permission cases)
+    sink_from: str | None = None  # pass the output of this flavour's query as --sink instead of the run's own
 
     def __str__(self):
         return self.name
@@ -419,6 +424,19 @@ def commits_ahead(run, n):
     return (f"commits/{run.last_batch}", f"offsets/{run.last_batch}")
 
 
+def sink_log_behind(run, n):
+    """The sink log entry of the last batch is gone while commits/<last> is there (the sink is behind)."""
+    rel = f"_spark_metadata/{run.last_batch}"
+    assert os.path.exists(os.path.join(run.output, rel)), "the fixture ends on a plain sink log file"
+    remove_with_sidecars(os.path.join(run.output, rel))
+    return (rel,)
+
+
+def another_querys_output(run, n):
+    """Nothing damaged: the --sink is the output of another flavour's query (the case names it)."""
+    return ()
+
+
 def torn_oldest_offsets(run, n):
     b = min(int(x) for x in names(ck(run, "offsets")))
     assert b < n - 1
@@ -476,6 +494,9 @@ CASES = [
     Case("leftover_tmp_state", "hdfs", leftover_tmp_state, "removed"),
     Case("v99_latest_source_log", "rocksdb", v99_latest_source_log, "removed", {"inspect"}),
     Case("commits_ahead_of_offsets", "rocksdb", commits_ahead, "removed", {"inspect"}),
+    Case("sink_log_behind_its_checkpoint", "hdfs", sink_log_behind, "removed"),
+    # the sink is not the checkpoint's
+    Case("another_querys_output", "rocksdb", another_querys_output, "refused", {"ledger"}, sink_from="hdfs"),
     # neither: the rollback does not need it
     Case("torn_oldest_offsets", "rocksdb", torn_oldest_offsets, "elsewhere", {"inspect", "ledger"}),
 ]
@@ -483,7 +504,7 @@ CASES = [
 
 def expected(case: Case) -> dict[str, tuple[int, bool]]:
     """command -> (exit code, whether its output names the damaged file)."""
-    rollback = {"restart": (2, True), "removed": (0, True), "elsewhere": (0, False)}[case.where]
+    rollback = {"restart": (2, True), "removed": (0, True), "elsewhere": (0, False), "refused": (1, True)}[case.where]
     return {
         "inspect": (0, "inspect" in case.reads),
         "offsets": (2, True) if "offsets" in case.reads else (0, False),
@@ -497,8 +518,8 @@ def expected(case: Case) -> dict[str, tuple[int, bool]]:
     }
 
 
-def commands(run, n: int) -> dict[str, list]:
-    c, out = run.checkpoint, run.output
+def commands(run, n: int, out: str) -> dict[str, list]:
+    c = run.checkpoint
     return {
         "inspect": ["inspect", c, "--sink", out, *INTERVALS],
         "offsets": ["offsets", c, "--batch", n, *INTERVALS[:2]],
@@ -512,13 +533,16 @@ def commands(run, n: int) -> dict[str, list]:
     }
 
 
-def tree_hash(*roots: str) -> str:
-    """One digest over every entry (files by content, links by target, directories by name)."""
+def tree_hash(*roots: str, skip: tuple[str, ...] = ()) -> str:
+    """One digest over every entry (files by content, links by target, directories by name), except the
+    files named in ``skip``."""
     h = hashlib.sha256()
     for root in roots:
         for d, dirs, files in sorted(os.walk(root)):
             dirs.sort()
             for n in sorted(files + [x for x in dirs if os.path.islink(os.path.join(d, x))]):
+                if n in skip:
+                    continue
                 p = os.path.join(d, n)
                 h.update(os.path.relpath(p, root).encode() + b"\0")
                 st = os.lstat(p)
@@ -546,14 +570,20 @@ def without_root_override(*args) -> tuple[int, str, str]:
 def test_bad_input(spark, spark_runs, case: Case):
     run = spark_runs(case.flavour)
     run.reset()
+    other = spark_runs(case.sink_from) if case.sink_from else None
+    if other is not None:
+        other.reset()
+    sink = other.output if other is not None else run.output
     n = target_before_last_compaction(run)
     runner = without_root_override if case.unprivileged and os.geteuid() == 0 else cli
     try:
-        named_as = case.damage(run, n)
-        roots = (run.checkpoint, run.output)
-        cmds = commands(run, n)
+        named_as = case.damage(run, n) + ((sink,) if other is not None else ())
+        roots = (run.checkpoint, run.output) + ((sink,) if other is not None else ())
+        cmds = commands(run, n, sink)
         for name, (want_code, want_named) in expected(case).items():
-            before = tree_hash(*roots)
+            # ledger sync may record the pairing beside the sink log: checked below, not part of the tree
+            skip = (PAIRING_FILE, f".{PAIRING_FILE}.crc") if name == "ledger sync" else ()
+            before = tree_hash(*roots, skip=skip)
             code, out, err = runner(*cmds[name])
             named = any(x in out + err for x in named_as)
             assert "Traceback" not in err, f"{name}: {err[-3000:]}"
@@ -561,7 +591,10 @@ def test_bad_input(spark, spark_runs, case: Case):
                 f"{case}: {name} gave exit {code}, named={named}; expected {want_code}, named={want_named}\n" \
                 f"{out[-2000:]}\n{err[-2000:]}"
             if not (name == "rollback --yes" and code == 0):
-                assert tree_hash(*roots) == before, f"{case}: {name} changed the tree"
+                assert tree_hash(*roots, skip=skip) == before, f"{case}: {name} changed the tree"
+            record = os.path.join(sink, PAIRING_FILE)
+            if os.path.exists(record):  # only ever this checkpoint's own output, recorded by ledger sync
+                assert other is None and json.load(open(record))["checkpoint"] == run.checkpoint, record
         if case.name == "missing_metadata":  # --force goes ahead, and says what it accepted
             code, out, err = runner(*cmds["rollback --dry-run"], "--force")
             assert code == 0 and "metadata is missing" in out, err
@@ -571,9 +604,11 @@ def test_bad_input(spark, spark_runs, case: Case):
             assert finish_and_read(spark, run) == exact(run)
     finally:
         run.reset()
+        if other is not None:
+            other.reset()
 
 
 def test_the_corpus_is_big_enough():
     assert len(CASES) >= 40
     assert {c.flavour for c in CASES} == {"hdfs", "rocksdb", "rocksdb_v2"}
-    assert {c.where for c in CASES} == {"restart", "removed", "elsewhere"}
+    assert {c.where for c in CASES} == {"restart", "removed", "elsewhere", "refused"}

@@ -24,12 +24,14 @@ import threading
 import time
 
 from ..errors import BadInputError, RefusedError
-from ..ledger import Ledger
+from ..ledger import PAIRING_DIR, Ledger
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
+from ..pairing import PairingRefused, record_pairing
 from ..restart import RestartSets, state_bytes_problem
+from ..storage import open_file_manager
 from .repository import Manifest, Repository, new_backup_id
 from .transfer import retry
 
@@ -135,6 +137,16 @@ class _Vanished(Exception):
 def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (), storage_options: dict | None = None,
                   progress: bool = False, source_compact_interval: int = 10, sink_compact_interval: int = 10) -> dict:
     """Back up a checkpoint (and its file sinks and ledger) to ``dest_url``; returns the summary."""
+    ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_compact_interval)
+    if ckpt.kind == "structured" and sink_urls:
+        # only the query's own outputs, before the destination is touched; recorded on both sides, so every
+        # restore of this backup can record its targets
+        sinks = [SinkOutput(*open_file_manager(u, storage_options), sink_compact_interval, data=False)
+                 for u in sink_urls]
+        sinks = [s for s in sinks if s.log.files]  # not a sink output at all: said below, as for any backup
+        for v in record_pairing(ckpt, sinks, _ledger_of(ckpt), by="backup create"):
+            if not v.ok:
+                raise PairingRefused(v)
     repo = Repository.open(dest_url, storage_options, create=True)
     backup_id = new_backup_id()
     repo.write_intent(backup_id, set())  # before anything is checked: a garbage collection now waits
@@ -143,7 +155,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
         for attempt in range(_ATTEMPTS):
             try:
                 return _take(repo, backup_id, checkpoint_url, list(sink_urls), storage_options, progress,
-                             source_compact_interval, sink_compact_interval)
+                             source_compact_interval, sink_compact_interval, ckpt if attempt == 0 else None)
             except _Vanished as v:
                 if attempt == _ATTEMPTS - 1:
                     raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes files "
@@ -162,9 +174,16 @@ def _wait_for_prune(repo: Repository) -> None:
         time.sleep(1)
 
 
+def _ledger_of(ckpt: Checkpoint) -> Ledger | None:
+    try:
+        return Ledger.for_checkpoint(ckpt)
+    except BadInputError:
+        return None  # a bucket-root checkpoint has no place for a ledger
+
+
 def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list[str], storage_options, progress,
-          source_interval: int, sink_interval: int) -> dict:
-    ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
+          source_interval: int, sink_interval: int, opened: Checkpoint | None = None) -> dict:
+    ckpt = opened or Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
     roots: dict[str, tuple] = {}  # root id -> (url, fm, root path, files: rel -> FileInfo)
     needed: dict[str, set[str]] = {}  # files a restart at the cut needs: vanishing ones restart the backup
     batch = query_id = None
@@ -183,6 +202,7 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
                                path=checkpoint_url, fix="finish or undo it first")
         query_id = ckpt.query_id
         sinks = [open_sink(u, storage_options, sink_interval) for u in sink_urls]
+        ledger = _ledger_of(ckpt)
         rs = RestartSets(ckpt, sinks).of(batch)
         if rs.damage:
             d = rs.damage[0]
@@ -195,13 +215,10 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
             roots[f"sink{i}"] = (s.url, s.fm, s.root, sink_files(s, batch))
             needed[f"sink{i}"] = {f.rel for f in rs.files if f.root == f"sink{i}"} | {
                 rel for rel in roots[f"sink{i}"][3] if rel.startswith(SINK_LOG_DIR + "/")}
-        try:
-            ledger = Ledger.for_checkpoint(ckpt)
-        except BadInputError:
-            ledger = None
         if ledger is not None:
             files = {f.path[len(ledger.path) + 1:]: f for f in ledger.fm.walk(ledger.path)}
-            files = {r: f for r, f in files.items() if "/" not in r and not r.startswith(".")}
+            files = {r: f for r, f in files.items() if not r.rsplit("/", 1)[-1].startswith(".") and (
+                "/" not in r or (r.startswith(PAIRING_DIR + "/") and r.count("/") == 1))}
             if files:
                 roots["ledger"] = (ledger.fm.url(ledger.path), ledger.fm, ledger.path, files)
     parent = _parent(repo, ckpt.url)

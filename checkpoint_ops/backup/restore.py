@@ -14,6 +14,10 @@ input directory, say). A sink log entry must end up inside its sink target, or t
 ``to_batch``: the rollback planner runs on the backup itself (a read-only view), so the restart set of
 that batch is validated and the rolled-back file set is known before anything is written; the restore
 then writes exactly that set.
+
+Targets never overlap: a sink target equal to, inside or around the checkpoint target (or another sink
+target) is unusable input (exit 2), refused before anything is read or written. The restored checkpoint
+and sinks are recorded as paired (``pairing.py``), at their new locations.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from ..errors import BadInputError, RefusedError
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..journal import ops_dir, utc_stamp
 from ..lease import is_lease_file
-from ..ledger import Ledger
+from ..ledger import PAIRING_DIR, Ledger, PairingRecord
 from ..model.checkpoint import Checkpoint
 from ..model.sink import SinkOutput
 from ..operation import ApplyContext, Operation, Site
+from ..pairing import PAIRING_FILE
 from ..plan import Plan
 from ..rollback import plan_rollback
 from ..storage import open_file_manager
@@ -129,16 +134,18 @@ class _Restore:
         self.repo, self.m, self.stage = repo, m, stage
         self.so = storage_options
         self.sinks = sorted((r for r in m.roots if r.startswith("sink")), key=lambda r: int(r[4:]))
+        self.t_fm, self.t_root = open_file_manager(target_url, storage_options)
+        self.target_url = self.t_fm.url(self.t_root)
+        opened = [open_file_manager(url, storage_options) for url in sink_targets]
+        refuse_overlapping([("the checkpoint target", self.t_fm, self.t_root)]
+                           + [(f"--sink-target {url}", fm, root) for url, (fm, root) in zip(sink_targets, opened)])
         if len(sink_targets) != len(self.sinks):
             raise BadInputError(f"the backup holds {len(self.sinks)} file sink(s) "
                                 f"({', '.join(m.roots[r]['url'] for r in self.sinks) or 'none'}); give one "
                                 f"--sink-target for each, in that order (got {len(sink_targets)})", path=m.url)
-        self.t_fm, self.t_root = open_file_manager(target_url, storage_options)
-        self.target_url = self.t_fm.url(self.t_root)
         _require_empty(self.t_fm, self.t_root, target_url)
         self.sink_fms = {}
-        for rid, url in zip(self.sinks, sink_targets):
-            fm, root = open_file_manager(url, storage_options)
+        for rid, url, (fm, root) in zip(self.sinks, sink_targets, opened):
             _require_empty(fm, root, url)
             self.sink_fms[rid] = (fm, root)
         self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
@@ -264,7 +271,8 @@ class _Restore:
             rb_writes = [(a.root, a.rel, rb.contents[a.sha256], a.reason) for a in rb.actions if a.kind == "write"]
             batch = to_batch
         roots = {"checkpoint": self.target_url, **{rid: fm.url(root) for rid, (fm, root) in self.sink_fms.items()}}
-        if "ledger" in m.roots:
+        pair = bool(self.sinks) and m.doc["kind"] == "structured"
+        if "ledger" in m.roots or pair:
             roots["ledger"] = self.t_fm.url(self.ledger_path)
         plan = Plan("restore", roots, batch)
         metadata = None
@@ -273,8 +281,8 @@ class _Restore:
             if rid not in roots:
                 continue
             for rel, sha, size in entries:
-                if (rid, rel) in removed:
-                    continue
+                if (rid, rel) in removed or (rid == "ledger" and rel.startswith(PAIRING_DIR + "/")):
+                    continue  # (the source's pairing records: the targets get their own, below)
                 if rid == "checkpoint" and rel == "metadata" and m.doc["kind"] == "structured":
                     metadata = retry(lambda: self.repo.read_object(sha))
                     self.objects.add(sha)
@@ -293,6 +301,8 @@ class _Restore:
             name = f"{utc_stamp()}-truncate-restore-{m.id[-8:]}.json"
             body = json.dumps({"format": 1, "after_batch": to_batch, "op_id": f"restore-{m.id}"}).encode()
             plan.write("ledger", name, body, f"the ledger forgets batches after {to_batch}")
+        if pair:
+            self._pairing(plan, roots, m.doc["checkpoint"].get("query_id"))
         plan.summary["restore"] = (f"backup {m.id} ({m.doc['kind']}, batch {m.batch}) of {m.checkpoint_url} into "
                                    f"{self.target_url}" + (f", rolled back to batch {to_batch}" if to_batch is not None
                                                            and to_batch < m.batch else ""))
@@ -303,6 +313,20 @@ class _Restore:
             fms["ledger"] = (self.t_fm, self.ledger_path)
         anchor = Anchor(self.t_fm, self.t_root, self.target_url, None, checkpoint=True)
         return RestorePlan(plan, m, metadata, anchor, fms, self.objects, self.staged)
+
+    def _pairing(self, plan: Plan, roots: dict[str, str], query_id: str | None) -> None:
+        """The restored checkpoint and sinks, recorded as paired at their new locations (both sides). The
+        record is dated by the backup (the pairing it holds is as of then), so the plan is the same every time
+        it is built: a crashed restore run again writes the same bytes."""
+        stamp = self.m.created.replace("-", "").replace(":", "").replace("Z", ".000000Z")  # utc_stamp's form
+        why = f"the targets are paired: restored together from backup {self.m.id}"
+        sinks = tuple(roots[rid] for rid in self.sinks)
+        plan.write("ledger", f"{PAIRING_DIR}/{stamp}-restore-{self.m.id[-8:]}.json",
+                   PairingRecord(self.target_url, query_id, sinks, stamp, "backup restore").to_bytes(), why)
+        for rid in self.sinks:
+            plan.write(rid, PAIRING_FILE,
+                       PairingRecord(self.target_url, query_id, (roots[rid],), stamp, "backup restore").to_bytes(), why)
+        plan.summary["pairing"] = f"{self.target_url} with {', '.join(sinks)}"
 
     def _write(self, plan: Plan, rid: str, rel: str, content: bytes, reason: str) -> None:
         """Relocated content: inline in the journal when small, else staged beside the target (a dry
@@ -316,6 +340,28 @@ class _Restore:
             self.t_fm.write_bytes(staging, content, overwrite=False)
             self.staged.append((self.t_fm, staging))
         plan.write_from(rid, rel, sha, len(content), self.t_fm.url(staging), reason)
+
+
+def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
+    """BadInputError (exit 2) when two restore targets are the same place or one lies inside the other:
+    the checkpoint's and a sink's files would mix (a raw reader of the output reads the checkpoint as
+    data; the sink's maintenance lists the checkpoint), or two sinks' logs would collide."""
+    for i, (what_a, fm_a, root_a) in enumerate(targets):
+        for what_b, fm_b, root_b in targets[i + 1:]:
+            if fm_a.location.scheme != fm_b.location.scheme:
+                continue
+            a, b = root_a.rstrip("/"), root_b.rstrip("/")
+            if a == b:
+                how = "is the same place as"
+            elif b.startswith(a + "/"):
+                how = "contains"
+            elif a.startswith(b + "/"):
+                how = "lies inside"
+            else:
+                continue
+            raise BadInputError(f"{what_a} ({fm_a.url(a)}) {how} {what_b} ({fm_b.url(b)}): the restored files would mix",
+                                path=fm_b.url(b), fix="restore the checkpoint and each file sink into separate "
+                                "directories, none inside another; nothing was written")
 
 
 def _require_empty(fm, root: str, url: str) -> None:

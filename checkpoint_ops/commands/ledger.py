@@ -12,10 +12,12 @@ def cmd_ledger_sync(args) -> int:
     from ..ledger import sync
 
     ckpt, sinks = open_checkpoint(args)
-    r = sync(ckpt, sinks)
+    r = sync(ckpt, sinks, assume_paired=args.assume_paired)
     rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"
     text = (f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
             + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
+    for v in r["pairing"]:
+        text += f"\n  pairing of {v['sink']}: {v['status']} ({v['evidence']})"
     for d in r["skipped"]:
         text += f"\n  skipped (damaged, not recorded): {d['path']}: {d['problem']}"
     emit(args, r, text)
@@ -61,6 +63,8 @@ def register(sub, parents: Parents) -> None:
     q = lsub.add_parser("sync", parents=[*common, parents.sinks], help="record every batch Spark's files still "
                         "describe")
     q.add_argument("checkpoint", metavar="CHECKPOINT")
+    q.add_argument("--assume-paired", action="store_true", help="record each --sink as this checkpoint's output even "
+                   "when its batch history does not show it (never over a sink recorded with another checkpoint)")
     q.set_defaults(func=cmd_ledger_sync)
     q = lsub.add_parser("show", parents=common, help="what the ledger knows (one batch with --batch)")
     q.add_argument("checkpoint", metavar="CHECKPOINT")

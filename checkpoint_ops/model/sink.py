@@ -82,14 +82,63 @@ class SinkOutput:
         return None
 
     def data_files(self) -> dict[str, int]:
-        """Files under the output that a listing reader would treat as data (rel -> size).
-
-        Hadoop's input listing skips names starting with ``_`` or ``.`` at any level.
+        """Files under the output that are data of the sink (rel -> size): what a reader listing the
+        directory (``ignoreMetadata``, other engines) reads as data, by Spark's file index rules
+        (``spark_reads_as_data``), less any checkpoint kept inside the output (``checkpoint_dirs``).
+        Nothing else is ever an orphan or counted as data.
         """
         assert self.data_listed, "the output's data files were not listed (SinkOutput(..., data=True))"
+        inside = self.checkpoint_dirs()
         out = {}
         for rel, info in self.listing.files.items():
-            if any(part.startswith(("_", ".")) for part in rel.split("/")):
+            if not spark_reads_as_data(rel) or _under_checkpoint(rel, inside):
                 continue
             out[rel] = info.size
         return out
+
+    def checkpoint_dirs(self) -> list[str]:
+        """Directories of the output that hold a Structured Streaming checkpoint (a ``metadata`` file
+        and an ``offsets/`` directory), relative to the output ("" for the output itself)."""
+        found = []
+        for rel in self.listing.files:
+            if rel == CHECKPOINT_METADATA or rel.endswith("/" + CHECKPOINT_METADATA):
+                parent = rel[: -len(CHECKPOINT_METADATA)].rstrip("/")
+                if self.listing.has_dir(f"{parent}/offsets" if parent else "offsets"):
+                    found.append(parent)
+        return sorted(found)
+
+
+CHECKPOINT_METADATA = "metadata"
+# What a checkpoint at the output's own root owns there (the rest of the root is the sink's).
+_CHECKPOINT_TOP = ("offsets", "commits", "sources", "state")
+
+
+def _under_checkpoint(rel: str, checkpoint_dirs: list[str]) -> bool:
+    for d in checkpoint_dirs:
+        if d and (rel == d or rel.startswith(d + "/")):
+            return True
+        if not d and (rel == CHECKPOINT_METADATA or rel.split("/", 1)[0] in _CHECKPOINT_TOP):
+            return True
+    return False
+
+
+def spark_lists_name(name: str) -> bool:
+    """Whether Spark's file listing keeps a file or directory of this name (Hadoop's
+    ``HadoopFSUtils.shouldFilterOutPathName``, which ``InMemoryFileIndex`` applies at every level):
+    it drops names starting with ``.``, names starting with ``_`` unless they contain ``=`` (a
+    partition column may start with one), and ``*._COPYING_``, but keeps ``_metadata*`` and
+    ``_common_metadata*`` (Parquet summary files)."""
+    excluded = (name.startswith("_") and "=" not in name) or name.startswith(".") or name.endswith("._COPYING_")
+    kept = name.startswith("_common_metadata") or name.startswith("_metadata")
+    return not excluded or kept
+
+
+def spark_reads_as_data(rel: str) -> bool:
+    """Whether Spark reads the file at ``rel`` (relative to the directory it was asked to read) as
+    data: every directory on the way is listed (``spark_lists_name``), and so is the file, and the
+    file passes ``PartitioningAwareFileIndex.isDataPath`` (no ``.`` prefix, no ``_`` prefix without
+    ``=``: so a ``_metadata`` file is listed, but not read as data)."""
+    *dirs, name = rel.split("/")
+    if not all(spark_lists_name(d) for d in dirs) or not spark_lists_name(name):
+        return False
+    return not ((name.startswith("_") and "=" not in name) or name.startswith("."))

@@ -1,0 +1,83 @@
+"""A file sink behind its checkpoint: committed batches whose sink log entry is missing.
+
+Spark writes ``_spark_metadata/N`` before ``commits/N`` (reference §7), and a file sink logs every batch
+it runs, even one that wrote no rows. So a batch that is committed (in ``commits/``, or in the batch
+ledger's records) but has no sink log file lost its rows for every reader of the sink, and the query will
+not write them again: it only runs batches after its last commit. Two shapes:
+
+* the sink log ends below the last commit (``_spark_metadata/21`` missing, ``commits/21`` present);
+* a gap: a batch after the latest compact file has no log file at all (its entries were merged
+  nowhere; before the latest compact file Spark deletes plain files itself, so absence means nothing).
+
+What restores the rows is a rollback to the last batch before the first missing one (the sink log is
+intact up to there) and reprocessing. Deleting the batch's data files (which the sink log no longer
+lists, so they look like orphans) would make the loss permanent: nothing here, in ``fsck`` or in ``sink
+orphans`` ever suggests it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .ledger import Ledger
+from .model.checkpoint import Checkpoint
+from .model.sink import SinkOutput
+
+
+@dataclass(frozen=True)
+class SinkLag:
+    """How a sink log compares with the batches its checkpoint committed."""
+
+    sink: str
+    checkpoint: str | None  # the checkpoint compared with (None: only a ledger)
+    last_logged: int | None  # the sink log's latest batch
+    last_committed: int | None  # the latest commit of the checkpoint or its ledger
+    committed_by: str  # what says so: "commits/21", "the batch ledger", ...
+    missing: tuple[int, ...]  # committed batches with no sink log entry, ascending
+    missing_rels: tuple[str, ...]  # the log files they would be, as Spark names them
+
+    @property
+    def behind(self) -> bool:
+        return bool(self.missing)
+
+    @property
+    def rollback_target(self) -> int | None:
+        """The batch to roll back to (checkpoint and sink) so reprocessing rewrites every missing batch."""
+        return self.missing[0] - 1 if self.missing and self.missing[0] > 0 else None
+
+    def describe(self) -> str:
+        return f"batch{'es' if len(self.missing) > 1 else ''} {_span(self.missing)}"
+
+    def to_dict(self) -> dict:
+        return {"sink": self.sink, "checkpoint": self.checkpoint, "last_logged": self.last_logged, "last_committed": self.last_committed,
+                "committed_by": self.committed_by, "missing": list(self.missing), "behind": self.behind,
+                "rollback_target": self.rollback_target}
+
+
+def _span(batches: tuple[int, ...]) -> str:
+    if len(batches) > 1 and batches[-1] - batches[0] == len(batches) - 1:
+        return f"{batches[0]}..{batches[-1]}"
+    return ", ".join(map(str, batches))
+
+
+def sink_lag(ckpt: Checkpoint | None, sink: SinkOutput, ledger: Ledger | None = None) -> SinkLag:
+    """Committed batches the sink log has no entry for. Commits come from the checkpoint and from the
+    ledger (its commits, and the batches it recorded this sink's entries for); either may be None."""
+    log = sink.log
+    committed: list[tuple[int, str]] = []
+    if ckpt is not None and ckpt.latest_commit is not None:
+        committed.append((ckpt.latest_commit, f"commits/{ckpt.latest_commit} is in the checkpoint"))
+    if ledger is not None:
+        recorded = [b for b in ledger.records if ledger.has("commits", b) or ledger.has_sink_entries(sink, b)]
+        if recorded:
+            committed.append((max(recorded), f"the batch ledger recorded batch {max(recorded)}"))
+    url = ckpt.url if ckpt is not None else None
+    if not committed:
+        return SinkLag(sink.url, url, log.latest, None, "", (), ())
+    top, by = max(committed)
+    s = log.latest if log.latest is not None else -1
+    upto = min(s, top)
+    floor = max((c for c in log.compact_ids if c <= upto), default=-1)
+    missing = [b for b in range(floor + 1, upto + 1) if b not in log.files]
+    missing += range(s + 1, top + 1)
+    return SinkLag(sink.url, url, log.latest, top, by, tuple(missing), tuple(log.rel(b) for b in missing))
