@@ -56,6 +56,11 @@ class Checkpoint:
         return self.fm.url(self.root)
 
     def require_checkpoint(self, url: str) -> None:
+        root_error = self.listing.unreadable_dirs.get("")
+        if root_error is not None:
+            raise BadInputError(f"cannot be read ({root_error.strerror or root_error})", path=url,
+                                fix="make the checkpoint directory readable by this user (or fix the storage "
+                                "permissions)")
         if len(self.listing) == 0:
             raise BadInputError(
                 "no such checkpoint (nothing found at this location)",
