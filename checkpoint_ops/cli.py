@@ -435,9 +435,10 @@ def cmd_backup_list(args) -> int:
     rows = list_backups(Repository.open(args.dest, _storage_options(args.storage_options)))
     lines = [f"{len(rows)} backup(s) in {args.dest}" + (":" if rows else "")]
     for b in rows:
-        lines.append(f"  {b['id']}  {b['created']}  {b['checkpoint']}  batch {b['batch']}  {b['files']} files  "
-                     f"{b['bytes']} bytes (new {b['new_bytes']})  verified: {b['verified'] or 'never'}")
-    _emit(args, {"destination": args.dest, "backups": rows}, "\n".join(lines))
+        held = (f"{b.created}  {b.checkpoint}  batch {b.batch}  {b.files} files  {b.bytes} bytes (new {b.new_bytes})  "
+                if b.damaged is None else "")
+        lines.append(f"  {b.id}  {held}{b.describe_verification()}")
+    _emit(args, {"destination": args.dest, "backups": [b.to_dict() for b in rows]}, "\n".join(lines))
     return EXIT_OK
 
 
@@ -450,6 +451,8 @@ def cmd_backup_verify(args) -> int:
     for b in r["backups"]:
         for bad in b["bad"]:
             lines.append(f"  {b['backup_id']}: {bad['object']} ({bad['root']}/{bad['file']}): {bad['problem']}")
+    for d in r["damaged"]:
+        lines.append(f"  {d['id']}: DAMAGED, not verified: {d['manifest']} {d['problem']}")
     _emit(args, r, "\n".join(lines))
     return EXIT_OK if r["ok"] else EXIT_FINDINGS
 
@@ -486,7 +489,7 @@ def cmd_backup_prune(args) -> int:
 
     repo = Repository.open(args.dest, _storage_options(args.storage_options))
     within = parse_duration(args.keep_within) if args.keep_within else None
-    plan = plan_backup_prune(repo, args.keep_last, within)
+    plan = plan_backup_prune(repo, args.keep_last, within, temp_min_age_s=parse_duration(args.temp_min_age))
     if args.dry_run or plan.empty:
         _emit(args, {"dry_run": bool(args.dry_run), "plan": plan.to_dict() if args.json else None},
               plan.render(verbose=args.verbose))
@@ -494,7 +497,7 @@ def cmd_backup_prune(args) -> int:
     if not args.json:
         print(plan.render(verbose=args.verbose))
     _confirm(args, f"deleting backups {plan.summary['delete']}")
-    r = apply_backup_prune(repo, plan)
+    r = apply_backup_prune(repo, plan).to_dict()
     _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": r},
           f"Deleted {r['manifests_deleted']} backup(s) and {r['objects_deleted']} unreferenced objects "
           f"({r['bytes_deleted']} bytes)" + (f"; {r['note']}" if r.get("note") else ""))
@@ -638,6 +641,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dest", metavar="DEST_URL")
     q.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K backups of each checkpoint")
     q.add_argument("--keep-within", metavar="DURATION", help="keep backups taken within DURATION (e.g. 7d)")
+    q.add_argument("--temp-min-age", default="1h", metavar="DURATION",
+                   help="remove leftovers of interrupted writes only once this old (default %(default)s)")
     q.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     q.add_argument("--yes", "-y", action="store_true", help="apply without asking")
     q.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")

@@ -7,6 +7,8 @@ import dagster as dg
 
 from checkpoint_ops.backup import Repository, apply_backup_prune, create_backup, list_backups, plan_backup_prune
 from checkpoint_ops.backup import verify_backups
+from checkpoint_ops.backup.listing import VERIFIED
+from checkpoint_ops.backup.repository import TIME_FORMAT
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
 from checkpoint_ops.sinklog import parse_duration
 from pipelines.maintenance import maintenance_job, query_op
@@ -30,7 +32,7 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
         repo = Repository.open(dest, opts)
         v = verify_backups(repo, r["backup_id"])
         plan = plan_backup_prune(repo, keep_last=settings.backup_keep_last)
-        pruned = apply_backup_prune(repo, plan) if not plan.empty else {"manifests_deleted": 0}
+        pruned = apply_backup_prune(repo, plan).manifests_deleted if not plan.empty else 0
     except CheckpointOpsError as e:
         raise dg.Failure(description=f"backup of {query.name} failed: {e.render()}") from None
     md = {
@@ -40,7 +42,7 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
         "backup_bytes": dg.MetadataValue.int(r["bytes"]),
         "backup_new_bytes": dg.MetadataValue.int(r["new_bytes"]),
         "backup_verified": dg.MetadataValue.bool(v["ok"]),
-        "backups_pruned": dg.MetadataValue.int(pruned["manifests_deleted"]),
+        "backups_pruned": dg.MetadataValue.int(pruned),
         "backup_destination": dg.MetadataValue.text(dest),
     }
     context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md))
@@ -75,19 +77,19 @@ def freshness_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                        description=f"no backup yet: {e.problem}",
                                        metadata={"destination": dg.MetadataValue.text(dest)})
-        good = [r for r in rows if r["verified"] not in (None, "FAILED")]
+        good = [r for r in rows if r.status == VERIFIED]
         if not good:
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                        description=f"{len(rows)} backup(s), none verified",
                                        metadata={"destination": dg.MetadataValue.text(dest)})
         newest = good[-1]
-        age = time.time() - calendar.timegm(time.strptime(newest["created"], "%Y-%m-%dT%H:%M:%SZ"))
+        age = time.time() - calendar.timegm(time.strptime(newest.created, TIME_FORMAT))
         return dg.AssetCheckResult(
             passed=age <= limit, severity=dg.AssetCheckSeverity.WARN,
-            description=f"newest verified backup {newest['id']} (batch {newest['batch']}) is {int(age)} s old "
+            description=f"newest verified backup {newest.id} (batch {newest.batch}) is {int(age)} s old "
             f"(limit {streaming_settings.backup_max_age})",
-            metadata={"newest_backup": dg.MetadataValue.text(newest["id"]), "age_s": dg.MetadataValue.int(int(age)),
-                      "batch": dg.MetadataValue.int(newest["batch"] if newest["batch"] is not None else -1),
+            metadata={"newest_backup": dg.MetadataValue.text(newest.id), "age_s": dg.MetadataValue.int(int(age)),
+                      "batch": dg.MetadataValue.int(newest.batch if newest.batch is not None else -1),
                       "destination": dg.MetadataValue.text(dest)})
 
     return _check
