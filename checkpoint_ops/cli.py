@@ -500,7 +500,8 @@ def cmd_backup_prune(args) -> int:
     r = apply_backup_prune(repo, plan).to_dict()
     _emit(args, {"dry_run": False, "plan": plan.to_dict() if args.json else None, "result": r},
           f"Deleted {r['manifests_deleted']} backup(s) and {r['objects_deleted']} unreferenced objects "
-          f"({r['bytes_deleted']} bytes)" + (f"; {r['note']}" if r.get("note") else ""))
+          f"({r['bytes_deleted']} bytes); removed {r['claims_removed']} stale claim(s) and {r['leftovers_removed']} "
+          "leftover(s) of interrupted writes" + (f"; {r['note']}" if r.get("note") else ""))
     return EXIT_OK
 
 

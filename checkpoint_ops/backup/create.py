@@ -49,7 +49,7 @@ _LOCK_WAIT_S = 600
 _ATTEMPTS = 3
 # What a backup reads (and checks) before the destination is touched, at most this many bytes; the copy
 # stores it from memory instead of reading it again
-PREFETCH_BYTES = 256 * 2**20
+PREFETCH_BYTES = 64 * 2**20
 
 
 def _hidden(rel: str) -> bool:
