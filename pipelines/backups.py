@@ -7,6 +7,8 @@ import dagster as dg
 
 from checkpoint_ops.backup import Repository, create_backup, list_backups, verify_backups
 from checkpoint_ops.backup.retention import BackupPruneOperation
+from checkpoint_ops.backup.listing import VERIFIED
+from checkpoint_ops.backup.repository import TIME_FORMAT
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.units import parse_duration
@@ -77,19 +79,19 @@ def freshness_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                        description=f"no backup yet: {e.problem}",
                                        metadata={"destination": dg.MetadataValue.text(dest)})
-        good = [r for r in rows if r["verified"] not in (None, "FAILED")]
+        good = [r for r in rows if r.status == VERIFIED]
         if not good:
             return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
                                        description=f"{len(rows)} backup(s), none verified",
                                        metadata={"destination": dg.MetadataValue.text(dest)})
         newest = good[-1]
-        age = time.time() - calendar.timegm(time.strptime(newest["created"], "%Y-%m-%dT%H:%M:%SZ"))
+        age = time.time() - calendar.timegm(time.strptime(newest.created, TIME_FORMAT))
         return dg.AssetCheckResult(
             passed=age <= limit, severity=dg.AssetCheckSeverity.WARN,
-            description=f"newest verified backup {newest['id']} (batch {newest['batch']}) is {int(age)} s old "
+            description=f"newest verified backup {newest.id} (batch {newest.batch}) is {int(age)} s old "
             f"(limit {streaming_settings.backup_max_age})",
-            metadata={"newest_backup": dg.MetadataValue.text(newest["id"]), "age_s": dg.MetadataValue.int(int(age)),
-                      "batch": dg.MetadataValue.int(newest["batch"] if newest["batch"] is not None else -1),
+            metadata={"newest_backup": dg.MetadataValue.text(newest.id), "age_s": dg.MetadataValue.int(int(age)),
+                      "batch": dg.MetadataValue.int(newest.batch if newest.batch is not None else -1),
                       "destination": dg.MetadataValue.text(dest)})
 
     return _check

@@ -169,10 +169,10 @@ def main() -> int:
         backup = list_backups(repo)[0]
         target = os.path.join(DEMO_HOME, "restored")
         ckpt, out = os.path.join(target, "checkpoint"), os.path.join(target, "events")
-        restored = run(RestoreOperation(dest, backup["id"], ckpt, [out]), RunOptions(yes=True)).outcome
-        say(f"restored backup {backup['id']} (batch {backup['batch']}) into {os.path.relpath(target, REPO)} "
+        restored = run(RestoreOperation(dest, backup.id, ckpt, [out]), RunOptions(yes=True)).outcome
+        say(f"restored backup {backup.id} (batch {backup.batch}) into {os.path.relpath(target, REPO)} "
             f"(operation {restored.op_id}); as a command: checkpoint-ops backup restore {dest} "
-            f"{backup['id']} {ckpt} --sink-target {out} --yes")
+            f"{backup.id} {ckpt} --sink-target {out} --yes")
         findings = run_fsck(Checkpoint.open(ckpt), [open_sink(out)])
         say(f"fsck of the restored copy: {len(findings)} findings")
         copy = StreamingQuery(name="events_stream_restored", checkpoint=ckpt, sinks=[out],
@@ -180,8 +180,8 @@ def main() -> int:
         copy_defs = streaming_definitions([copy], home=os.path.join(target, "home"), spark_config=LOCAL_SPARK)
         md = materialize(copy_defs, instance, copy.name)
         ok_copy = events_rows(spark, out) == want
-        say(f"the restored copy caught up from batch {backup['batch'] + 1}: same rows as events_stream: {ok_copy}")
-        summary.append(("backup restored elsewhere", f"batch {backup['batch']}",
+        say(f"the restored copy caught up from batch {backup.batch + 1}: same rows as events_stream: {ok_copy}")
+        summary.append(("backup restored elsewhere", f"batch {backup.batch}",
                         f"fsck {len(findings)} findings; resumed {md['batch_ids']}; "
                         + ("same output" if ok_copy else "DIFFERENT output")))
 

@@ -179,15 +179,19 @@ def test_prune_keeps_the_newest_verified_and_never_breaks_another(spark, run, tm
     assert code == 0 and r["result"]["manifests_deleted"] == 1 and r["result"]["objects_deleted"] > 0
     code, v = cli_json("backup", "verify", dest)
     assert code == 0 and v["ok"] and {b["backup_id"] for b in v["backups"]} == set(ids[1:])
-    # a backup that died mid-way holds garbage collection: killed at its 2nd mutating call (its intent
-    # comes first; nothing changed since the last backup, so the 2nd is its manifest)
+    # a backup that died mid-way (killed at its 2nd mutating call: its intent comes first; nothing changed
+    # since the last backup, so the 2nd is its manifest) no longer holds garbage collection: its process
+    # is gone, so the prune says so, removes its intent and collects
     env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="2")
     p = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", run.checkpoint, dest, "--sink",
                         run.output, *INTERVALS, "--json"], env=env, cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == -9, p.stderr[-2000:]
     assert len(Repository.open(dest).manifests()) == 2 and os.listdir(os.path.join(dest, "intents"))
     code, r = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes")  # the third is the newest verified now
-    assert code == 0 and r["result"]["objects_deferred"] is True and r["plan"]["summary"]["delete"] == [ids[1]]
+    assert code == 0 and r["plan"]["summary"]["delete"] == [ids[1]], r
+    assert r["result"]["objects_deferred"] is False and r["result"]["claims_removed"] == 1
+    assert r["result"]["objects_deleted"] > 0 and "is gone" in r["plan"]["summary"]["stale claims"][0]
+    assert not os.listdir(os.path.join(dest, "intents"))
     code, v = cli_json("backup", "verify", dest)
     assert code == 0 and [b["backup_id"] for b in v["backups"]] == [ids[2]]
     inp, out, ckpt = restore_elsewhere(run, dest, ids[2], tmp_path)

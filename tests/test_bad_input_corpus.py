@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -612,3 +613,228 @@ def test_the_corpus_is_big_enough():
     assert len(CASES) >= 40
     assert {c.flavour for c in CASES} == {"hdfs", "rocksdb", "rocksdb_v2"}
     assert {c.where for c in CASES} == {"restart", "removed", "elsewhere", "refused"}
+
+
+# ---- backups: an unusable source, a damaged manifest ------------------------------------------------------
+#
+# ``backup create`` from a source it cannot use exits non-zero naming the file, and leaves nothing at the
+# destination: a new one is not created, an existing one is unchanged (no marker, object or intent). A
+# damaged manifest is listed as damaged; verifying or restoring it is exit 2 naming it; every other
+# backup stays listable, verifiable and restorable, new backups proceed, and object collection waits.
+
+
+@dataclass
+class SourceCase:
+    name: str
+    flavour: str
+    damage: Callable  # (run, tmp) -> (checkpoint to back up, its sinks, the names a message may use)
+    code: int = 2
+    unprivileged: bool = False
+    # an existing destination (holding a backup of the intact checkpoint) refuses too; False where the
+    # incremental backup rightly does not read the damaged file again (it is unchanged since then)
+    existing: bool = True
+
+    def __str__(self):
+        return self.name
+
+
+def _at_last_commit(damage):
+    """A corpus damage aimed at the restart after the last commit (where a backup cuts)."""
+    def apply(run, tmp):
+        return run.checkpoint, [run.output], damage(run, run.last_batch)
+    return apply
+
+
+def _readable_again(base: str) -> None:
+    os.chmod(base, 0o755)
+    for d, dirs, files in os.walk(base):  # top-down: each directory is fixed before it is listed
+        for n in dirs:
+            os.chmod(os.path.join(d, n), 0o755)
+        for n in files:
+            if not os.path.islink(os.path.join(d, n)):
+                os.chmod(os.path.join(d, n), 0o644)
+
+
+def _nothing_there(run, tmp):
+    return str(tmp / "nothing-here"), [], ("nothing-here",)
+
+
+def _not_a_checkpoint(run, tmp):
+    (tmp / "notes").mkdir()
+    (tmp / "notes" / "readme.txt").write_text("not a checkpoint")
+    return str(tmp / "notes"), [], ("notes",)
+
+
+def _a_sink_output(run, tmp):
+    return run.output, [], (run.output,)
+
+
+def _missing_sink(run, tmp):
+    return run.checkpoint, [str(tmp / "no-sink")], ("no-sink",)
+
+
+def _unreadable_old_offsets(run, tmp):
+    """Not in the restart set (an older batch): read only by the copy."""
+    os.chmod(ck(run, f"offsets/{run.last_batch - 3}"), 0)
+    return run.checkpoint, [run.output], (f"offsets/{run.last_batch - 3}",)
+
+
+def _unreadable_commits_dir(run, tmp):
+    os.chmod(ck(run, "commits"), 0)
+    return run.checkpoint, [run.output], ("commits",)
+
+
+def _unreadable_checkpoint(run, tmp):
+    os.chmod(run.checkpoint, 0)
+    return run.checkpoint, [run.output], (run.checkpoint,)
+
+
+def _no_commit_yet(run, tmp):
+    for name in names(ck(run, "commits")):
+        remove_with_sidecars(ck(run, f"commits/{name}"))
+    return run.checkpoint, [run.output], (run.checkpoint,)
+
+
+SOURCE_CASES = [
+    SourceCase("source_missing", "hdfs", _nothing_there),
+    SourceCase("source_not_a_checkpoint", "hdfs", _not_a_checkpoint),
+    SourceCase("source_is_a_sink_output", "hdfs", _a_sink_output),
+    SourceCase("source_sink_missing", "hdfs", _missing_sink),
+    SourceCase("source_unreadable_file", "hdfs", _unreadable_old_offsets, unprivileged=True, existing=False),
+    SourceCase("source_unreadable_directory", "rocksdb", _unreadable_commits_dir, unprivileged=True),
+    SourceCase("source_unreadable_checkpoint", "rocksdb_v2", _unreadable_checkpoint, unprivileged=True),
+    SourceCase("source_no_commit_yet", "hdfs", _no_commit_yet, code=1),
+    SourceCase("source_missing_metadata", "rocksdb", _at_last_commit(missing_metadata)),
+    SourceCase("source_v99_latest_offsets", "hdfs", _at_last_commit(v99_latest_offsets)),
+    SourceCase("source_binary_latest_sink_log", "rocksdb_v2", _at_last_commit(binary_latest_sink_log)),
+    SourceCase("source_truncated_latest_delta", "hdfs", _at_last_commit(truncated_latest_delta)),
+    SourceCase("source_missing_rocksdb_version", "rocksdb", _at_last_commit(missing_state_version)),
+    SourceCase("source_garbage_rocksdb_zip", "rocksdb", _at_last_commit(garbage_base_zip)),
+    SourceCase("source_v2_unique_id_without_file", "rocksdb_v2", _at_last_commit(v2_uid_without_file)),
+    SourceCase("source_v2_zero_byte_changelog", "rocksdb_v2", _at_last_commit(v2_zero_changelog)),
+]
+
+
+@pytest.mark.parametrize("case", SOURCE_CASES, ids=str)
+def test_backup_of_an_unusable_source_writes_nothing(spark, spark_runs, case: SourceCase, tmp_path):
+    run = spark_runs(case.flavour)
+    run.reset()
+    existing = str(tmp_path / "existing")  # already holds a backup of the intact checkpoint
+    code, out, err = cli("backup", "create", run.checkpoint, existing, "--sink", run.output, *INTERVALS)
+    assert code == 0, err
+    runner = without_root_override if case.unprivileged and os.geteuid() == 0 else cli
+    try:
+        ckpt, sinks, named_as = case.damage(run, tmp_path)
+        roots = [r for r in (run.checkpoint, run.output, existing) if os.path.exists(r)]
+        before = tree_hash(*roots)
+        for dest in [str(tmp_path / "new")] + ([existing] if case.existing else []):
+            code, out, err = runner("backup", "create", ckpt, dest, *[a for s in sinks for a in ("--sink", s)],
+                                    *INTERVALS)
+            assert "Traceback" not in err, err[-3000:]
+            assert (code, any(x in err for x in named_as)) == (case.code, True), \
+                f"{case}: backup create to {dest} gave exit {code}\n{out[-2000:]}\n{err[-2000:]}"
+        assert not os.path.exists(tmp_path / "new"), f"{case}: the destination was created"
+        assert tree_hash(*roots) == before, f"{case}: something changed"
+    finally:
+        _readable_again(run.base)
+        run.reset()
+
+
+@dataclass
+class ManifestCase:
+    name: str
+    damage: Callable  # the manifest's JSON document -> the bytes written in its place
+    says: str  # the problem names this
+
+    def __str__(self):
+        return self.name
+
+
+def _edit(change):
+    def apply(doc):
+        change(doc)
+        return json.dumps(doc).encode()
+    return apply
+
+
+def _entry(i, value):
+    return _edit(lambda d: d["roots"]["checkpoint"]["files"][0].__setitem__(i, value))
+
+
+MANIFEST_CASES = [
+    ManifestCase("manifest_not_json", lambda doc: json.dumps(doc).encode()[:-20], "is not JSON"),
+    ManifestCase("manifest_empty", lambda doc: b"", "is not JSON"),
+    ManifestCase("manifest_not_an_object", lambda doc: b"[1, 2, 3]", "is not a JSON object"),
+    ManifestCase("manifest_unknown_format", _edit(lambda d: d.update(format=99)), "is format 99, newer"),
+    ManifestCase("manifest_no_format", _edit(lambda d: d.pop("format")), "no format version"),
+    ManifestCase("manifest_roots_not_an_object", _edit(lambda d: d.update(roots=[])), "lists no checkpoint root"),
+    ManifestCase("manifest_entry_not_a_list", _edit(lambda d: d["roots"]["checkpoint"]["files"].__setitem__(
+        0, "metadata")), "that is not [path, sha256, size, mtime]"),
+    ManifestCase("manifest_path_outside_root", _entry(0, "../../escape"), "'../../escape', which would leave its root"),
+    ManifestCase("manifest_absolute_path", _entry(0, "/etc/passwd"), "'/etc/passwd', which is not a relative path"),
+    ManifestCase("manifest_url_as_path", _entry(0, "s3://bucket/key"), "which is not a relative path"),
+    ManifestCase("manifest_hash_not_a_hash", _entry(1, "../../../../etc/passwd"), "which is not a sha256"),
+    ManifestCase("manifest_negative_size", _entry(2, -1), "not a byte count"),
+    ManifestCase("manifest_of_another_backup", _edit(lambda d: d.update(id="someone-else")),
+                 "says it is backup 'someone-else'"),
+    ManifestCase("manifest_unknown_root", _edit(lambda d: d["roots"].update({"../x": d["roots"]["checkpoint"]})),
+                 "has a root named '../x'"),
+]
+
+
+@pytest.fixture(scope="module")
+def two_backups(spark, spark_runs, tmp_path_factory):
+    """A destination holding two backups of the intact hdfs run: the older verified, the newer to damage."""
+    run = spark_runs("hdfs")
+    run.reset()
+    dest = str(tmp_path_factory.mktemp("two-backups") / "dest")
+    ids = []
+    for _ in range(2):
+        code, out, err = cli("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, "--json")
+        assert code == 0, err
+        ids.append(json.loads(out)["backup_id"])
+    assert cli("backup", "verify", dest, ids[0])[0] == 0
+    return run, dest, ids
+
+
+@pytest.mark.parametrize("case", MANIFEST_CASES, ids=str)
+def test_a_damaged_manifest_is_named_and_the_others_stay_usable(two_backups, case: ManifestCase, tmp_path):
+    run, pristine, (good, bad) = two_backups
+    run.reset()
+    dest = str(tmp_path / "dest")
+    shutil.copytree(pristine, dest)
+    rel = os.path.join("manifests", f"{bad}.json")
+    with open(os.path.join(dest, rel), "rb") as f:
+        doc = json.loads(f.read())
+    write(os.path.join(dest, rel), case.damage(doc))
+    target = tmp_path / "target"
+
+    def run_cli(*args, code: int, names: bool = True, changes: bool = False) -> str:
+        before = tree_hash(dest)
+        got, out, err = cli(*map(str, args))
+        assert "Traceback" not in err, err[-3000:]
+        assert got == code, f"{case}: {args[:2]} gave exit {got}, expected {code}\n{out[-2000:]}\n{err[-2000:]}"
+        assert not names or (case.says in out + err and rel in out + err), f"{case}: {args[:2]}\n{out}\n{err}"
+        assert changes or tree_hash(dest) == before, f"{case}: {args[:2]} changed the destination"
+        return out
+
+    rows = json.loads(run_cli("backup", "list", dest, "--json", code=0, names=False))["backups"]
+    assert [(r["id"], r["status"]) for r in rows] == [(good, "verified"), (bad, "damaged")]
+    assert case.says in rows[1]["damaged"] and rows[1]["verified"] == "FAILED"
+    run_cli("backup", "verify", dest, bad, code=2)
+    run_cli("backup", "restore", dest, bad, target / "ckpt", "--sink-target", target / "out", "--yes", code=2)
+    assert not target.exists()
+    run_cli("backup", "prune", dest, "--keep-last", "1", "--dry-run", code=0)  # objects blocked, it says why
+    run_cli("backup", "verify", dest, code=1, changes=True)  # the good one verified (and recorded), this one named
+    run_cli("backup", "verify", dest, good, code=0, names=False, changes=True)
+    run_cli("backup", "restore", dest, good, target / "ckpt", "--sink-target", target / "out", "--dry-run", code=0,
+            names=False)
+    out = run_cli("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, "--json", code=0,
+                  names=False, changes=True)
+    assert json.loads(out)["parent"] == good  # never the damaged one
+
+
+def test_the_backup_tables_cover_each_kind():
+    assert {c.flavour for c in SOURCE_CASES} == {"hdfs", "rocksdb", "rocksdb_v2"}
+    assert {c.code for c in SOURCE_CASES} == {1, 2} and any(c.unprivileged for c in SOURCE_CASES)
+    assert len(MANIFEST_CASES) >= 10

@@ -191,7 +191,7 @@ def test_backup_and_compaction_jobs(spark, tmp_path, instance):
     md = obs.event_specific_data.asset_observation.metadata
     assert md["backup_verified"].value and md["backup_files"].value > 0
     rows = list_backups(Repository.open(os.path.join(home, "backups", "kept")))
-    assert [b["id"] for b in rows] == [md["backup_id"].value]
+    assert [b.id for b in rows] == [md["backup_id"].value]
 
     # the freshness check (which failed in the first materialization: no backup yet) now passes
     freshness = next(c for k, c in defs.get_repository_def().asset_checks_defs_by_key.items()

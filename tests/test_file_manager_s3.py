@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from checkpoint_ops.storage import open_file_manager
+from checkpoint_ops.storage import direct_put, open_file_manager
 from tests.helpers import race_create_atomic
 
 
@@ -49,6 +49,39 @@ def test_racing_writers_exactly_one_winner(s3_server, bucket, round_):
     assert results.count("won") == 1, results
     assert fms[0].read_bytes(target) == f"writer {results.index('won')}".encode()
     assert _keys(s3_server, bucket) == ["ckpt/offsets/9"]
+
+
+def test_a_multipart_upload_that_loses_the_race_leaves_no_parts(s3_server, bucket):
+    """Above 64 MiB a write is a multipart upload; the loser of put-if-absent gets FileExistsError at
+    completion and aborts its upload (left open, its parts would stay in the bucket, unlisted)."""
+    fm0, root = open_file_manager(f"s3://{bucket}/ckpt")
+    fm1, _ = open_file_manager(f"s3://{bucket}/ckpt")
+    target = f"{root}/objects/ab/big"
+    size = direct_put._SINGLE_PUT_MAX + 1
+    loser = fm1.create_atomic(target)  # both writers start before either publishes
+    with fm0.create_atomic(target) as out:
+        out.write(b"0" * size)
+    loser.write(b"1" * size)
+    with pytest.raises(FileExistsError):
+        loser.close()
+    assert fm0.counter.snapshot().get("CreateMultipartUpload") == 1
+    assert fm1.pending_uploads(root) == []
+    assert boto3.client("s3", endpoint_url=s3_server).list_multipart_uploads(Bucket=bucket).get("Uploads") is None
+    assert fm0.read_prefix(target, 4) == b"0000" and _keys(s3_server, bucket) == ["ckpt/objects/ab/big"]
+
+
+def test_pending_uploads_are_listed_and_aborted(s3_server, bucket):
+    fm, root = open_file_manager(f"s3://{bucket}/ckpt")
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    started = [s3.create_multipart_upload(Bucket=bucket, Key=f"ckpt/objects/{i:02x}/x")["UploadId"] for i in range(3)]
+    s3.create_multipart_upload(Bucket=bucket, Key="elsewhere/y")
+    found = fm.pending_uploads(root)
+    assert sorted(u.upload_id for u in found) == sorted(started)
+    assert {u.path for u in found} == {f"{bucket}/ckpt/objects/{i:02x}/x" for i in range(3)}
+    fm.abort_uploads(found)
+    fm.abort_uploads(found[:1])  # already gone: ignored
+    assert fm.pending_uploads(root) == []
+    assert [u["Key"] for u in s3.list_multipart_uploads(Bucket=bucket)["Uploads"]] == ["elsewhere/y"]
 
 
 def test_batched_delete_and_single_list(s3_server, bucket):

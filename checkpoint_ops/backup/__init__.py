@@ -12,25 +12,12 @@
 """
 
 from .create import create_backup
-from .repository import Manifest, Repository
+from .listing import BackupRow, list_backups
+from .repository import DamagedManifest, Manifest, Repository
 from .restore import RestorePlan, plan_restore, restore_backup
-from .retention import apply_backup_prune, plan_backup_prune
-from .verify import verify_backups
+from .retention import BackupPruneResult, apply_backup_prune, plan_backup_prune
+from .verify import Verification, verify_backups
 
-
-def list_backups(repo: Repository) -> list[dict]:
-    """Every backup at a destination, oldest first, with what it holds and its last verification."""
-    verified = repo.verified()
-    out = []
-    for m in repo.manifests():
-        v = verified.get(m.id)
-        out.append({"id": m.id, "created": m.created, "kind": m.doc.get("kind"), "checkpoint": m.checkpoint_url,
-                    "query_id": m.doc["checkpoint"].get("query_id"), "batch": m.batch,
-                    "files": m.stats.get("files"), "bytes": m.stats.get("bytes"),
-                    "new_bytes": m.stats.get("new_bytes"), "new_objects": m.stats.get("new_objects"),
-                    "verified": (v.get("at") if v.get("ok") else "FAILED") if v else None})
-    return out
-
-
-__all__ = ["Manifest", "Repository", "RestorePlan", "apply_backup_prune", "create_backup", "list_backups",
-           "plan_backup_prune", "plan_restore", "restore_backup", "verify_backups"]
+__all__ = ["BackupPruneResult", "BackupRow", "DamagedManifest", "Manifest", "Repository", "RestorePlan",
+           "Verification", "apply_backup_prune", "create_backup", "list_backups", "plan_backup_prune", "plan_restore",
+           "restore_backup", "verify_backups"]

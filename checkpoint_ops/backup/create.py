@@ -12,6 +12,11 @@ from N needs them; if one that does vanishes, the backup starts over at the new 
 Incremental: a file whose path, size and modification time (for Spark's uniquely named files, path and
 size) match the previous backup of the same checkpoint is not read again; its hash is taken from that
 manifest. New content is hashed, then stored once per destination (put-if-absent).
+
+Order: the source is validated whole before the destination is created or written (a backup of an
+unusable source leaves nothing behind); then the backup writes its intent (a heartbeat keeps it alive),
+waits while a live prune holds its lock, chooses its parent and copies; before it publishes its manifest
+it checks that its intent never lapsed (else a garbage collection may have run meanwhile).
 """
 
 from __future__ import annotations
@@ -22,17 +27,19 @@ import re
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 
 from ..errors import BadInputError, RefusedError
-from ..ledger import PAIRING_DIR, Ledger
+from ..ledger import PAIRING_DIR, Ledger, ledger_or_none
 from ..model.checkpoint import Checkpoint, open_sink
+from ..model.listing import Listing
 from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing
 from ..restart import RestartSets, state_bytes_problem
-from ..storage import open_file_manager
-from .repository import Manifest, Repository, new_backup_id
+from .claims import HeldClaim
+from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id
 from .transfer import retry
 
 WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network)
@@ -41,6 +48,9 @@ _BIG = 64 * 2**20  # files above this are streamed (hashed, then uploaded) inste
 _UNIQUE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # Spark's once-only names
 _LOCK_WAIT_S = 600
 _ATTEMPTS = 3
+# What a backup reads (and checks) before the destination is touched, at most this many bytes; the copy
+# stores it from memory instead of reading it again
+PREFETCH_BYTES = 64 * 2**20
 
 
 def _hidden(rel: str) -> bool:
@@ -134,35 +144,53 @@ class _Vanished(Exception):
         self.rel = rel
 
 
+@dataclass
+class _Cut:
+    """What a backup at the last commit takes, read from the source and validated there: nothing at
+    the destination is looked at to build it."""
+
+    kind: str  # structured | dstream
+    url: str  # the checkpoint's URL
+    batch: int | None
+    query_id: str | None
+    roots: dict[str, tuple]  # root id -> (url, fm, root path, files: rel -> FileInfo)
+    needed: dict[str, set[str]]  # files a restart at the cut needs: vanishing ones restart the backup
+    codec: str
+    state_files: dict  # rel -> StateFile of every state file the model knows
+    intervals: tuple[int, int]  # source and sink compact intervals
+    prefetched: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (root id, rel) -> bytes read, checked
+
+
 def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (), storage_options: dict | None = None,
                   progress: bool = False, source_compact_interval: int = 10, sink_compact_interval: int = 10) -> dict:
-    """Back up a checkpoint (and its file sinks and ledger) to ``dest_url``; returns the summary."""
-    ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_compact_interval)
-    if ckpt.kind == "structured" and sink_urls:
-        # only the query's own outputs, before the destination is touched; recorded on both sides, so every
-        # restore of this backup can record its targets
-        sinks = [SinkOutput(*open_file_manager(u, storage_options), sink_compact_interval, data=False)
-                 for u in sink_urls]
-        sinks = [s for s in sinks if s.log.files]  # not a sink output at all: said below, as for any backup
-        for v in record_pairing(ckpt, sinks, _ledger_of(ckpt), by="backup create"):
-            if not v.ok:
-                raise PairingRefused(v)
-    repo = Repository.open(dest_url, storage_options, create=True)
+    """Back up a checkpoint (and its file sinks and ledger) to ``dest_url``; returns the summary.
+
+    The source is validated before anything at the destination is created or written: a missing, not
+    a checkpoint, unreadable or damaged source (its restart set at the cut; every file the copy reads,
+    up to ``PREFETCH_BYTES``, read, and the state files among them checked) is exit 2 (1 if there is
+    nothing to back up yet) and leaves no marker, object or intent. Then the intent is written (and kept
+    alive by a heartbeat) before any object is looked at."""
+    sink_urls = list(sink_urls)
+    cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval, sink_compact_interval)
+    repo = Repository.locate(dest_url, storage_options)  # a foreign location is refused here, unwritten
+    _prefetch(cut, _parent(repo, cut.url) if repo.exists else None)
+    repo.create()
     backup_id = new_backup_id()
-    repo.write_intent(backup_id, set())  # before anything is checked: a garbage collection now waits
+    intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
     try:
         _wait_for_prune(repo)
         for attempt in range(_ATTEMPTS):
             try:
-                return _take(repo, backup_id, checkpoint_url, list(sink_urls), storage_options, progress,
-                             source_compact_interval, sink_compact_interval, ckpt if attempt == 0 else None)
+                return _copy(repo, backup_id, cut, intent, progress)
             except _Vanished as v:
                 if attempt == _ATTEMPTS - 1:
                     raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes files "
                                        "a restart needs faster than they can be copied", path=checkpoint_url,
                                        fix="stop the query for the backup, or back up more often") from None
+                cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval,
+                               sink_compact_interval)
     finally:
-        repo.drop_intent(backup_id)
+        intent.release()
 
 
 def _wait_for_prune(repo: Repository) -> None:
@@ -170,22 +198,20 @@ def _wait_for_prune(repo: Repository) -> None:
     while repo.prune_locks():
         if time.time() > deadline:
             raise RefusedError("a garbage collection of this destination has held its lock for too long", path=repo.url,
-                               fix="check `locks/` there; a lock of a prune that died expires by itself")
+                               fix="`checkpoint-ops backup prune DEST --dry-run` shows who holds it; a lock whose "
+                               "process is gone, or whose heartbeat stopped, no longer counts")
         time.sleep(1)
 
 
-def _ledger_of(ckpt: Checkpoint) -> Ledger | None:
-    try:
-        return Ledger.for_checkpoint(ckpt)
-    except BadInputError:
-        return None  # a bucket-root checkpoint has no place for a ledger
-
-
-def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list[str], storage_options, progress,
-          source_interval: int, sink_interval: int, opened: Checkpoint | None = None) -> dict:
-    ckpt = opened or Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
-    roots: dict[str, tuple] = {}  # root id -> (url, fm, root path, files: rel -> FileInfo)
-    needed: dict[str, set[str]] = {}  # files a restart at the cut needs: vanishing ones restart the backup
+def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_interval: int,
+             sink_interval: int) -> _Cut:
+    """Open and validate the source, and fix the cut (module docstring). Raises before anything is
+    written anywhere: exit 2 for a missing, unreadable or damaged source, 1 when there is nothing to
+    back up yet or an operation of ours is in progress there."""
+    ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
+    _require_readable(ckpt.listing)
+    roots: dict[str, tuple] = {}
+    needed: dict[str, set[str]] = {}
     batch = query_id = None
     if ckpt.kind == "dstream":
         kind = "dstream"
@@ -202,7 +228,9 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
                                path=checkpoint_url, fix="finish or undo it first")
         query_id = ckpt.query_id
         sinks = [open_sink(u, storage_options, sink_interval) for u in sink_urls]
-        ledger = _ledger_of(ckpt)
+        ledger = ledger_or_none(ckpt)
+        for s in sinks:
+            _require_readable(s.listing)
         rs = RestartSets(ckpt, sinks).of(batch)
         if rs.damage:
             d = rs.damage[0]
@@ -215,51 +243,143 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
             roots[f"sink{i}"] = (s.url, s.fm, s.root, sink_files(s, batch))
             needed[f"sink{i}"] = {f.rel for f in rs.files if f.root == f"sink{i}"} | {
                 rel for rel in roots[f"sink{i}"][3] if rel.startswith(SINK_LOG_DIR + "/")}
+        if sinks:  # only the query's own outputs, recorded on both sides (before the destination is touched),
+            # so every restore of this backup can record its targets
+            for v in record_pairing(ckpt, sinks, ledger, by="backup create"):
+                if not v.ok:
+                    raise PairingRefused(v)
         if ledger is not None:
             files = {f.path[len(ledger.path) + 1:]: f for f in ledger.fm.walk(ledger.path)}
             files = {r: f for r, f in files.items() if not r.rsplit("/", 1)[-1].startswith(".") and (
                 "/" not in r or (r.startswith(PAIRING_DIR + "/") and r.count("/") == 1))}
             if files:
                 roots["ledger"] = (ledger.fm.url(ledger.path), ledger.fm, ledger.path, files)
-    parent = _parent(repo, ckpt.url)
-    known = {}  # rid -> rel -> (sha, size, mtime) of the previous backup
+    codec = ckpt.state.codec if kind == "structured" else "lz4"
+    state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files} if kind == "structured" else {}
+    return _Cut(kind, ckpt.url, batch, query_id, roots, needed, codec, state_files, (source_interval, sink_interval))
+
+
+def _require_readable(listing: Listing) -> None:
+    """A directory the listing could not read hides files a backup must take: exit 2, naming it."""
+    if listing.unreadable_dirs:
+        rel, e = min(listing.unreadable_dirs.items())
+        raise _unreadable(listing.url(rel), e)
+
+
+def _known(parent: Manifest | None) -> dict[str, dict[str, tuple]]:
+    """root id -> rel -> (sha, size, mtime) of the previous backup."""
+    known: dict[str, dict[str, tuple]] = {}
     if parent is not None:
         for rid, r in parent.roots.items():
             known[rid] = {rel: (sha, size, rest[0] if rest else None) for rel, sha, size, *rest in r["files"]}
+    return known
+
+
+def _unchanged(prev: tuple | None, rel: str, info) -> bool:
+    """Whether a file is the one the previous backup took (then it is not read again)."""
+    if prev is None or prev[1] != info.size:
+        return False
+    return prev[2] == info.mtime or bool(_UNIQUE.search(rel.rsplit("/", 1)[-1]))
+
+
+def _damaged_state(cut: _Cut, url: str, problem: str) -> BadInputError:
+    return BadInputError(f"{problem} (Spark's restart after batch {cut.batch} reads it)", path=url,
+                         fix="restore it from an older backup, or roll back to a batch before the damage, then back up")
+
+
+def _prefetch(cut: _Cut, parent: Manifest | None) -> None:
+    """Read what the copy will read (every file new since ``parent``), up to ``PREFETCH_BYTES`` in all,
+    before the destination is touched, and check the state files Spark's restart reads: a file that
+    cannot be read or a damaged state file is exit 2, named, with nothing written. The copy then stores
+    these bytes instead of reading them again. (Beyond the budget, the copy reads and checks the rest.)"""
+    known = _known(parent)
+
+    def first(c: tuple) -> tuple:  # the restart set's state files first: their bytes are checked
+        rid, rel, _ = c
+        return rid != "checkpoint" or rel not in cut.needed.get(rid, ()) or rel not in cut.state_files, rid, rel
+
+    budget, want = PREFETCH_BYTES, {}
+    for rid, rel, info in sorted(((rid, rel, info) for rid, r in cut.roots.items() for rel, info in r[3].items()),
+                                 key=first):
+        if info.size > min(_BIG, budget) or _unchanged(known.get(rid, {}).get(rel), rel, info):
+            continue
+        budget -= info.size
+        want.setdefault(rid, []).append(rel)
+    for rid, rels in want.items():
+        _, fm, root, _ = cut.roots[rid]
+        errors: dict[str, OSError] = {}
+        data = retry(lambda: fm.read_many([f"{root}/{rel}" for rel in rels], errors=errors))
+        for rel in rels:
+            path = f"{root}/{rel}"
+            if path in errors:
+                raise _unreadable(fm.url(path), errors[path])
+            blob = data.get(path)
+            if blob is None:
+                continue  # vanished since the listing: the copy decides whether that matters
+            problem = _state_problem(cut, rid, rel, blob)
+            if problem:
+                raise _damaged_state(cut, fm.url(path), problem)
+            cut.prefetched[(rid, rel)] = blob
+
+
+def _state_problem(cut: _Cut, rid: str, rel: str, data: bytes) -> str | None:
+    """What is wrong with the bytes of a state file Spark's restart at the cut reads (None otherwise)."""
+    if rid != "checkpoint" or rel not in cut.needed.get(rid, ()) or rel not in cut.state_files:
+        return None
+    return state_bytes_problem(cut.state_files[rel], data, cut.codec)
+
+
+def _unreadable(url: str, e: OSError) -> BadInputError:
+    return BadInputError(f"cannot be read ({e.strerror or e})", path=url,
+                         fix="make it readable by this user (or fix the storage permissions), then back up again")
+
+
+def _read(fm, path: str, fn):
+    """``fn()`` (a read of the source file ``path``), retried while it fails transiently; a read that
+    cannot succeed is exit 2 naming the file (FileNotFoundError passes: a vanished file is judged apart)."""
+    try:
+        return retry(fn)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise _unreadable(fm.url(path), e) from None
+
+
+def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progress: bool) -> dict:
+    """Store what the cut takes (incremental to the newest backup of the same checkpoint, chosen now,
+    under the intent) and publish the manifest."""
+    parent = _parent(repo, cut.url, refresh=True)
+    known = _known(parent)
     have = parent.hashes() if parent is not None else set()
-    total = sum(len(r[3]) for r in roots.values())
+    total = sum(len(r[3]) for r in cut.roots.values())
     bar = _Progress(total, progress)
     lock = threading.Lock()
     stats = {"new_objects": 0, "new_bytes": 0, "read_files": 0, "read_bytes": 0, "skipped_vanished": []}
-    codec = ckpt.state.codec if kind == "structured" else "lz4"
-    state_files = ({f.rel: f for s in ckpt.state.stores() for f in s.files}
-                   if kind == "structured" else {})
 
     def one(rid: str, fm, root_path: str, rel: str, info) -> tuple | None:
         size, mtime = info.size, info.mtime
         prev = known.get(rid, {}).get(rel)
-        if prev is not None and prev[1] == size and (prev[2] == mtime or _UNIQUE.search(rel.rsplit("/", 1)[-1])):
+        if _unchanged(prev, rel, info):
             bar.step()
             return rel, prev[0], size, mtime
         path = f"{root_path}/{rel}"
         try:
             if size > _BIG:
-                sha = retry(lambda: _hash_stream(fm, path))
+                sha = _read(fm, path, lambda: _hash_stream(fm, path))
                 created = sha not in have and retry(lambda: repo.put_object_stream(sha, fm, path))
                 nbytes = size
             else:
-                data = retry(lambda: fm.read_bytes(path))
+                data = cut.prefetched.pop((rid, rel), None)
+                if data is None:
+                    data = _read(fm, path, lambda: fm.read_bytes(path))
+                    problem = _state_problem(cut, rid, rel, data)
+                    if problem:
+                        raise _damaged_state(cut, fm.url(path), problem)
                 sha = hashlib.sha256(data).hexdigest()
                 nbytes = len(data)
-                if rid == "checkpoint" and rel in needed.get(rid, ()) and rel in state_files:
-                    problem = state_bytes_problem(state_files[rel], data, codec)
-                    if problem:
-                        raise BadInputError(f"{problem} (Spark's restart after batch {batch} reads it)",
-                                            path=fm.url(path), fix="restore it from an older backup, or roll back "
-                                            "to a batch before the damage, then back up")
                 created = sha not in have and retry(lambda: repo.put_object(sha, data))
         except FileNotFoundError:
-            if rel in needed.get(rid, ()):
+            if rel in cut.needed.get(rid, ()):
                 raise _Vanished(rel) from None
             with lock:
                 stats["skipped_vanished"].append(f"{rid}:{rel}")  # maintenance deleted it: nothing needs it
@@ -278,7 +398,7 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
     try:
         workers = LOCAL_WORKERS if repo.fm.location.is_local else WORKERS
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            for rid, (url, fm, root_path, files) in roots.items():
+            for rid, (url, fm, root_path, files) in cut.roots.items():
                 futures = [pool.submit(one, rid, fm, root_path, rel, info) for rel, info in sorted(files.items())]
                 entries = [f.result() for f in futures]
                 doc_roots[rid] = {"url": url, "files": [list(e) for e in entries if e is not None]}
@@ -286,27 +406,30 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
         bar.close()
     nfiles = sum(len(r["files"]) for r in doc_roots.values())
     nbytes = sum(f[2] for r in doc_roots.values() for f in r["files"])
+    source_interval, sink_interval = cut.intervals
     doc = {
         "format": 1,
         "id": backup_id,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "kind": kind,
-        "checkpoint": {"url": ckpt.url, "query_id": query_id, "batch": batch},
+        "created": time.strftime(TIME_FORMAT, time.gmtime()),
+        "kind": cut.kind,
+        "checkpoint": {"url": cut.url, "query_id": cut.query_id, "batch": cut.batch},
         "roots": doc_roots,
         "compact_intervals": {"source": source_interval, "sink": sink_interval},
         "parent": parent.id if parent is not None else None,
         "stats": {"files": nfiles, "bytes": nbytes, "new_objects": stats["new_objects"],
                   "new_bytes": stats["new_bytes"], "read_files": stats["read_files"], "read_bytes": stats["read_bytes"]},
     }
+    intent.check()  # a lapsed intent let a garbage collection run: objects this backup reuses may be gone
     m = repo.publish(backup_id, doc)
-    return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": kind, "checkpoint": ckpt.url,
-            "query_id": query_id, "batch": batch, "parent": doc["parent"], **doc["stats"],
+    return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": cut.kind, "checkpoint": cut.url,
+            "query_id": cut.query_id, "batch": cut.batch, "parent": doc["parent"], **doc["stats"],
             "skipped_vanished": stats["skipped_vanished"], "requests": repo.fm.counter.snapshot()}
 
 
-def _parent(repo: Repository, checkpoint_url: str) -> Manifest | None:
-    """The newest backup of the same checkpoint: the base the new one is incremental to."""
-    same = [m for m in repo.manifests() if m.checkpoint_url == checkpoint_url]
+def _parent(repo: Repository, checkpoint_url: str, refresh: bool = False) -> Manifest | None:
+    """The newest usable backup of the same checkpoint: the base the new one is incremental to
+    (damaged manifests are never chosen)."""
+    same = [m for m in repo.manifests(refresh=refresh) if m.checkpoint_url == checkpoint_url]
     return same[-1] if same else None
 
 
@@ -316,4 +439,3 @@ def _hash_stream(fm, path: str) -> str:
         while chunk := f.read(8 * 2**20):
             h.update(chunk)
     return h.hexdigest()
-

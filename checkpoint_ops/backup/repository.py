@@ -7,12 +7,17 @@ Layout under the destination URL (local directory or object-store prefix)::
     objects/<aa>/<sha256>           file contents, stored once however many backups hold them
     manifests/<backup id>.json      one per backup, put-if-absent, published last: a backup exists
                                     exactly when its manifest does
-    verified/<backup id>.json       the outcome of the last full verification of that backup
-    intents/<backup id>.json        a backup being taken: every hash it will reference (GC keeps them)
-    locks/prune-<id>.json           a garbage collection in progress (backups wait for it)
+    verified/<backup id>.json       the outcome of the last verification of that backup (good or bad)
+    intents/<backup id>.json        a backup being taken (claims.py: its holder, kept alive by a heartbeat)
+    locks/prune-<id>.json           a garbage collection in progress (backups wait for it while it lives)
 
 Every write goes through the atomic file manager. Objects are only ever created (put-if-absent); a
 manifest names each file by path relative to its root and the hash of its content.
+
+A manifest is checked whole when it is read (``manifest_problem``). A damaged one (not JSON, the wrong
+shape, an unknown format, a path outside its root, a hash that is not one) is set aside with its reason
+(``damaged_manifests``): every other backup stays usable, and asking for the damaged one by id is exit 2
+naming its file.
 """
 
 from __future__ import annotations
@@ -20,36 +25,139 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from ..errors import BadInputError
 from ..journal import utc_stamp
-from ..storage import CheckpointFileManager, open_file_manager
+from ..storage import CheckpointFileManager, FileInfo, open_file_manager
 from ..storage.paths import join
+from .claims import INTENT, PRUNE_LOCK, Claim, HeldClaim, intent_claim, prune_lock_claim, read_claims
 
 MARKER = "checkpoint-ops-backups.json"
 FORMAT = 1
-INTENT_TTL_S = 24 * 3600  # an intent older than this belongs to a backup that died (its objects are garbage)
-LOCK_TTL_S = 6 * 3600
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 _STREAM = 8 * 2**20
+_ROOT_ID = re.compile(r"checkpoint|ledger|sink\d+")
+_UNSAFE = ("\n/", "/\n", "\n\n", "//", "\\", "/./", "/../", "\n./", "\n../", "/.\n", "/..\n", "\n.\n", "\n..\n", ":")
+_HEX = b"0123456789abcdef"
+_MANIFEST_FIX = "it was edited, damaged or written by something else: remove it (after saving a copy if you want to " \
+                "investigate), then `checkpoint-ops backup prune` can collect objects again"
 
 
 def new_backup_id() -> str:
     return f"{utc_stamp()}-{uuid.uuid4().hex[:8]}"
 
 
+def rel_problem(rel: object) -> str | None:
+    """Why a manifest path is not one inside its root (relative, normalized, no ``..``); None if it is."""
+    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or "\n" in rel \
+            or ":" in rel.split("/")[0]:
+        return f"names {rel!r}, which is not a relative path"
+    norm = posixpath.normpath(rel)
+    if norm != rel or norm.startswith("../") or norm in ("..", "."):
+        return f"names {rel!r}, which would leave its root"
+    return None
+
+
 def safe_rel(rel: str, where: str) -> str:
     """A manifest path must stay inside its root: relative, normalized, no ``..``."""
-    if not isinstance(rel, str) or not rel or rel.startswith("/") or "\\" in rel or ":" in rel.split("/")[0]:
-        raise BadInputError(f"manifest names {rel!r}, which is not a relative path", path=where,
-                            fix="the manifest was not written by this tool or was edited: do not restore it")
-    norm = posixpath.normpath(rel)
-    if norm != rel or norm.startswith("../") or norm == "..":
-        raise BadInputError(f"manifest names {rel!r}, which would leave its root", path=where,
-                            fix="the manifest was not written by this tool or was edited: do not restore it")
+    problem = rel_problem(rel)
+    if problem:
+        raise BadInputError(f"manifest {problem}", path=where, fix=_MANIFEST_FIX)
     return rel
+
+
+def _is_int(v: object, low: int = 0) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _files_problem(rid: str, files: list) -> str | None:
+    """The first thing wrong with a root's ``[rel, sha256, size, mtime]`` entries (column-wise: a
+    manifest of a million files is checked in well under a second)."""
+    if not all(type(e) is list and len(e) >= 3 for e in files):
+        return f"has a file entry in root {rid!r} that is not [path, sha256, size, mtime]"
+    rels, shas, sizes = [e[0] for e in files], [e[1] for e in files], [e[2] for e in files]
+    if files and not (set(map(type, shas)) == {str} and set(map(len, shas)) == {64}
+                      and not "".join(shas).encode("utf-8").translate(None, _HEX)):
+        bad = next(h for h in shas
+                   if not (isinstance(h, str) and len(h) == 64 and not h.encode("utf-8").translate(None, _HEX)))
+        return f"names {bad!r} in root {rid!r}, which is not a sha256"
+    if files and not all(_is_int(n) for n in sizes):
+        return f"has a size in root {rid!r} that is not a byte count"
+    if set(map(type, rels)) - {str}:
+        return rel_problem(next(r for r in rels if not isinstance(r, str)))
+    joined = "\n" + "\n".join(rels) + "\n"
+    if joined.count("\n") != len(rels) + 1 or any(u in joined for u in _UNSAFE):  # rare: find the one
+        for rel in rels:
+            problem = rel_problem(rel)
+            if problem:
+                return problem
+    return None
+
+
+def manifest_problem(backup_id: str, doc: object) -> str | None:
+    """What makes a parsed manifest unusable, or None. Checked once, when it is read, so restore,
+    verify, prune and the next incremental backup can trust every field they use."""
+    if not isinstance(doc, dict):
+        return "is not a JSON object"
+    fmt = doc.get("format")
+    if not _is_int(fmt, 1):
+        return f"has no format version this tool knows ({fmt!r})"
+    if fmt > FORMAT:
+        return f"is format {fmt}, newer than this tool reads ({FORMAT}): use the release that wrote it"
+    if doc.get("id", backup_id) != backup_id:
+        return f"says it is backup {doc.get('id')!r}, but is stored as {backup_id!r}"
+    try:
+        time.strptime(doc.get("created"), TIME_FORMAT)
+    except (TypeError, ValueError):
+        return f"has no creation time ({doc.get('created')!r})"
+    kind = doc.get("kind")
+    if kind not in ("structured", "dstream"):
+        return f"is of an unknown kind ({kind!r})"
+    ck = doc.get("checkpoint")
+    if not isinstance(ck, dict) or not isinstance(ck.get("url"), str):
+        return "does not name the checkpoint it backs up"
+    batch = ck.get("batch")
+    if (kind == "structured" and not _is_int(batch)) or (batch is not None and not _is_int(batch)):
+        return f"has no valid batch ({batch!r})"
+    roots = doc.get("roots")
+    if not isinstance(roots, dict) or "checkpoint" not in roots:
+        return "lists no checkpoint root"
+    for rid, root in roots.items():
+        if not _ROOT_ID.fullmatch(rid):
+            return f"has a root named {rid!r}"
+        if not (isinstance(root, dict) and isinstance(root.get("url"), str) and isinstance(root.get("files"), list)):
+            return f"has a root {rid!r} without its url and files"
+        problem = _files_problem(rid, root["files"])
+        if problem:
+            return problem
+    for key in ("stats", "compact_intervals"):
+        if not isinstance(doc.get(key, {}), dict):
+            return f"has {key} that are not an object"
+    if not all(_is_int(v, 1) for v in doc.get("compact_intervals", {}).values()):
+        return "has a compact interval that is not a positive number"
+    if not isinstance(doc.get("parent"), (str, type(None))):
+        return f"names a parent that is not a backup id ({doc.get('parent')!r})"
+    return None
+
+
+@dataclass(frozen=True)
+class DamagedManifest:
+    """A manifest this tool cannot use, and why. Its backup cannot be restored or verified; garbage
+    collection of objects waits until it is removed (the objects it may name are unknown)."""
+
+    id: str
+    url: str
+    problem: str
+
+    def error(self) -> BadInputError:
+        return BadInputError(f"backup manifest {self.problem}", path=self.url, fix=_MANIFEST_FIX)
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "manifest": self.url, "problem": self.problem}
 
 
 @dataclass
@@ -75,8 +183,8 @@ class Manifest:
         return self.doc["roots"]
 
     def files(self, rid: str) -> list[tuple[str, str, int]]:
-        """(rel, sha256, size) of one root, each path checked to stay inside it."""
-        return [(safe_rel(rel, self.url), sha, size) for rel, sha, size, *_ in self.roots[rid]["files"]]
+        """(rel, sha256, size) of one root (every path was checked to stay inside it when read)."""
+        return [(rel, sha, size) for rel, sha, size, *_ in self.roots[rid]["files"]]
 
     def hashes(self) -> set[str]:
         return {f[1] for r in self.roots.values() for f in r["files"]}
@@ -94,10 +202,15 @@ class Repository:
     root: str
     url: str
     storage_options: dict | None = None
+    exists: bool = True  # False: ``locate`` found nothing there yet (``create`` makes it a destination)
     _manifests: list[Manifest] | None = field(default=None, repr=False)
+    _damaged: list[DamagedManifest] = field(default_factory=list, repr=False)
+    _held: dict[str, HeldClaim] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def open(cls, url: str, storage_options: dict | None = None, create: bool = False) -> "Repository":
+    def locate(cls, url: str, storage_options: dict | None = None) -> "Repository":
+        """The destination at ``url``, read only: a destination (``exists``), or an empty location that
+        may become one (``exists`` False). Anything else there is refused (exit 2). Writes nothing."""
         fm, root = open_file_manager(url, storage_options)
         if fm.hadoop_crc:  # nothing Hadoop reads a backup destination: no .crc sidecars, one sync per backup
             fm.hadoop_crc = False
@@ -110,22 +223,11 @@ class Repository:
         if marker is None:
             # hidden names are temp files of an interrupted write (ours): they do not make it foreign
             names = [f for f in fm.list(root) if not f.name.startswith(".")]
-            if names and not create:
-                raise BadInputError(f"not a backup destination (no {MARKER}; it holds "
-                                    f"{', '.join(sorted(f.name for f in names)[:3])}...)", path=url,
-                                    fix="point at the URL backups were created with")
             if names:
                 raise BadInputError(f"not a backup destination (no {MARKER}) and not empty: it holds "
                                     f"{', '.join(sorted(f.name for f in names)[:3])}", path=url,
-                                    fix="use an empty location (or one created by `checkpoint-ops backup create`)")
-            if not create:
-                raise BadInputError("no backups here (nothing at this location)", path=url,
-                                    fix="check the URL (and --storage-options / AWS_ENDPOINT_URL for object stores)")
-            doc = {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            try:
-                fm.write_bytes(repo.path(MARKER), json.dumps(doc).encode(), overwrite=False)
-            except FileExistsError:
-                pass  # another backup created it first
+                                    fix="point at the URL backups were created with, or use an empty location")
+            repo.exists = False
             return repo
         try:
             doc = json.loads(marker)
@@ -135,6 +237,29 @@ class Repository:
             raise BadInputError(f"backup format {doc.get('format') if isinstance(doc, dict) else '?'} is newer than "
                                 "this tool reads", path=url, fix="use the spark-checkpoint-ops release that wrote it")
         return repo
+
+    @classmethod
+    def open(cls, url: str, storage_options: dict | None = None, create: bool = False) -> "Repository":
+        """The destination at ``url``; with ``create``, an empty location becomes one (its marker is
+        written). Without, an empty location is exit 2."""
+        repo = cls.locate(url, storage_options)
+        if not repo.exists:
+            if not create:
+                raise BadInputError("no backups here (nothing at this location)", path=url,
+                                    fix="check the URL (and --storage-options / AWS_ENDPOINT_URL for object stores)")
+            repo.create()
+        return repo
+
+    def create(self) -> None:
+        """Make this location a destination (write its marker), unless it is one."""
+        if self.exists:
+            return
+        doc = {"format": FORMAT, "created": time.strftime(TIME_FORMAT, time.gmtime())}
+        try:
+            self.fm.write_bytes(self.path(MARKER), json.dumps(doc).encode(), overwrite=False)
+        except FileExistsError:
+            pass  # another backup created it first
+        self.exists = True
 
     # -- paths ------------------------------------------------------------------------------------
     def path(self, rel: str) -> str:
@@ -148,30 +273,51 @@ class Repository:
 
     # -- manifests --------------------------------------------------------------------------------
     def manifests(self, refresh: bool = False) -> list[Manifest]:
-        """Every backup, oldest first (ids start with a UTC time)."""
+        """Every usable backup, oldest first (ids start with a UTC time). Damaged manifests are left
+        out (``damaged_manifests``)."""
         if self._manifests is None or refresh:
-            names = sorted(f.name for f in self.fm.list(self.path("manifests")) if f.name.endswith(".json"))
-            paths = [self.path(f"manifests/{n}") for n in names]
-            data = self.fm.read_many(paths)
-            out = []
-            for n, p in zip(names, paths):
-                blob = data.get(p)
-                if blob is None:
-                    continue
-                try:
-                    doc = json.loads(blob)
-                    assert isinstance(doc, dict) and doc["format"] <= FORMAT and "roots" in doc
-                except (ValueError, AssertionError, KeyError, TypeError):
-                    raise BadInputError("backup manifest is not one this tool reads", path=self.fm.url(p),
-                                        fix="it was edited or written by something else; remove it") from None
-                out.append(Manifest(n[:-len(".json")], doc, self.fm.url(p)))
-            self._manifests = out
+            self._load_manifests()
         return self._manifests
 
+    def damaged_manifests(self, refresh: bool = False) -> list[DamagedManifest]:
+        """The manifests this tool cannot use, each with its reason, oldest first."""
+        if self._manifests is None or refresh:
+            self._load_manifests()
+        return self._damaged
+
+    def _load_manifests(self) -> None:
+        names = sorted(f.name for f in self.fm.list(self.path("manifests"))
+                       if f.name.endswith(".json") and not f.name.startswith("."))
+        paths = [self.path(f"manifests/{n}") for n in names]
+        read_errors: dict[str, OSError] = {}
+        data = self.fm.read_many(paths, errors=read_errors)
+        good, damaged = [], []
+        for n, p in zip(names, paths):
+            backup_id, url, blob = n[:-len(".json")], self.fm.url(p), data.get(p)
+            if blob is None:
+                if p in read_errors:
+                    damaged.append(DamagedManifest(backup_id, url, f"cannot be read ({read_errors[p]})"))
+                continue  # deleted since the listing
+            try:
+                doc = json.loads(blob)
+            except ValueError as e:
+                damaged.append(DamagedManifest(backup_id, url, f"is not JSON ({e})"))
+                continue
+            problem = manifest_problem(backup_id, doc)
+            if problem:
+                damaged.append(DamagedManifest(backup_id, url, problem))
+            else:
+                good.append(Manifest(backup_id, doc, url))
+        self._manifests, self._damaged = good, damaged
+
     def manifest(self, backup_id: str) -> Manifest:
+        """One usable backup; a damaged or unknown id is exit 2, naming the manifest (or the destination)."""
         for m in self.manifests():
             if m.id == backup_id:
                 return m
+        for d in self.damaged_manifests():
+            if d.id == backup_id:
+                raise d.error()
         have = [m.id for m in self.manifests()]
         raise BadInputError(f"no backup {backup_id!r} here" + (f" (newest: {have[-1]})" if have else " (none yet)"),
                             path=self.url, fix="`checkpoint-ops backup list DEST` lists them")
@@ -188,16 +334,18 @@ class Repository:
         return m
 
     def verified(self) -> dict[str, dict]:
-        """backup id -> the record of its last verification."""
-        names = [f.name for f in self.fm.list(self.path("verified")) if f.name.endswith(".json")]
-        data = self.fm.read_many([self.path(f"verified/{n}") for n in names])
+        """backup id -> the record of its last verification ({} if that record is unreadable)."""
+        names = [f.name for f in self.fm.list(self.path("verified"))
+                 if f.name.endswith(".json") and not f.name.startswith(".")]
+        data = self.fm.read_many([self.path(f"verified/{n}") for n in names], errors={})
         out = {}
         for n in names:
             blob = data.get(self.path(f"verified/{n}"))
             try:
-                out[n[:-len(".json")]] = json.loads(blob) if blob else {}
+                doc = json.loads(blob) if blob else {}
             except ValueError:
-                out[n[:-len(".json")]] = {}
+                doc = {}
+            out[n[:-len(".json")]] = doc if isinstance(doc, dict) else {}
         return out
 
     def record_verified(self, backup_id: str, doc: dict) -> None:
@@ -245,57 +393,60 @@ class Repository:
             return None
         return h.hexdigest()
 
-    def all_objects(self) -> dict[str, int]:
-        """sha256 -> size of every stored object (one listing)."""
+    def walk(self) -> list[FileInfo]:
+        """Every file at the destination (one listing: one paginated LIST on an object store)."""
+        return self.fm.walk(self.root)
+
+    def all_objects(self, files: list[FileInfo] | None = None) -> dict[str, int]:
+        """sha256 -> size of every stored object (one listing of ``objects/``, or taken from ``files``,
+        a listing of the whole destination)."""
         base = self.path("objects")
+        if files is None:
+            files = self.fm.walk(base)
         out = {}
-        for f in self.fm.walk(base):
+        for f in files:
+            if not f.path.startswith(base + "/"):
+                continue
             name = f.path.rsplit("/", 1)[-1]
             if len(name) == 64 and not name.startswith("."):
                 out[name] = f.known_size if f.known_size is not None else f.size
         return out
 
-    # -- intents and locks ------------------------------------------------------------------------------
-    def write_intent(self, backup_id: str, hashes: set[str]) -> None:
-        doc = {"id": backup_id, "expires": time.time() + INTENT_TTL_S, "hashes": sorted(hashes)}
-        self.fm.write_bytes(self.path(f"intents/{backup_id}.json"), json.dumps(doc).encode(), overwrite=True)
+    # -- intents and prune locks (claims.py) ------------------------------------------------------------
+    def intents(self, now: float | None = None) -> list[Claim]:
+        """Every backup intent here, each judged live or stale at ``now``."""
+        return read_claims(self.fm, self.root, INTENT, now)
 
-    def drop_intent(self, backup_id: str) -> None:
-        self.fm.delete(self.path(f"intents/{backup_id}.json"))
+    def locks(self, now: float | None = None) -> list[Claim]:
+        """Every prune lock here, each judged live or stale at ``now``."""
+        return read_claims(self.fm, self.root, PRUNE_LOCK, now)
+
+    def hold_intent(self, backup_id: str, checkpoint_url: str, hashes: set[str] = frozenset()) -> HeldClaim:
+        """Write backup ``backup_id``'s intent and keep it alive until ``release()``."""
+        return intent_claim(self.fm, self.root, backup_id, checkpoint_url, hashes).acquire()
+
+    def hold_prune_lock(self) -> HeldClaim:
+        """Take a prune lock and keep it alive until ``release()``."""
+        return prune_lock_claim(self.fm, self.root).acquire()
 
     def live_intents(self, now: float | None = None) -> dict[str, set[str]]:
-        now = time.time() if now is None else now
-        names = [f.name for f in self.fm.list(self.path("intents")) if f.name.endswith(".json")]
-        data = self.fm.read_many([self.path(f"intents/{n}") for n in names])
-        out = {}
-        for n in names:
-            try:
-                doc = json.loads(data.get(self.path(f"intents/{n}")) or b"{}")
-            except ValueError:
-                continue
-            if doc.get("expires", 0) > now:
-                out[n[:-len(".json")]] = set(doc.get("hashes", []))
-        return out
+        """backup id -> the hashes it said it will reference, for every live intent."""
+        return {c.backup_id: set(c.hashes) for c in self.intents(now) if c.live}
 
     def prune_locks(self, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
-        names = [f.name for f in self.fm.list(self.path("locks")) if f.name.startswith("prune-")]
-        data = self.fm.read_many([self.path(f"locks/{n}") for n in names])
-        live = []
-        for n in names:
-            try:
-                doc = json.loads(data.get(self.path(f"locks/{n}")) or b"{}")
-            except ValueError:
-                doc = {"expires": float("inf")}
-            if doc.get("expires", 0) > now:
-                live.append(n)
-        return live
+        """Names of the live prune locks."""
+        return [c.name for c in self.locks(now) if c.live]
 
     def take_prune_lock(self) -> str:
-        name = f"prune-{utc_stamp()}-{uuid.uuid4().hex[:8]}.json"
-        doc = {"expires": time.time() + LOCK_TTL_S}
-        self.fm.write_bytes(self.path(f"locks/{name}"), json.dumps(doc).encode(), overwrite=False)
+        """``hold_prune_lock`` by name: released by ``release_prune_lock(name)``."""
+        held = self.hold_prune_lock()
+        name = held.rel.rsplit("/", 1)[-1]
+        self._held[name] = held
         return name
 
     def release_prune_lock(self, name: str) -> None:
-        self.fm.delete(self.path(f"locks/{name}"))
+        held = self._held.pop(name, None)
+        if held is not None:
+            held.release()
+        else:
+            self.fm.delete(self.path(f"locks/{name}"))

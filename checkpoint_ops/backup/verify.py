@@ -1,32 +1,85 @@
-"""Verifying backups: every object a manifest names is there and holds exactly the bytes its hash says."""
+"""Verifying backups: every object a manifest names is there and holds exactly the bytes its hash says.
+
+Every verification of a backup is recorded in ``verified/<id>.json``, good or bad, so ``backup list``
+shows the outcome of the last one: never "verified" for a backup the last ``verify`` rejected. An object
+that cannot be read counts as bad (the restore would fail on it just the same). A damaged manifest
+cannot be verified: asked for by id it is exit 2 naming its file; in a verification of everything it is
+reported beside the others (which are verified as usual) and makes the outcome not ok.
+"""
 
 from __future__ import annotations
 
 import concurrent.futures
 import time
+from dataclasses import dataclass
 
-from .repository import Repository
+from .repository import TIME_FORMAT, Repository
 from .transfer import retry
 
 WORKERS = 16
+_RECORDED_BAD = 100  # files named in a record (the count covers all)
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The last verification of one backup, as recorded."""
+
+    at: str | None  # UTC time, e.g. 2026-11-21T06:30:00Z
+    ok: bool
+    objects: int | None  # objects the backup references
+    bad_objects: int  # of them, missing, damaged or unreadable
+    first_problem: str | None  # the first bad one: object, the file that uses it, what is wrong
+
+    @classmethod
+    def from_record(cls, doc: dict) -> "Verification | None":
+        """From ``verified/<id>.json`` (records of older releases have no count: it is derived)."""
+        if not isinstance(doc, dict) or not isinstance(doc.get("ok"), bool):
+            return None
+        bad = [b for b in doc.get("bad", []) if isinstance(b, dict)] if isinstance(doc.get("bad"), list) else []
+        count = doc.get("bad_objects")
+        if not isinstance(count, int):
+            count = len({b.get("object") for b in bad})
+        first = (f"{bad[0].get('object')} ({bad[0].get('root')}/{bad[0].get('file')}): {bad[0].get('problem')}"
+                 if bad else None)
+        at = doc.get("at") if isinstance(doc.get("at"), str) else None
+        objects = doc.get("objects") if isinstance(doc.get("objects"), int) else None
+        return cls(at, doc["ok"], objects, 0 if doc["ok"] else count, None if doc["ok"] else first)
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "ok": self.ok, "objects": self.objects, "bad_objects": self.bad_objects,
+                "first_problem": self.first_problem}
+
+
+def object_problem(repo: Repository, sha: str) -> str | None:
+    """What is wrong with one stored object (None: it holds exactly the bytes its name says)."""
+    try:
+        got = retry(lambda: repo.object_hash(sha))
+    except Exception as e:  # noqa: BLE001 - whatever stops the read stops a restore just the same
+        return f"cannot be read ({type(e).__name__}: {e})"
+    if got is None:
+        return "missing"
+    return None if got == sha else "damaged (its content does not match its hash)"
 
 
 def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
     """Re-read and hash every object the chosen backups (one, or all) reference, each object once.
-    Records the outcome beside each manifest; ``ok`` is False if any object is missing or damaged."""
+    Records the outcome of each backup, good or bad; ``ok`` is False if any object is missing, damaged
+    or unreadable, or (verifying all) any manifest is damaged."""
     manifests = [repo.manifest(backup_id)] if backup_id else repo.manifests()
-    hashes = set().union(*(m.hashes() for m in manifests)) if manifests else set()
+    damaged = [] if backup_id else repo.damaged_manifests()
+    hashes = sorted(set().union(*(m.hashes() for m in manifests))) if manifests else []
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        got = dict(zip(sorted(hashes), pool.map(lambda h: retry(lambda: repo.object_hash(h)), sorted(hashes))))
-    bad_objects = {h: ("missing" if got[h] is None else "damaged (its content does not match its hash)")
-                   for h in hashes if got[h] != h}
-    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        problems = dict(zip(hashes, pool.map(lambda h: object_problem(repo, h), hashes)))
+    bad_objects = {h: p for h, p in problems.items() if p is not None}
+    at = time.strftime(TIME_FORMAT, time.gmtime())
     reports = []
     for m in manifests:
         bad = [{"object": repo.object_url(sha), "problem": bad_objects[sha], "root": rid, "file": rel}
                for rid in m.roots for rel, sha, _ in m.files(rid) if sha in bad_objects]
-        doc = {"at": at, "ok": not bad, "objects": len(m.hashes()), "bad": bad[:100]}
+        doc = {"at": at, "ok": not bad, "objects": len(m.hashes()),
+               "bad_objects": len({b["object"] for b in bad}), "bad": bad[:_RECORDED_BAD]}
         repo.record_verified(m.id, doc)
         reports.append({"backup_id": m.id, **doc})
-    return {"destination": repo.url, "ok": not bad_objects, "objects_checked": len(hashes),
-            "bad_objects": [repo.object_url(h) for h in sorted(bad_objects)], "backups": reports}
+    return {"destination": repo.url, "ok": not bad_objects and not damaged, "objects_checked": len(hashes),
+            "bad_objects": [repo.object_url(h) for h in sorted(bad_objects)], "backups": reports,
+            "damaged": [d.to_dict() for d in damaged]}

@@ -26,9 +26,10 @@ def cmd_backup_list(args) -> int:
     rows = list_backups(Repository.open(args.dest, storage_options(args)))
     lines = [f"{len(rows)} backup(s) in {args.dest}" + (":" if rows else "")]
     for b in rows:
-        lines.append(f"  {b['id']}  {b['created']}  {b['checkpoint']}  batch {b['batch']}  {b['files']} files  "
-                     f"{b['bytes']} bytes (new {b['new_bytes']})  verified: {b['verified'] or 'never'}")
-    emit(args, {"destination": args.dest, "backups": rows}, "\n".join(lines))
+        held = (f"{b.created}  {b.checkpoint}  batch {b.batch}  {b.files} files  {b.bytes} bytes (new {b.new_bytes})  "
+                if b.damaged is None else "")
+        lines.append(f"  {b.id}  {held}{b.describe_verification()}")
+    emit(args, {"destination": args.dest, "backups": [b.to_dict() for b in rows]}, "\n".join(lines))
     return EXIT_OK
 
 
@@ -41,6 +42,8 @@ def cmd_backup_verify(args) -> int:
     for b in r["backups"]:
         for bad in b["bad"]:
             lines.append(f"  {b['backup_id']}: {bad['object']} ({bad['root']}/{bad['file']}): {bad['problem']}")
+    for d in r["damaged"]:
+        lines.append(f"  {d['id']}: DAMAGED, not verified: {d['manifest']} {d['problem']}")
     emit(args, r, "\n".join(lines))
     return EXIT_OK if r["ok"] else EXIT_FINDINGS
 
@@ -57,7 +60,9 @@ def cmd_backup_prune(args) -> int:
     from ..backup.retention import BackupPruneOperation
 
     within = parse_duration(args.keep_within, "--keep-within") if args.keep_within else None
-    return run_operation(args, BackupPruneOperation(args.dest, args.keep_last, within, storage_options(args)))
+    op = BackupPruneOperation(args.dest, args.keep_last, within, storage_options(args),
+                              temp_min_age_s=parse_duration(args.temp_min_age, "--temp-min-age"))
+    return run_operation(args, op)
 
 
 def register(sub, parents: Parents) -> None:
@@ -97,4 +102,6 @@ def register(sub, parents: Parents) -> None:
     q.add_argument("dest", metavar="DEST_URL")
     q.add_argument("--keep-last", type=int, metavar="K", help="keep the newest K backups of each checkpoint")
     q.add_argument("--keep-within", metavar="DURATION", help="keep backups taken within DURATION (e.g. 7d)")
+    q.add_argument("--temp-min-age", default="1h", metavar="DURATION",
+                   help="remove leftovers of interrupted writes only once this old (default %(default)s)")
     q.set_defaults(func=cmd_backup_prune)

@@ -57,6 +57,11 @@ class Checkpoint:
         return self.fm.url(self.root)
 
     def require_checkpoint(self, url: str) -> None:
+        root_error = self.listing.unreadable_dirs.get("")
+        if root_error is not None:
+            raise BadInputError(f"cannot be read ({root_error.strerror or root_error})", path=url,
+                                fix="make the checkpoint directory readable by this user (or fix the storage "
+                                "permissions)")
         if len(self.listing) == 0:
             info = self.fm.info(self.root) if self.fm.strategy != "direct-put" else None
             if info is not None and not info.is_dir:

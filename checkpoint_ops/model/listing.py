@@ -26,12 +26,15 @@ class Listing:
         self._subdirs: dict[str, set[str]] | None = None  # derived from _children when first needed
         self.empty_dirs: dict[str, FileInfo] = {}  # rel -> entry, where the walk reports them
         self.own: dict[str, FileInfo] = {}  # our lease files in the root (lease.py), kept out of the model
+        self.unreadable_dirs: dict[str, OSError] = {}  # rel ("" for the root) -> why the walk could not list it
         cut = len(self.root) + 1
         prefix = self.root + "/"
         files_ = self.files
         children = self._children
         for f in files:
             path = f.path
+            if f.is_dir and f.error is not None and (path.rstrip("/") == self.root or path.startswith(prefix)):
+                self.unreadable_dirs[path.rstrip("/")[cut:]] = f.error
             if not path.startswith(prefix):
                 continue
             rel = path[cut:]

@@ -1,10 +1,13 @@
 """Object stores (S3, GCS, Azure) through fsspec: write the final key directly.
 
 An object store makes an object visible only when its upload completes, so there is no temp
-file: the writer buffers, and ``close()`` issues one PUT (or completes a multipart upload).
-``cancel()`` simply never uploads. ``overwrite=False`` is a conditional put
+file: the writer buffers (in memory, then in an anonymous local temp file that vanishes with the
+process, even when it is killed), and ``close()`` issues one PUT (or streams a multipart upload and
+completes it). ``cancel()`` simply never uploads. ``overwrite=False`` is a conditional put
 (``If-None-Match: *``; fsspec mode ``"create"``/``"xb"``), so of two racing writers one gets
-HTTP 412 and sees ``FileExistsError``.
+HTTP 412 and sees ``FileExistsError``. A multipart upload that fails (or loses that race) is
+aborted; one whose process is killed stays open at the store, unlisted: ``pending_uploads`` finds
+it and ``abort_uploads`` drops it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import errno
 import tempfile
 from typing import Iterable
 
-from .manager import AtomicWriter, CheckpointFileManager, FileInfo
+from . import killswitch
+from .manager import AtomicWriter, CheckpointFileManager, FileInfo, PendingUpload
 from .paths import Location
 from .rename import _fileinfo
 
@@ -22,6 +26,7 @@ from .rename import _fileinfo
 _SPOOL_BYTES = 16 * 2**20
 # Larger uploads stream through fsspec's multipart writer instead of one PUT.
 _SINGLE_PUT_MAX = 64 * 2**20
+_CHUNK = 8 * 2**20  # what a multipart upload is fed at a time
 _S3_DELETE_BATCH = 1000
 _READ_CONCURRENCY = 32
 
@@ -53,9 +58,7 @@ class _DirectPutWriter(AtomicWriter):
                 fm.fs.pipe_file(self.path, data, mode="overwrite" if self.overwrite else "create")
             else:
                 fm._count("multipart-put")
-                with fm.fs.open(self.path, "wb" if self.overwrite else "xb") as out:
-                    while chunk := self._buf.read(8 * 2**20):
-                        out.write(chunk)
+                self._multipart(fm)
         except Exception as e:
             if not self.overwrite and (_is_precondition_failed(e) or isinstance(e, FileExistsError)):
                 raise FileExistsError(errno.EEXIST, "file exists (conditional put lost)", self.path) from e
@@ -63,8 +66,33 @@ class _DirectPutWriter(AtomicWriter):
         finally:
             fm.fs.invalidate_cache(self.path)
 
+    def _multipart(self, fm: "DirectPutFileManager") -> None:
+        """Stream the buffer through fsspec's multipart writer. If anything fails (a part, or the
+        conditional completion a racing writer won), the upload is aborted: left open, its parts
+        would stay in the bucket, unlisted and billed. Closing fsspec's file after a failure would
+        instead complete the upload with the parts sent so far."""
+        out = fm.fs.open(self.path, "wb" if self.overwrite else "xb")
+        try:
+            while chunk := self._buf.read(_CHUNK):
+                killswitch.tick()  # each chunk sent is a change at the store (its parts persist)
+                out.write(chunk)
+            out.close()
+        except BaseException:
+            _abandon(out)
+            raise
+
     def _discard(self) -> None:
         self._buf.close()
+
+
+def _abandon(out) -> None:
+    """Drop an unfinished fsspec upload without publishing anything (aborts its multipart upload)."""
+    try:
+        discard = getattr(out, "discard", None)
+        if discard is not None:
+            discard()
+    finally:
+        out.closed = True  # so neither close() nor the garbage collector completes it
 
 
 class DirectPutFileManager(CheckpointFileManager):
@@ -276,6 +304,38 @@ class DirectPutFileManager(CheckpointFileManager):
         gone = set(missing)
         self.delete_many([s for s, _ in pairs if s not in gone])
         return missing
+
+    def pending_uploads(self, path: str) -> list[PendingUpload]:
+        """S3's incomplete multipart uploads below ``path`` (ListMultipartUploads, paginated)."""
+        if self.location.scheme != "s3":
+            return []
+        bucket, _, key = path.strip("/").partition("/")
+        kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
+        out = []
+        while True:
+            self._count("list-uploads")
+            resp = self.fs.call_s3("list_multipart_uploads", **kwargs)
+            for u in resp.get("Uploads", []):
+                started = u.get("Initiated")
+                out.append(PendingUpload(f"{bucket}/{u['Key']}", u["UploadId"],
+                                         started.timestamp() if hasattr(started, "timestamp") else None))
+            if not resp.get("IsTruncated"):
+                return out
+            kwargs.update(KeyMarker=resp.get("NextKeyMarker"), UploadIdMarker=resp.get("NextUploadIdMarker"))
+
+    def abort_uploads(self, uploads: list[PendingUpload]) -> None:
+        for u in uploads:
+            if self.location.scheme != "s3":
+                raise NotImplementedError(f"{self.location.scheme} uploads cannot be aborted here")
+            bucket, _, key = u.path.partition("/")
+            self._count("abort-upload")
+            try:
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=u.upload_id)
+            except FileNotFoundError:
+                pass  # already aborted or completed (s3fs maps NoSuchUpload to FileNotFoundError)
+            except Exception as e:
+                if "NoSuchUpload" not in f"{type(e).__name__} {e}":
+                    raise
 
     def versioning_enabled(self, path: str) -> bool:
         if self.location.scheme != "s3":

@@ -1,8 +1,10 @@
 """A test-only crash switch: ``CHECKPOINT_OPS_KILL_AT=k`` kills the process at its k-th mutating call.
 
 Every change any operation makes goes through a file manager, so counting there covers them all:
-each published atomic write, each file deleted, moved, copied or undeleted (batch calls count file
-by file and, while the switch is armed, run file by file so a crash can land between any two). The
+each published atomic write, each file deleted, moved, copied or undeleted, each upload aborted (batch
+calls count file by file and, while the switch is armed, run file by file so a crash can land between
+any two), and each chunk a multipart upload sends (so a crash can leave one half done, as a dying
+writer does). The
 process is killed with SIGKILL *before* call k takes effect: no ``finally`` block, no flush, as
 when a machine dies. The crash-matrix tests run an operation with k = 1, 2, ... until it finishes
 without being killed.
@@ -70,7 +72,7 @@ def counted_each(fn):
 
 
 SINGLE = ("rename", "copy", "remove_empty_dirs", "_put_plain")
-EACH = ("delete_many", "move_many", "undelete_many")
+EACH = ("delete_many", "move_many", "undelete_many", "abort_uploads")
 
 
 def instrument(cls) -> None:

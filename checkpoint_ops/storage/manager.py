@@ -90,6 +90,19 @@ class OpCounter:
             self.counts.clear()
 
 
+@dataclass(frozen=True)
+class PendingUpload:
+    """An object-store upload that was started and never completed or aborted (a multipart upload
+    whose writer died): invisible to listings, its parts kept (and billed) until it is aborted."""
+
+    path: str  # the fsspec path it would have published
+    upload_id: str
+    initiated: float | None  # when it started (seconds since the epoch), if the store says
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "upload_id": self.upload_id, "initiated": self.initiated}
+
+
 class AtomicWriter(abc.ABC):
     """A writable binary stream: ``close()`` publishes, ``cancel()`` discards."""
 
@@ -264,6 +277,16 @@ class CheckpointFileManager(abc.ABC):
     def undelete_many(self, paths: list[str]) -> list[str]:
         """Undo deletes on a versioned store (remove the delete markers); returns paths not restored."""
         raise NotImplementedError(f"{self.strategy} has no versioned deletes")
+
+    def pending_uploads(self, path: str) -> list[PendingUpload]:
+        """Uploads started below ``path`` and never completed or aborted. Only object stores have
+        them (a file system's interrupted write is a hidden temp file, which ``walk`` lists)."""
+        return []
+
+    def abort_uploads(self, uploads: list[PendingUpload]) -> None:
+        """Abort these uploads (the store drops their parts); ones already gone are ignored."""
+        if uploads:
+            raise NotImplementedError(f"{self.strategy} has no uploads to abort")
 
     @abc.abstractmethod
     def mkdirs(self, path: str) -> None: ...

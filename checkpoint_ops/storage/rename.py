@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import uuid
 from typing import Iterable
 
@@ -58,8 +59,16 @@ class _LazyStatInfo(FileInfo):
         return self._mtime
 
 
+TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.tmp$")
+
+
 def temp_name(name: str) -> str:
     return f".{name}.{uuid.uuid4()}.tmp"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is the temp file of an atomic write (``temp_name``): litter once its writer died."""
+    return TEMP_NAME.match(name) is not None
 
 
 # ---- local POSIX file systems ----------------------------------------------------------------

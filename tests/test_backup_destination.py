@@ -1,0 +1,438 @@
+"""Backup destinations that survive crashes and damage, on local disk and on the S3 server.
+
+* A backup killed with SIGKILL leaves an intent whose holder is dead: it no longer holds garbage
+  collection; the next prune says so, removes it, and collects what the dead backup stored.
+* A running backup (a live intent) does hold it, and a dead prune's lock no longer makes backups wait:
+  each side writes its marker before it looks for the other's, and only live markers count.
+* Leftovers of interrupted writes (temp files; on S3, multipart uploads) are removed by prune when no
+  writer can own them any more, and listed in its plan.
+* A damaged manifest is listed as damaged; every other backup stays listable, verifiable and
+  restorable (Spark resumes from the restore), new backups proceed, and object collection waits.
+* ``backup list`` shows the last verification's outcome, failures included.
+
+The bad-input rows (unusable sources, each kind of damaged manifest) are in test_bad_input_corpus.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+
+import boto3
+import pytest
+import s3fs
+
+from checkpoint_ops.backup import Repository, plan_backup_prune
+from checkpoint_ops.backup.claims import HeldClaim, INTENT
+from checkpoint_ops.liveness import pid_running
+from checkpoint_ops.storage import direct_put
+from checkpoint_ops.storage.rename import is_temp_name
+from pipelines.event_counts import flush_files, read_output, write_event_files
+from tests.crash import ForkRunner
+from tests.helpers import cli, cli_json
+from tests.test_backup_spark import backup, exact, resume_at
+from tests.test_rollback_spark import INTERVALS
+
+HDFS = pytest.mark.parametrize("flavour", ["hdfs"])
+STEADY = {"CHECKPOINT_OPS_LEASE_TTL": "600"}  # no heartbeat renewal lands among a killed run's counted calls
+
+
+@dataclass
+class Dest:
+    """A backup destination, seen from outside our code: a local directory or a prefix in a bucket."""
+
+    url: str
+    local: str | None = None
+    endpoint: str | None = None
+    bucket: str | None = None
+    prefix: str = "backups"
+
+    def _s3(self):
+        return boto3.client("s3", endpoint_url=self.endpoint)
+
+    def files(self) -> dict[str, int]:
+        """rel -> size of every file (hidden ones included)."""
+        if self.local is not None:
+            return {os.path.relpath(os.path.join(d, n), self.local): os.path.getsize(os.path.join(d, n))
+                    for d, _, names in os.walk(self.local) for n in names}
+        out, token = {}, None
+        while True:
+            kw = {"Bucket": self.bucket, "Prefix": self.prefix + "/", **({"ContinuationToken": token} if token else {})}
+            resp = self._s3().list_objects_v2(**kw)
+            out.update({o["Key"][len(self.prefix) + 1:]: o["Size"] for o in resp.get("Contents", [])})
+            if not resp.get("IsTruncated"):
+                return out
+            token = resp["NextContinuationToken"]
+
+    def under(self, top: str) -> set[str]:
+        return {rel for rel in self.files() if rel.startswith(top + "/")}
+
+    def objects(self) -> set[str]:
+        return {rel for rel in self.under("objects") if not is_temp_name(rel.rsplit("/", 1)[-1])}
+
+    def temps(self) -> set[str]:
+        return {rel for rel in self.files() if is_temp_name(rel.rsplit("/", 1)[-1])}
+
+    def read(self, rel: str) -> bytes:
+        if self.local is not None:
+            with open(os.path.join(self.local, rel), "rb") as f:
+                return f.read()
+        return self._s3().get_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}")["Body"].read()
+
+    def write(self, rel: str, data: bytes) -> None:
+        if self.local is not None:
+            with open(os.path.join(self.local, rel), "wb") as f:
+                f.write(data)
+        else:
+            self._s3().put_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}", Body=data)
+
+    def remove(self, rel: str) -> None:
+        if self.local is not None:
+            os.remove(os.path.join(self.local, rel))
+        else:
+            self._s3().delete_object(Bucket=self.bucket, Key=f"{self.prefix}/{rel}")
+
+    def uploads(self) -> list[str]:
+        """Keys (relative) of the multipart uploads never completed or aborted (S3 only)."""
+        resp = self._s3().list_multipart_uploads(Bucket=self.bucket, Prefix=self.prefix + "/")
+        return [u["Key"][len(self.prefix) + 1:] for u in resp.get("Uploads", [])]
+
+    def snapshot(self) -> dict[str, bytes]:
+        return {rel: self.read(rel) for rel in self.files()}
+
+
+@pytest.fixture(params=["local", "s3"])
+def dest(request, tmp_path) -> Dest:
+    if request.param == "local":
+        return Dest(str(tmp_path / "dest"), local=str(tmp_path / "dest"))
+    endpoint, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("bucket")
+    return Dest(f"s3://{bucket}/backups", endpoint=endpoint, bucket=bucket)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = ForkRunner()
+    yield r
+    r.close()
+
+
+def wait_for(condition, what: str) -> None:
+    """Poll until ``condition()`` holds (a guard against hanging, not a measure of speed)."""
+    deadline = time.monotonic() + 300
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.1)
+
+
+def new_content(run) -> None:
+    """Something new for the next backup to store, without running Spark: the batch ledger."""
+    code, out, err = cli("ledger", "sync", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert code == 0, err
+
+
+def killed_backup(runner, run, dest: Dest, kill_at: int) -> dict:
+    """``backup create`` SIGKILLed just before its ``kill_at``-th mutating call; returns its intent."""
+    before = dest.under("intents")
+    code, out, err = runner.run("backup", "create", run.checkpoint, dest.url, "--sink", run.output, *INTERVALS,
+                                kill_at=kill_at, env=STEADY)
+    assert code == -9, (out, err)
+    (rel,) = dest.under("intents") - before
+    return {"rel": rel, **json.loads(dest.read(rel))}
+
+
+def prune(dest: Dest, *extra) -> dict:
+    code, r = cli_json("backup", "prune", dest.url, "--keep-last", "1", *extra)
+    assert code == 0, r
+    return r
+
+
+def restore_and_resume(spark, run, dest: Dest, backup_id: str, where, files: int) -> None:
+    """Restore into new directories (input copied and relocated); Spark resumes there and the output
+    is exactly that of an uninterrupted run over ``files`` input files."""
+    inp, out, ckpt = str(where / "in"), str(where / "out"), str(where / "ckpt")
+    shutil.copytree(run.input, inp)
+    code, r = cli_json("backup", "restore", dest.url, backup_id, ckpt, "--sink-target", out,
+                       "--relocate", f"{run.input}={inp}", "--yes")
+    assert code == 0, r
+    flush_files(inp, files)
+    resume_at(spark, run.flavour, inp, out, ckpt)
+    assert read_output(spark, out) == exact(files)
+
+
+# ---- a killed backup -------------------------------------------------------------------------------------
+
+
+@HDFS
+def test_a_killed_backup_no_longer_holds_garbage_collection(spark, run, dest, runner, tmp_path):
+    b1 = backup(run, dest.url)
+    kept = dest.objects()
+    new_content(run)
+    # killed at its 3rd mutating call: its intent, one new object stored, the next write interrupted
+    intent = killed_backup(runner, run, dest, kill_at=3)
+    holder = intent["holder"]
+    assert not pid_running(holder["pid"], holder["pid_start"])
+    orphans = dest.objects() - kept
+    assert orphans, "the killed backup stored an object no manifest references"
+    temps = dest.temps()
+    assert bool(temps) == (dest.local is not None), temps  # on S3 an interrupted PUT leaves nothing
+
+    code, listed = cli_json("backup", "list", dest.url)  # the destination stays usable
+    assert code == 0 and [b["id"] for b in listed["backups"]] == [b1["backup_id"]]
+
+    # young temp files may still be a writer's: kept at the default age
+    before = dest.snapshot()
+    dry = prune(dest, "--dry-run")["plan"]
+    assert dest.snapshot() == before
+    rels = {a["rel"] for a in dry["actions"]}
+    assert intent["rel"] in rels and not rels & temps
+    assert f"pid {holder['pid']} on this host) is gone" in dry["summary"]["stale claims"][0]
+    assert orphans <= rels
+    if temps:
+        assert f"{len(temps)} younger than 3600 s kept" in dry["summary"]["leftovers"]
+
+    # old enough (here: any age), with no backup running: every leftover goes, listed in the plan first
+    dry = prune(dest, "--temp-min-age", "0s", "--dry-run")["plan"]
+    assert temps <= {a["rel"] for a in dry["actions"]}
+    r = prune(dest, "--temp-min-age", "0s", "--yes")["result"]
+    assert r == {"manifests_deleted": 0, "objects_deleted": len(orphans), "bytes_deleted": r["bytes_deleted"],
+                 "objects_deferred": False, "claims_removed": 1, "leftovers_removed": len(temps), "note": None}
+    assert not dest.under("intents") and not dest.temps() and dest.objects() == kept
+    assert cli_json("backup", "verify", dest.url)[0] == 0
+
+    # the next backup stores again what the dead one had stored, and restores exactly
+    b2 = backup(run, dest.url)
+    assert b2["parent"] == b1["backup_id"] and dest.objects() >= orphans
+    restore_and_resume(spark, run, dest, b2["backup_id"], tmp_path, run.files)
+
+
+# ---- a running backup, a dead prune ---------------------------------------------------------------------
+
+
+@HDFS
+def test_a_running_backup_holds_collection_and_a_dead_prune_holds_nothing(spark, run, dest, runner):
+    b1 = backup(run, dest.url)
+    write_event_files(run.input, run.files, run.files + 2)  # more batches: Spark's cleanup makes some of
+    run.run_query(spark)  # b1's files (and so objects) its alone
+    b2 = backup(run, dest.url)
+    assert cli_json("backup", "verify", dest.url, b2["backup_id"])[0] == 0
+    repo = Repository.open(dest.url)
+    only_b1 = repo.manifest(b1["backup_id"]).hashes() - repo.manifest(b2["backup_id"]).hashes()
+    assert only_b1
+
+    # a prune killed after taking its lock (its 2nd mutating call deletes b1's manifest)
+    code, out, err = runner.run("backup", "prune", dest.url, "--keep-last", "1", "--yes", kill_at=2, env=STEADY)
+    assert code == -9, (out, err)
+    (dead,) = repo.locks()
+    assert not dead.live and "is gone" in dead.stale and repo.prune_locks() == []
+    b3 = backup(run, dest.url)  # its dead lock makes no backup wait (this one would wait, then give up)
+
+    # a live prune lock does make a backup wait; its intent, written first, makes a prune leave objects alone
+    held = repo.hold_prune_lock()
+    done = []
+    waiting = threading.Thread(target=lambda: done.append(backup(run, dest.url)))
+    waiting.start()
+    try:
+        wait_for(lambda: [c for c in repo.intents() if c.live], "the waiting backup's intent")
+        assert not done, "a backup must wait while a live prune holds its lock"
+        (running,) = [c for c in repo.intents() if c.live]
+        r = prune(dest, "--temp-min-age", "0s", "--yes")
+        summary, result = r["plan"]["summary"], r["result"]
+        assert summary["delete"] == [b1["backup_id"]] and summary["running"] == [running.describe()]
+        assert summary["objects"].startswith("left for the next prune: a backup is being taken")
+        assert not [a for a in r["plan"]["actions"] if a["rel"].startswith("objects/")]
+        assert dead.rel in {a["rel"] for a in r["plan"]["actions"]} and result["claims_removed"] == 1
+        assert (result["manifests_deleted"], result["objects_deleted"], result["objects_deferred"]) == (1, 0, True)
+        assert running.backup_id in result["note"]
+        assert {f"objects/{h[:2]}/{h}" for h in only_b1} <= dest.objects()
+    finally:
+        held.release()
+        waiting.join()
+    assert done and done[0]["parent"] == b3["backup_id"]
+    assert not dest.under("locks") and not dest.under("intents")
+
+    # alone, the next prune collects what only b1 held
+    r = prune(dest, "--yes")["result"]
+    assert (r["objects_deferred"], r["objects_deleted"]) == (False, len(only_b1))
+    assert not {f"objects/{h[:2]}/{h}" for h in only_b1} & dest.objects()
+    code, v = cli_json("backup", "verify", dest.url)
+    assert code == 0 and [b["backup_id"] for b in v["backups"]] == [b2["backup_id"], done[0]["backup_id"]]
+
+
+def test_a_claim_whose_heartbeat_lapsed_is_stale_and_its_holder_knows(tmp_path, monkeypatch):
+    """Another host's backup, or a hung one, is judged by its heartbeat; a holder that was late itself
+    refuses to go on (a prune may have collected the objects it reuses)."""
+    repo = Repository.open(str(tmp_path / "dest"), create=True)
+    held = repo.hold_intent("20260101T000000.000000Z-0000abcd", "/some/checkpoint")
+    try:
+        (live,) = repo.intents()
+        assert live.live and repo.live_intents() == {"20260101T000000.000000Z-0000abcd": set()}
+        later = time.time() + held.holder.ttl_s + 1
+        (lapsed,) = repo.intents(now=later)
+        assert "last heartbeat" in lapsed.stale
+        plan = plan_backup_prune(repo, keep_last=1, now=later)
+        assert [a.rel for a in plan.actions] == [live.rel] and plan.summary["objects"].startswith("0 unreferenced")
+        plan = plan_backup_prune(repo, keep_last=1)
+        assert plan.summary["running"] == [live.describe()] and not plan.actions
+        held.check()  # renewed in time so far
+    finally:
+        held.release()
+    assert repo.intents() == []
+
+    # a holder whose heartbeat stopped (hung) past its time to live
+    monkeypatch.setenv("CHECKPOINT_OPS_LEASE_TTL", "1")
+    hung = HeldClaim(repo.fm, repo.root, INTENT, "20260101T000000.000000Z-0000beef.json", "test").acquire()
+    hung._heartbeat.stop()
+    wait_for(lambda: not repo.intents()[0].live, "the hung holder's intent to be judged stale")
+    with pytest.raises(Exception, match="without renewal"):
+        hung.check()
+    hung.release()
+
+    # a holder whose renewal fails (its record's place taken by a directory)
+    failing = HeldClaim(repo.fm, repo.root, INTENT, "20260101T000000.000000Z-0000f00d.json", "test").acquire()
+    os.remove(failing.path)
+    os.mkdir(failing.path)
+    wait_for(lambda: failing._heartbeat.error is not None, "the renewal to fail")
+    with pytest.raises(Exception, match="could not be renewed"):
+        failing.check()
+    failing._heartbeat.stop()
+    os.rmdir(failing.path)
+
+
+# ---- leftovers on S3: an unfinished multipart upload -------------------------------------------------------
+
+
+@HDFS
+def test_an_upload_killed_mid_way_is_aborted_by_prune(run, s3_server, bucket, runner):
+    dest = Dest(f"s3://{bucket}/backups", endpoint=s3_server, bucket=bucket)
+    backup(run, dest.url)
+    big = os.path.join(run.checkpoint, "big-notes.bin")  # anything at the top is taken; this one is multipart
+    with open(big, "wb") as f:
+        for i in range(9):
+            f.write(os.urandom(8 * 2**20))
+    # its intent (1), the object's publish (2), then one call per chunk sent: the upload starts when a
+    # part's worth is buffered, so the kill lands after that with the upload open
+    part = math.ceil(s3fs.S3FileSystem.default_block_size / direct_put._CHUNK)
+    intent = killed_backup(runner, run, dest, kill_at=2 + part + 1)
+    assert [u.rsplit("/", 1)[-1] for u in dest.uploads()], "the killed backup left its upload open"
+    (upload,) = dest.uploads()
+
+    repo = Repository.open(dest.url)
+    held = repo.hold_intent("20990101T000000.000000Z-0000abcd", "elsewhere")  # a backup running now
+    try:
+        r = prune(dest, "--temp-min-age", "0s", "--yes")
+        assert r["plan"]["summary"]["leftovers"] == "1 left alone while a backup is being taken"
+        assert dest.uploads() == [upload] and r["result"]["claims_removed"] == 1
+    finally:
+        held.release()
+    dry = prune(dest, "--temp-min-age", "0s", "--dry-run")["plan"]
+    (action,) = [a for a in dry["actions"] if "#upload=" in a["rel"]]
+    assert action["rel"].startswith(upload + "#upload=") and "multipart upload" in action["reason"]
+    r = prune(dest, "--temp-min-age", "0s", "--yes")["result"]
+    assert r["leftovers_removed"] == 1 and dest.uploads() == [] and intent["rel"] not in dest.files()
+    # and the file is backed up whole by the next backup
+    b = backup(run, dest.url)
+    assert b["new_objects"] == 1 and cli_json("backup", "verify", dest.url)[0] == 0
+
+
+# ---- damaged manifests -------------------------------------------------------------------------------------
+
+
+@HDFS
+def test_a_damaged_manifest_leaves_every_other_backup_usable(spark, run, dest, tmp_path):
+    b1 = backup(run, dest.url)
+    files = run.files + 2
+    write_event_files(run.input, run.files, files)  # more batches: Spark's cleanup makes some of b1's
+    run.run_query(spark)  # objects its alone
+    b2 = backup(run, dest.url)
+    assert cli_json("backup", "verify", dest.url)[0] == 0
+    repo = Repository.open(dest.url)
+    only_b1 = {f"objects/{h[:2]}/{h}" for h in
+               repo.manifest(b1["backup_id"]).hashes() - repo.manifest(b2["backup_id"]).hashes()}
+    assert only_b1
+    rel = f"manifests/{b2['backup_id']}.json"
+    doc = json.loads(dest.read(rel))
+    doc["roots"]["checkpoint"]["files"][0][0] = "../../escape"
+    dest.write(rel, json.dumps(doc).encode())
+
+    code, listed = cli_json("backup", "list", dest.url)
+    assert code == 0
+    good, bad = listed["backups"]
+    assert (good["id"], good["status"], bad["id"], bad["status"]) == (b1["backup_id"], "verified",
+                                                                      b2["backup_id"], "damaged")
+    # its last verification passed, but it is no longer what was verified
+    assert "'../../escape'" in bad["damaged"] and bad["verified"] == "FAILED" and bad["manifest"].endswith(rel)
+
+    code, v = cli_json("backup", "verify", dest.url)  # the others are verified; the damaged one is named
+    assert code == 1 and [b["backup_id"] for b in v["backups"]] == [b1["backup_id"]] and v["backups"][0]["ok"]
+    assert v["damaged"][0]["id"] == b2["backup_id"] and "'../../escape'" in v["damaged"][0]["problem"]
+    before = dest.snapshot()
+    for args in (("backup", "verify", dest.url, b2["backup_id"]),
+                 ("backup", "restore", dest.url, b2["backup_id"], tmp_path / "t" / "ckpt", "--sink-target",
+                  tmp_path / "t" / "out", "--yes")):
+        code, out, err = cli(*args)
+        assert code == 2 and rel in err and "would leave its root" in err and "Traceback" not in err, (args, err)
+    assert dest.snapshot() == before and not (tmp_path / "t").exists()
+
+    b3 = backup(run, dest.url)  # new backups proceed, incremental to the newest usable one
+    assert b3["parent"] == b1["backup_id"]
+    assert cli_json("backup", "verify", dest.url, b3["backup_id"])[0] == 0
+    r = prune(dest, "--yes")  # b3 is the newest and the newest verified: b1 goes, but its objects wait
+    assert r["plan"]["summary"]["delete"] == [b1["backup_id"]]
+    objects = r["plan"]["summary"]["objects"]
+    assert objects.startswith("blocked: 1 damaged manifest(s)") and rel in objects
+    assert not [a for a in r["plan"]["actions"] if a["rel"].startswith("objects/")]
+    assert r["result"]["objects_deferred"] is True and rel in r["result"]["note"]
+    assert rel in dest.files() and only_b1 <= dest.objects()
+
+    restore_and_resume(spark, run, dest, b3["backup_id"], tmp_path, files)
+
+    dest.remove(rel)  # the user removes it: collection runs again
+    r = prune(dest, "--yes")
+    assert only_b1 <= {a["rel"] for a in r["plan"]["actions"]}
+    assert (r["result"]["objects_deferred"], r["result"]["objects_deleted"]) == (False, len(only_b1))
+    assert not only_b1 & dest.objects() and cli_json("backup", "verify", dest.url)[0] == 0
+
+
+# ---- what list says about verification ------------------------------------------------------------------
+
+
+@HDFS
+def test_list_shows_the_outcome_of_the_last_verification(run, tmp_path):
+    dest = str(tmp_path / "dest")
+    b = backup(run, dest)
+    row = cli_json("backup", "list", dest)[1]["backups"][0]
+    assert (row["status"], row["verified"], row["last_verification"]) == ("unverified", None, None)
+    assert cli_json("backup", "verify", dest)[0] == 0
+    row = cli_json("backup", "list", dest)[1]["backups"][0]
+    assert row["status"] == "verified" and row["verified"] == row["last_verification"]["at"]
+    assert row["last_verification"]["bad_objects"] == 0
+
+    repo = Repository.open(dest)
+    shas = sorted({f[1] for f in repo.manifest(b["backup_id"]).roots["checkpoint"]["files"]})
+    damaged, unreadable = repo.object_path(shas[0]), repo.object_path(shas[1])
+    saved = {p: open(p, "rb").read() for p in (damaged, unreadable)}
+    with open(damaged, "r+b") as f:
+        f.write(b"\x00garbage")
+    os.remove(unreadable)
+    os.mkdir(unreadable)  # a read of it fails (not "missing"): still a failed verification, recorded
+    code, out, err = cli("backup", "verify", dest)
+    assert code == 1 and "Traceback" not in err
+    row = cli_json("backup", "list", dest)[1]["backups"][0]
+    v = row["last_verification"]
+    assert (row["status"], row["verified"], v["ok"], v["bad_objects"]) == ("failed", "FAILED", False, 2)
+    assert any(sha in v["first_problem"] for sha in shas[:2]), v
+    assert "does not match its hash" in v["first_problem"] or "cannot be read" in v["first_problem"]
+    code, out, err = cli("backup", "list", dest)
+    assert "FAILED at" in out and "2 bad object(s)" in out
+
+    os.rmdir(unreadable)
+    for p, data in saved.items():
+        with open(p, "wb") as f:
+            f.write(data)
+    assert cli_json("backup", "verify", dest)[0] == 0
+    assert cli_json("backup", "list", dest)[1]["backups"][0]["status"] == "verified"
