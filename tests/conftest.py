@@ -36,6 +36,22 @@ def spark_runs(spark, tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def compat_bases(spark, tmp_path_factory):
+    """name -> CompatBase (tests/compat_queries.py), each generated once per test session (a few seconds)."""
+    from tests.compat_queries import generate_base
+
+    root = tmp_path_factory.mktemp("compat-bases")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = generate_base(spark, name, str(root / name))
+        return cache[name]
+
+    return get
+
+
 @pytest.fixture(params=sorted(FLAVOURS))
 def flavour(request):
     return request.param
