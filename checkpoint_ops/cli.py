@@ -6,6 +6,7 @@ Exit codes: 0 done/healthy, 1 findings or refused, 2 unusable input, 3 internal 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -501,6 +502,76 @@ def cmd_backup_prune(args) -> int:
     return EXIT_OK
 
 
+def cmd_backup_drill(args) -> int:
+    from .backup import Repository
+    from .compat import load_query
+    from .drill import run_drill
+
+    opts = _storage_options(args.storage_options)
+    repo = Repository.open(args.dest, opts)
+    build = load_query(args.query)
+    with _spark(args) as spark:
+        result = run_drill(repo, args.backup_id, spark, build, scratch_url=args.scratch, relocate=args.relocate,
+                           storage_options=opts)
+    _emit(args, result.to_dict(), result.render())
+    return EXIT_OK if result.passed else EXIT_FINDINGS
+
+
+def cmd_compat(args) -> int:
+    from .compat import accept, check_compat, load_query
+
+    ckpt, _ = _open(args)
+    build = load_query(args.query)
+    with _spark(args) as spark:
+        report = check_compat(ckpt, spark, build, old_sinks=args.sink, scratch_url=args.scratch,
+                              storage_options=_storage_options(args.storage_options))
+    text = report.render()
+    if args.record:
+        recorded = accept(ckpt, report)
+        text += "\nrecorded the query's profile beside the checkpoint" if recorded else \
+            "\nnot recorded: Spark refuses this query"
+    _emit(args, report.to_dict(), text)
+    return report.exit_code
+
+
+@contextlib.contextmanager
+def _spark(args):
+    """The Spark session ``--query`` functions get: the active one if any, else a new local (or
+    ``--spark-remote``) session, stopped afterwards. pyspark is imported here only."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None and not args.spark_remote:
+        yield active
+        return
+    builder = SparkSession.builder.appName("checkpoint-ops")
+    if args.spark_remote:
+        builder = builder.remote(args.spark_remote)
+    else:
+        builder = builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+    for text in args.spark_conf:
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise BadInputError(f"--spark-conf {text!r} is not KEY=VALUE", fix="e.g. --spark-conf spark.master=local[4]")
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def _spark_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--query", required=True, metavar="MODULE:FUNCTION",
+                   help="FUNCTION(spark) returns the query's unstarted DataStreamWriter (the module is imported from "
+                   "the current directory or PYTHONPATH)")
+    p.add_argument("--scratch", metavar="DIR", help="where Spark restarts the copy (default: a temporary directory; "
+                   "with a cluster, a location its executors reach)")
+    p.add_argument("--spark-conf", metavar="KEY=VALUE", action="append", default=[],
+                   help="a Spark setting for the session (repeatable; e.g. spark.master=local[4])")
+    p.add_argument("--spark-remote", metavar="sc://HOST:PORT", help="use a Spark Connect server")
+
+
 def _backup_command(sub, name: str, func, help: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help)
     p.set_defaults(func=func)
@@ -566,6 +637,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "without a metadata file (Spark would start the query under a new id)")
     p.add_argument("--plan-hash", metavar="HASH", help="apply only if the plan's hash starts with HASH (from --dry-run)")
     p.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+
+    p = _command(sub, "compat", cmd_compat, "will a changed query restart from this checkpoint, and behave as "
+                 "its code says? (Spark restarts it on a scratch copy against a noop sink)", sinks=True)
+    _spark_args(p)
+    p.add_argument("--record", action="store_true", help="record the query's profile beside the checkpoint when "
+                   "Spark accepts it (the next compat compares sink, output mode and source options with it)")
 
     p = _command(sub, "undo", cmd_undo, "revert the last rollback (or an interrupted one) byte for byte")
     p.add_argument("--yes", "-y", action="store_true", help="undo without asking")
@@ -633,6 +710,14 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--dry-run", action="store_true", help="print the plan and change nothing")
     q.add_argument("--yes", "-y", action="store_true", help="apply without asking")
     q.add_argument("--verbose", "-v", action="store_true", help="list every file in the printed plan")
+    _backup_common(q)
+    q = _backup_command(bsub, "drill", cmd_backup_drill, "restore a backup into scratch space and let Spark restart "
+                        "the query on it (noop sink): does the backup restart?")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("backup_id", metavar="BACKUP_ID", nargs="?", help="default: the newest backup")
+    q.add_argument("--relocate", metavar="OLD=NEW", action="append", default=[],
+                   help="as for restore: rewrite paths under OLD to NEW in the restored logs (repeatable)")
+    _spark_args(q)
     _backup_common(q)
     q = _backup_command(bsub, "prune", cmd_backup_prune, "delete old backups and the objects nothing needs")
     q.add_argument("dest", metavar="DEST_URL")
