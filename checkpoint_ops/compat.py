@@ -549,10 +549,9 @@ def operator_differences(profile: QueryProfile, record: ProfileRecord | None) ->
                          "else from it: the state built by the old operator is read as the new one's"
             out.append(Difference("stateful-operators", SILENT, before.describe(), after.describe(), effect,
                                   RULES["stateful"]))
-    if not out and old.fingerprint and profile.fingerprint and old.fingerprint != profile.fingerprint \
-            and old.operators == profile.operators and old.sources == profile.sources \
-            and old.output_mode == profile.output_mode:
-        out.append(Difference("projection", SAFE, f"plan {old.fingerprint[:12]}", f"plan {profile.fingerprint[:12]}",
+    if not out and old.plan_hash and profile.plan_hash and old.plan_hash != profile.plan_hash \
+            and old.operators == profile.operators and old.sources == profile.sources:
+        out.append(Difference("projection", SAFE, f"plan {old.plan_hash[:12]}", f"plan {profile.plan_hash[:12]}",
                               "allowed: the stateless part of the query (projections, filters) changed; Spark accepts "
                               "the checkpoint", RULES["projection"]))
     return out

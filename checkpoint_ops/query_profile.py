@@ -34,6 +34,11 @@ FILE_FORMATS = {"json", "parquet", "csv", "text", "orc", "avro", "xml", "binaryf
 # Options that only limit how much a source reads per micro-batch: the guide allows changing them.
 RATE_LIMIT_OPTIONS = {"maxfilespertrigger", "maxbytespertrigger", "maxoffsetspertrigger", "minoffsetspertrigger",
                       "maxtriggerdelay", "maxrecordspertrigger", "rowspersecond"}
+# Settings Spark does not pin in the offsets log that change how it judges a restart: part of the fingerprint.
+JUDGE_SETTINGS = ("spark.sql.streaming.stateStore.checkpointFormatVersion",
+                  "spark.sql.streaming.stateStore.stateSchemaCheck",
+                  "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                  "spark.sql.streaming.statefulOperator.checkCorrectness.enabled")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _STATEFUL = {
     "Aggregate": "aggregation", "Distinct": "aggregation", "Deduplicate": "deduplication",
@@ -108,8 +113,9 @@ class SinkProfile:
 
 @dataclass(frozen=True)
 class QueryProfile:
-    """A query's shape as far as a restart is concerned. ``fingerprint`` hashes the canonical analyzed plan,
-    the output mode and the Spark version: equal fingerprints mean Spark would plan the same query."""
+    """A query's shape as far as a restart is concerned. ``plan_hash`` hashes the canonical analyzed plan;
+    ``fingerprint`` hashes it with the output mode, the Spark version and the settings that change how Spark
+    judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query."""
 
     output_mode: str  # append | update | complete
     sink: SinkProfile
@@ -117,6 +123,7 @@ class QueryProfile:
     operators: tuple[OperatorProfile, ...] | None
     fingerprint: str | None
     spark_version: str
+    plan_hash: str | None = None
 
     @property
     def stateful(self) -> bool | None:
@@ -126,7 +133,7 @@ class QueryProfile:
         return {"output_mode": self.output_mode, "sink": self.sink.to_dict(),
                 "sources": None if self.sources is None else [s.to_dict() for s in self.sources],
                 "operators": None if self.operators is None else [o.to_dict() for o in self.operators],
-                "fingerprint": self.fingerprint, "spark_version": self.spark_version}
+                "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "spark_version": self.spark_version}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "QueryProfile":
@@ -134,7 +141,7 @@ class QueryProfile:
         return cls(doc["output_mode"], SinkProfile.from_dict(doc["sink"]),
                    None if sources is None else tuple(SourceProfile.from_dict(s) for s in sources),
                    None if operators is None else tuple(OperatorProfile.from_dict(o) for o in operators),
-                   doc.get("fingerprint"), doc.get("spark_version", ""))
+                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"))
 
 
 @dataclass(frozen=True)
@@ -181,8 +188,10 @@ def describe_query(spark, writer) -> QueryProfile:
             sources.append(_source(jvm, node, name, len(sources)))
         elif node.isStreaming() and _is_stateful(node, name):
             operators.append(_operator(node, name, len(operators)))
-    return QueryProfile(output_mode, sink, tuple(sources), tuple(operators),
-                        _fingerprint(plan, output_mode, spark.version), spark.version)
+    plan_hash = _plan_hash(plan)
+    settings = [f"{key}={_setting(spark, key)}" for key in JUDGE_SETTINGS]
+    fingerprint = None if plan_hash is None else _sha256([plan_hash, output_mode, spark.version, *settings])
+    return QueryProfile(output_mode, sink, tuple(sources), tuple(operators), fingerprint, spark.version, plan_hash)
 
 
 def _describe_connect(spark, writer) -> QueryProfile:
@@ -286,15 +295,26 @@ def _sink_kind(fmt: str) -> str:
     return _format_kind(fmt)
 
 
-def _fingerprint(plan, output_mode: str, spark_version: str) -> str | None:
-    """A hash of what Spark would plan: the canonical analyzed plan (expression ids normalized; watermark
-    uuids, which are new for every DataFrame, removed), the output mode and the Spark version."""
+def _setting(spark, key: str) -> str | None:
+    try:
+        return spark.conf.get(key)
+    except Exception:  # unset, without a default
+        return None
+
+
+def _plan_hash(plan) -> str | None:
+    """A hash of the canonical analyzed plan: expression ids normalized, watermark uuids (new for every
+    DataFrame) removed. Settings the offsets log pins are not part of any hash: Spark applies the pinned
+    values whatever the session says (``compat`` compares them on its own)."""
     try:
         canonical = str(plan.canonicalized().toString())
-    except Exception:  # a plan Spark cannot canonicalize: no fingerprint, so the judge always runs
+    except Exception:  # a plan Spark cannot canonicalize: no hash, so the judge always runs
         return None
-    text = "\n".join((_UUID.sub("<uuid>", canonical), output_mode, spark_version))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return _sha256([_UUID.sub("<uuid>", canonical)])
+
+
+def _sha256(parts: list[str]) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
 # ---- the profile recorded beside a checkpoint ------------------------------------------------------
