@@ -20,6 +20,7 @@ from checkpoint_ops.fence import resume_command
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.rollback import plan_rollback
+from pipelines.compat import check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
@@ -159,6 +160,7 @@ def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
     elif config.dry_run:
         return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
                                               "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
+    md.update(check_before_run(context, query, config, spark, files))
     progress = run_query(context, query, spark, files)
     md.update(describe(query, files, progress))
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))

@@ -57,6 +57,9 @@ class ReprocessConfig(dg.Config):
         "(UTC when it has no offset), e.g. 2026-11-21T06:30:00Z.")
     dry_run: bool = Field(
         default=False, description="Only record the rollback plan as metadata: nothing changes, the query does not run.")
+    skip_compat_check: bool = Field(
+        default=False, description="Start the query without first letting Spark judge it against the checkpoint (a "
+        "changed query may then fail at restart, or silently behave differently).")
 
 
 def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:

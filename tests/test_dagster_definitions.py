@@ -59,13 +59,15 @@ def test_one_pool_per_checkpoint(tmp_path):
 
 
 def test_launchpad_run_config(tmp_path):
-    """rollback_to_batch / rollback_to_time / dry_run, all optional and described, under ops.<asset>.config."""
+    """rollback_to_batch / rollback_to_time / dry_run / skip_compat_check, all optional and described, under
+    ops.<asset>.config."""
     job = make_defs(tmp_path).resolve_job_def("alpha_job")
     fields = job.run_config_schema.config_type.fields["ops"].config_type.fields["alpha"].config_type \
         .fields["config"].config_type.fields
-    assert set(fields) == {"rollback_to_batch", "rollback_to_time", "dry_run"}
+    assert set(fields) == {"rollback_to_batch", "rollback_to_time", "dry_run", "skip_compat_check"}
     assert all(not f.is_required and f.description for f in fields.values())
-    for config in ({"rollback_to_batch": 3}, {"rollback_to_time": "2026-11-21T06:30:00Z", "dry_run": True}, {}):
+    for config in ({"rollback_to_batch": 3}, {"rollback_to_time": "2026-11-21T06:30:00Z", "dry_run": True},
+                   {"skip_compat_check": True}, {}):
         assert dg.validate_run_config(job, {"ops": {"alpha": {"config": config}}})
     with pytest.raises(dg.DagsterInvalidConfigError):
         dg.validate_run_config(job, {"ops": {"alpha": {"config": {"rollback_to_batch": "three"}}}})
