@@ -19,8 +19,10 @@ from .verify import verify_backups
 
 
 def list_backups(repo: Repository) -> list[dict]:
-    """Every backup at a destination, oldest first, with what it holds and its last verification."""
+    """Every backup at a destination, oldest first, with what it holds, its last verification and its last
+    restore drill."""
     verified = repo.verified()
+    drills = repo.drills()
     out = []
     for m in repo.manifests():
         v = verified.get(m.id)
@@ -28,7 +30,9 @@ def list_backups(repo: Repository) -> list[dict]:
                     "query_id": m.doc["checkpoint"].get("query_id"), "batch": m.batch,
                     "files": m.stats.get("files"), "bytes": m.stats.get("bytes"),
                     "new_bytes": m.stats.get("new_bytes"), "new_objects": m.stats.get("new_objects"),
-                    "verified": (v.get("at") if v.get("ok") else "FAILED") if v else None})
+                    "verified": (v.get("at") if v.get("ok") else "FAILED") if v else None,
+                    "drill": ({"at": drills[m.id].get("drilled_at"), "passed": bool(drills[m.id].get("passed"))}
+                              if drills.get(m.id) else None)})
     return out
 
 

@@ -69,6 +69,7 @@ def apply_backup_prune(repo: Repository, plan: Plan) -> dict:
         manifests = [a.rel for a in plan.actions if a.rel.startswith("manifests/")]
         repo.fm.delete_many([repo.path(r) for r in manifests])
         repo.fm.delete_many([repo.path(r.replace("manifests/", "verified/")) for r in manifests])
+        repo.fm.delete_many([repo.path(r.replace("manifests/", "drills/")) for r in manifests])
         if repo.live_intents():
             return {"manifests_deleted": len(manifests), "objects_deleted": 0, "bytes_deleted": 0,
                     "objects_deferred": True,
