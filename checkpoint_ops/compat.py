@@ -30,15 +30,15 @@ import re
 import sys
 import tempfile
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .errors import EXIT_BAD_INPUT, EXIT_FINDINGS, EXIT_OK, BadInputError
+from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
-from .query_profile import (RATE_LIMIT_OPTIONS, ProfileRecord, QueryProfile, SinkProfile, describe_query,
+from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, ProfileRecord, QueryProfile, SinkProfile, describe_query,
                             read_profile, record_profile)
 from .restart_judge import JudgeOutcome, copy_for_restart, require_unfenced, restart_files, run_judge
 from .storage import open_file_manager
@@ -96,7 +96,8 @@ class Difference:
     on the scratch copy decided, ``checkpoint-ops`` for the checks Spark does not make.
     """
 
-    # sources | source-options | stateful-operators | state-schema | state | output-mode | sink | conf | projection | query
+    # sources | source-options | stateful-operators | state-schema | state | output-mode | sink | conf | projection
+    # | query
     aspect: str
     verdict: str  # safe | fails-at-restart | silently-different
     was: str | None
@@ -237,7 +238,10 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     record = read_profile(ckpt.fm, ckpt.root) if recorded is _READ else recorded
     notes: list[str] = []
     if profile.sources is None:
-        notes.append("Spark Connect: sources and stateful operators are judged by Spark's restart only")
+        notes.append("the query's sources and stateful operators could not be read (Spark Connect, or a plan this "
+                     "release does not know): Spark's restart judges them alone")
+    if profile.sink.kind == UNKNOWN:
+        notes.append("the writer's sink and output mode could not be read: Spark's restart judges the query alone")
     require_unfenced(ckpt)
     batch = ckpt.latest_commit
     if batch is None:
@@ -397,6 +401,8 @@ def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None,
     """Output mode and sink: what the file sink's own log says, and what changed since the recorded query."""
     out = []
     sink, mode = profile.sink, profile.output_mode
+    if sink.kind == UNKNOWN:
+        return out
     old_sink = record.profile.sink if record is not None else (
         SinkProfile("file", "file", old_sinks[0]) if old_sinks else None)
     old_mode = record.profile.output_mode if record is not None else None
@@ -434,8 +440,8 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
     latest = output.log.latest
     if latest == batch:
         return []
-    was = old_sink.describe() if old_sink is not None and (old_sink.kind, old_sink.path) != ("file", sink.path) \
-        else "the file sink this checkpoint wrote (unknown: pass --sink)" if old_sink is None else old_sink.describe()
+    was = old_sink.describe() if old_sink is not None else \
+        "the sink this checkpoint's query wrote (unknown: no recorded profile; pass --sink)"
     now = sink.describe() + (f" (its log ends at batch {latest})" if latest is not None else " (no sink log there)")
     if latest is not None and latest > batch:
         return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
@@ -493,7 +499,8 @@ def source_differences(ckpt: Checkpoint, offsets: OffsetSeq, profile: QueryProfi
             limits = [k for k in changed if k in RATE_LIMIT_OPTIONS]
             others = [k for k in changed if k not in RATE_LIMIT_OPTIONS]
             if limits:
-                out.append(Difference("source-options", SAFE, _options_text(limits, before), _options_text(limits, after),
+                out.append(Difference("source-options", SAFE, _options_text(limits, before),
+                                      _options_text(limits, after),
                                       f"allowed: source {new.index} reads at the new rate from batch {batch + 1} on",
                                       RULES["source-options"]))
             if others:

@@ -157,12 +157,14 @@ def _manifest(repo: Repository, backup_id: str | None) -> Manifest:
     if backup_id:
         return repo.manifest(backup_id)
     if not manifests:
-        raise BadInputError("no backups here to drill", path=repo.url, fix="take one with `checkpoint-ops backup create`")
+        raise BadInputError("no backups here to drill", path=repo.url,
+                            fix="take one with `checkpoint-ops backup create`")
     return manifests[-1]
 
 
 def _finish(repo: Repository, manifest: Manifest, passed: bool, stage: str, cause: str | None,
-            cause_files: tuple[str, ...], restore_s: float, restart_s: float, judge: JudgeOutcome | None) -> DrillResult:
+            cause_files: tuple[str, ...], restore_s: float, restart_s: float,
+            judge: JudgeOutcome | None) -> DrillResult:
     drilled_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     record = {"passed": passed, "stage": stage, "cause": cause, "cause_files": list(cause_files),
               "drilled_at": drilled_at, "restore_s": round(restore_s, 3), "restart_s": round(restart_s, 3)}

@@ -27,6 +27,7 @@ from .storage import CheckpointFileManager
 from .storage.paths import join
 
 PROFILE_FILE = "query-profile.json"
+UNKNOWN = "unknown"
 PROFILE_FORMAT = 1
 
 # Spark's short names of its file formats (and the file-format classes they stand for).
@@ -96,7 +97,7 @@ class OperatorProfile:
 
 @dataclass(frozen=True)
 class SinkProfile:
-    kind: str  # file | foreachBatch | foreach | kafka | noop | console | memory | <format>
+    kind: str  # file | foreachBatch | foreach | kafka | noop | console | memory | <format> | unknown
     format: str
     path: str | None  # file sinks: the output directory as given
 
@@ -117,7 +118,7 @@ class QueryProfile:
     ``fingerprint`` hashes it with the output mode, the Spark version and the settings that change how Spark
     judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query."""
 
-    output_mode: str  # append | update | complete
+    output_mode: str  # append | update | complete (unknown: the writer could not be read)
     sink: SinkProfile
     sources: tuple[SourceProfile, ...] | None
     operators: tuple[OperatorProfile, ...] | None
@@ -175,23 +176,31 @@ def describe_query(spark, writer) -> QueryProfile:
     if is_connect(spark):
         return _describe_connect(spark, writer)
     jvm = spark._jvm
-    fields = _writer_fields(writer._jwrite, ("source", "outputMode", "extraOptions"))
-    options = _scala_map(jvm, fields["extraOptions"].originalMap()) if fields["extraOptions"] is not None else {}
-    fmt = fields["source"] or "parquet"  # Spark's default sink format (spark.sql.sources.default)
-    output_mode = str(fields["outputMode"].toString()).lower() if fields["outputMode"] is not None else "append"
-    sink = SinkProfile(_sink_kind(fmt), fmt, options.get("path"))
+    try:
+        fields = _writer_fields(writer._jwrite, ("source", "outputMode", "extraOptions"))
+    except Exception:  # another Spark's writer: its sink and output mode stay unknown, Spark still judges
+        output_mode, sink = UNKNOWN, SinkProfile(UNKNOWN, UNKNOWN, None)
+    else:
+        options = _scala_map(jvm, fields["extraOptions"].originalMap()) if fields["extraOptions"] is not None else {}
+        fmt = fields["source"] or "parquet"  # Spark's default sink format (spark.sql.sources.default)
+        output_mode = str(fields["outputMode"].toString()).lower() if fields["outputMode"] is not None else "append"
+        sink = SinkProfile(_sink_kind(fmt), fmt, options.get("path"))
     plan = writer._df._jdf.queryExecution().analyzed()
-    sources, operators = [], []
-    for node in _walk(plan):
-        name = node.getClass().getSimpleName()
-        if name in ("StreamingRelation", "StreamingRelationV2"):
-            sources.append(_source(jvm, node, name, len(sources)))
-        elif node.isStreaming() and _is_stateful(node, name):
-            operators.append(_operator(node, name, len(operators)))
+    try:
+        sources, operators = [], []
+        for node in _walk(plan):
+            name = node.getClass().getSimpleName()
+            if name in ("StreamingRelation", "StreamingRelationV2"):
+                sources.append(_source(jvm, node, name, len(sources)))
+            elif node.isStreaming() and _is_stateful(node, name):
+                operators.append(_operator(node, name, len(operators)))
+    except Exception:  # a plan node this release does not know how to read: Spark's restart judges them
+        sources, operators = None, None
     plan_hash = _plan_hash(plan)
     settings = [f"{key}={_setting(spark, key)}" for key in JUDGE_SETTINGS]
     fingerprint = None if plan_hash is None else _sha256([plan_hash, output_mode, spark.version, *settings])
-    return QueryProfile(output_mode, sink, tuple(sources), tuple(operators), fingerprint, spark.version, plan_hash)
+    return QueryProfile(output_mode, sink, None if sources is None else tuple(sources),
+                        None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash)
 
 
 def _describe_connect(spark, writer) -> QueryProfile:

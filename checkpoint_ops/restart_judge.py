@@ -158,10 +158,9 @@ def run_judge(spark, writer, location: str, batch: int, timeout_s: float = JUDGE
 
     ``writer`` is changed (its sink is replaced): build a fresh one for the real run.
     """
+    to_noop(spark, writer)
     t0 = time.monotonic()
-    started = None
     try:
-        to_noop(spark, writer)
         started = writer.option("checkpointLocation", location).trigger(once=True).start()
         if started.awaitTermination(timeout_s) is False:
             started.stop()
@@ -175,8 +174,9 @@ def run_judge(spark, writer, location: str, batch: int, timeout_s: float = JUDGE
         _release_state_stores(spark)
     ran = [p for p in progress if p.get("batchId") == batch]
     if not ran:
+        ran_ids = [p.get("batchId") for p in progress]
         return JudgeOutcome(False, batch, time.monotonic() - t0, None, None,
-                            f"Spark restarted but did not run batch {batch} (ran {[p.get('batchId') for p in progress]})")
+                            f"Spark restarted but did not run batch {batch} (ran {ran_ids})")
     operators = tuple(op.get("operatorName", "?") for op in ran[-1].get("stateOperators", []))
     return JudgeOutcome(True, batch, time.monotonic() - t0, operators=operators)
 

@@ -57,7 +57,8 @@ def drill_query(context: dg.OpExecutionContext, query: StreamingQuery, spark, se
         context.log.warning(f"{query.name}: no backups to drill at {dest}: {e.problem}")
         context.log_event(dg.AssetCheckEvaluation(
             asset_key=dg.AssetKey(query.name), check_name=CHECK, passed=False, severity=dg.AssetCheckSeverity.WARN,
-            description=f"no backup to drill: {e.problem}", metadata={"backup_destination": dg.MetadataValue.text(dest)}))
+            description=f"no backup to drill: {e.problem}",
+            metadata={"backup_destination": dg.MetadataValue.text(dest)}))
         return None
     scratch = os.path.join(settings.home, "scratch")
     try:

@@ -67,7 +67,8 @@ def source_path_changed(spark, base):
 
 
 def operator_added(spark, base):
-    events = read_events(spark, base.dir("input")).withWatermark("ts", "0 seconds").dropDuplicates(["key", "value", "ts"])
+    events = read_events(spark, base.dir("input")).withWatermark("ts", "0 seconds") \
+        .dropDuplicates(["key", "value", "ts"])
     return _to_parquet(windowed_counts(events), base)
 
 
@@ -97,7 +98,8 @@ def _capture(df, batch_id):
 
 
 def update_mode_into_foreach_batch(spark, base):
-    return windowed_counts(read_events(spark, base.dir("input"))).writeStream.outputMode("update").foreachBatch(_capture)
+    counts = windowed_counts(read_events(spark, base.dir("input")))
+    return counts.writeStream.outputMode("update").foreachBatch(_capture)
 
 
 def file_sink_to_foreach_batch(spark, base):

@@ -24,7 +24,8 @@ def guarded_query(base: str) -> StreamingQuery:
 
         for key, value in FLAVOURS["hdfs"].items():
             spark.conf.set(key, value)
-        spark.conf.set("spark.sql.shuffle.partitions", VARIANT["partitions"] or SESSION_CONF["spark.sql.shuffle.partitions"])
+        partitions = VARIANT["partitions"] or SESSION_CONF["spark.sql.shuffle.partitions"]
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
         events = read_events(spark, inp)
         if VARIANT["key_changed"]:
             events = events.withColumn("key", F.length("key"))

@@ -76,7 +76,8 @@ def test_good_backup_passes_damaged_one_fails_naming_the_file(spark, agg, tmp_pa
 
     result = run_drill(repo, good, spark, lambda s: agg_writer(s, agg), scratch_url=scratch)
     assert result.passed and result.stage == "passed" and result.cause is None, result.render()
-    assert result.judge.restarted and result.judge.batch == agg.batch + 1 and result.judge.operators == ("stateStoreSave",)
+    assert result.judge.restarted and result.judge.batch == agg.batch + 1
+    assert result.judge.operators == ("stateStoreSave",)
     assert result.recovery_point_backup == good and result.recovery_point_s >= 0
     assert result.recovery_time_s == pytest.approx(result.restore_s + result.restart_s) and result.restore_s > 0
     assert drill_records(repo)[good]["passed"] is True
