@@ -68,8 +68,8 @@ def apply_backup_prune(repo: Repository, plan: Plan) -> dict:
     try:
         manifests = [a.rel for a in plan.actions if a.rel.startswith("manifests/")]
         repo.fm.delete_many([repo.path(r) for r in manifests])
-        repo.fm.delete_many([repo.path(r.replace("manifests/", "verified/")) for r in manifests])
-        repo.fm.delete_many([repo.path(r.replace("manifests/", "drills/")) for r in manifests])
+        repo.fm.delete_many([repo.path(r.replace("manifests/", folder)) for r in manifests
+                             for folder in ("verified/", "drills/")])  # their verification and drill records
         if repo.live_intents():
             return {"manifests_deleted": len(manifests), "objects_deleted": 0, "bytes_deleted": 0,
                     "objects_deferred": True,
