@@ -21,6 +21,7 @@ from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.units import parse_time
+from pipelines.compat import check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
@@ -180,6 +181,7 @@ def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
         elif config.dry_run:
             return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
                                                   "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
+        md.update(check_before_run(context, query, config, spark, files))
         progress = run_query(context, query, spark, files)
         md.update(undo_metadata(query, md, progress))
         md.update(describe(query, files, progress))

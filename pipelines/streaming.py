@@ -27,6 +27,7 @@ from pydantic import Field
 
 from pipelines.backups import backup_job, freshness_check
 from pipelines.compaction import compaction_job
+from pipelines.drill import drill_check, drill_job, drill_schedule
 from pipelines.health import failure_sensor, health_check
 from pipelines.query import StreamingQuery, job_name, pool_name
 from pipelines.reprocess import reprocess_request_sensor
@@ -57,6 +58,9 @@ class ReprocessConfig(dg.Config):
         "(UTC when it has no offset), e.g. 2026-11-21T06:30:00Z.")
     dry_run: bool = Field(
         default=False, description="Only record the rollback plan as metadata: nothing changes, the query does not run.")
+    skip_compat_check: bool = Field(
+        default=False, description="Start the query without first letting Spark judge it against the checkpoint (a "
+        "changed query may then fail at restart, or silently behave differently).")
 
 
 def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
@@ -75,11 +79,13 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
                           backup_url: Optional[str] = None, spark_config: Optional[dict] = None,
                           spark_remote: Optional[str] = None, *, backup_cron: str = "*/30 * * * *",
                           compaction_cron: str = "15 * * * *", backup_keep_last: int = 24,
-                          backup_max_age: str = "2h", sink_retention: Optional[str] = None) -> dg.Definitions:
-    """Definitions for these queries: an asset each (with ``checkpoint_health_check`` and
-    ``backup_freshness_check``), and, shared, ``checkpoint_backup_job``/``checkpoint_backup_schedule``,
-    ``sink_compaction_job``/``sink_compaction_schedule``, ``reprocess_request_sensor``,
-    ``checkpoint_failure_sensor`` and the resources they use.
+                          backup_max_age: str = "2h", sink_retention: Optional[str] = None,
+                          drill_cron: str = "45 3 * * *") -> dg.Definitions:
+    """Definitions for these queries: an asset each (with ``checkpoint_health_check``,
+    ``backup_freshness_check`` and ``restore_drill_check``), and, shared, ``checkpoint_backup_job``/
+    ``checkpoint_backup_schedule``, ``sink_compaction_job``/``sink_compaction_schedule``,
+    ``checkpoint_restore_drill_job``/``checkpoint_restore_drill_schedule`` (``drill_cron``, daily by default),
+    ``reprocess_request_sensor``, ``checkpoint_failure_sensor`` and the resources they use.
 
     ``home`` defaults to ``$CHECKPOINT_OPS_HOME``, else a git-ignored directory in the repository;
     ``backup_url`` to ``<home>/backups`` (each query's backups under ``<backup_url>/<name>``).
@@ -93,16 +99,18 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
     home = home or default_home()
     backup_url = backup_url or f"{home.rstrip('/')}/backups"
     assets = [streaming_asset(q) for q in queries]
-    checks = [c for q in queries for c in (health_check(q), freshness_check(q))]
+    checks = [c for q in queries for c in (health_check(q), freshness_check(q), drill_check(q))]
     asset_jobs = [dg.define_asset_job(job_name(q.name), selection=dg.AssetSelection.assets(q.name),
                                       tags={"checkpoint/query": q.name},
                                       description=f"Run {q.name} (with run config: roll back and reprocess first).")
                   for q in queries]
     backups = backup_job(queries)
-    jobs = [*asset_jobs, backups]
+    drills = drill_job(queries)
+    jobs = [*asset_jobs, backups, drills]
     schedules = [dg.ScheduleDefinition(name="checkpoint_backup_schedule", job=backups, cron_schedule=backup_cron,
                                        execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
-                                       description="Back up every query's checkpoint (and sinks) on a schedule.")]
+                                       description="Back up every query's checkpoint (and sinks) on a schedule."),
+                 drill_schedule(drills, drill_cron)]
     compaction = compaction_job(queries)
     if compaction is not None:
         jobs.append(compaction)

@@ -79,6 +79,22 @@ def pairs(pair_runs):
         r.reset()
 
 
+@pytest.fixture(scope="session")
+def compat_bases(spark, tmp_path_factory):
+    """name -> CompatBase (tests/compat_queries.py), each generated once per test session (a few seconds)."""
+    from tests.compat_queries import generate_base
+
+    root = tmp_path_factory.mktemp("compat-bases")
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = generate_base(spark, name, str(root / name))
+        return cache[name]
+
+    return get
+
+
 @pytest.fixture(params=sorted(FLAVOURS))
 def flavour(request):
     return request.param

@@ -32,11 +32,15 @@ def test_example_definitions_hold_everything_the_ui_shows():
     repo = defs.get_repository_def()
     assert {k.to_user_string() for k in repo.asset_graph.get_all_asset_keys()} == {"events_stream", "event_counts"}
     assert {(k.asset_key.to_user_string(), k.name) for k in repo.asset_graph.asset_check_keys} == {
-        (a, c) for a in ("events_stream", "event_counts") for c in ("checkpoint_health_check", "backup_freshness_check")}
+        (a, c) for a in ("events_stream", "event_counts")
+        for c in ("checkpoint_health_check", "backup_freshness_check", "restore_drill_check")}
     jobs = {j.name for j in repo.get_all_jobs()}
-    assert {"checkpoint_backup_job", "sink_compaction_job", "events_stream_job", "event_counts_job"} <= jobs
+    assert {"checkpoint_backup_job", "sink_compaction_job", "checkpoint_restore_drill_job", "events_stream_job",
+            "event_counts_job"} <= jobs
     schedules = {s.name: s for s in repo.schedule_defs}
     assert schedules["checkpoint_backup_schedule"].default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedules["checkpoint_restore_drill_schedule"].default_status == dg.DefaultScheduleStatus.RUNNING
+    assert schedules["checkpoint_restore_drill_schedule"].job_name == "checkpoint_restore_drill_job"
     assert "sink_compaction_schedule" in schedules
     sensors = {s.name: s for s in repo.sensor_defs}
     assert sensors["reprocess_request_sensor"].default_status == dg.DefaultSensorStatus.RUNNING
@@ -58,13 +62,15 @@ def test_one_pool_per_checkpoint(tmp_path):
 
 
 def test_launchpad_run_config(tmp_path):
-    """rollback_to_batch / rollback_to_time / dry_run, all optional and described, under ops.<asset>.config."""
+    """rollback_to_batch / rollback_to_time / dry_run / skip_compat_check, all optional and described, under
+    ops.<asset>.config."""
     job = make_defs(tmp_path).resolve_job_def("alpha_job")
     fields = job.run_config_schema.config_type.fields["ops"].config_type.fields["alpha"].config_type \
         .fields["config"].config_type.fields
-    assert set(fields) == {"rollback_to_batch", "rollback_to_time", "dry_run"}
+    assert set(fields) == {"rollback_to_batch", "rollback_to_time", "dry_run", "skip_compat_check"}
     assert all(not f.is_required and f.description for f in fields.values())
-    for config in ({"rollback_to_batch": 3}, {"rollback_to_time": "2026-11-21T06:30:00Z", "dry_run": True}, {}):
+    for config in ({"rollback_to_batch": 3}, {"rollback_to_time": "2026-11-21T06:30:00Z", "dry_run": True},
+                   {"skip_compat_check": True}, {}):
         assert dg.validate_run_config(job, {"ops": {"alpha": {"config": config}}})
     with pytest.raises(dg.DagsterInvalidConfigError):
         dg.validate_run_config(job, {"ops": {"alpha": {"config": {"rollback_to_batch": "three"}}}})

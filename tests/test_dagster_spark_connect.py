@@ -60,6 +60,10 @@ def test_streaming_asset_through_spark_connect(spark, tmp_path, connect_server):
     assert all(r["success"] for r in runs), runs
     first, _, rolled, _, totals, totals_rolled = runs
     assert first["metadata"]["input_rows"] == 20
+    # the compat step judged each later run through Spark Connect (no plan fingerprint there: always restarted)
+    assert first["metadata"]["compat_spark_restart"] == "not needed (new checkpoint)"
+    assert all(r["metadata"]["compat_spark_restart"].startswith("restarted batch") for r in runs[1:4]), runs
+    assert totals_rolled["metadata"]["compat"] == "compatible"  # foreachBatch replaced by noop on the server
     assert rolled["metadata"]["rollback_target_batch"] == report["good_until"]
     assert rolled["metadata"]["batch_ids"].startswith(f"{report['good_until'] + 1}..")
     assert rolled["metadata"]["input_rows"] == 15  # the corrected file and the two after it

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .repository import DamagedManifest, Manifest, Repository
 from .verify import Verification
@@ -31,6 +31,7 @@ class BackupRow:
     new_objects: int | None
     damaged: str | None  # why the manifest cannot be used; None if it can
     last_verification: Verification | None
+    drill: dict | None = None  # the last restore drill (drill.py): {at, passed}
 
     @property
     def status(self) -> str:
@@ -79,13 +80,15 @@ class BackupRow:
                 "query_id": self.query_id, "batch": self.batch, "files": self.files, "bytes": self.bytes,
                 "new_bytes": self.new_bytes, "new_objects": self.new_objects, "verified": self.verified,
                 "status": self.status, "damaged": self.damaged, "manifest": self.manifest,
-                "last_verification": v.to_dict() if v is not None else None}
+                "last_verification": v.to_dict() if v is not None else None, "drill": self.drill}
 
 
 def list_backups(repo: Repository) -> list[BackupRow]:
     """Every backup at a destination, oldest first (ids start with their UTC time), damaged manifests
     included, each with the outcome of its last verification."""
-    records = repo.verified()
+    records, drills = repo.verified(), repo.drills()
     rows = [BackupRow.of(m, records.get(m.id)) for m in repo.manifests(refresh=True)]
     rows += [BackupRow.of_damaged(d, records.get(d.id)) for d in repo.damaged_manifests()]
+    rows = [replace(r, drill={"at": drills[r.id].get("drilled_at"), "passed": bool(drills[r.id].get("passed"))})
+            if drills.get(r.id) else r for r in rows]
     return sorted(rows, key=lambda r: r.id)

@@ -8,6 +8,7 @@ Layout under the destination URL (local directory or object-store prefix)::
     manifests/<backup id>.json      one per backup, put-if-absent, published last: a backup exists
                                     exactly when its manifest does
     verified/<backup id>.json       the outcome of the last verification of that backup (good or bad)
+    drills/<backup id>.json         the outcome of the last restore drill of that backup (``drill.py``)
     intents/<backup id>.json        a backup being taken (claims.py: its holder, kept alive by a heartbeat)
     locks/prune-<id>.json           a garbage collection in progress (backups wait for it while it lives)
 
@@ -335,18 +336,28 @@ class Repository:
 
     def verified(self) -> dict[str, dict]:
         """backup id -> the record of its last verification ({} if that record is unreadable)."""
-        names = [f.name for f in self.fm.list(self.path("verified"))
+        return self._records("verified")
+
+    def drills(self) -> dict[str, dict]:
+        """backup id -> the record of its last restore drill (``drill.py``)."""
+        return self._records("drills")
+
+    def _records(self, folder: str) -> dict[str, dict]:
+        names = [f.name for f in self.fm.list(self.path(folder))
                  if f.name.endswith(".json") and not f.name.startswith(".")]
-        data = self.fm.read_many([self.path(f"verified/{n}") for n in names], errors={})
+        data = self.fm.read_many([self.path(f"{folder}/{n}") for n in names], errors={})
         out = {}
         for n in names:
-            blob = data.get(self.path(f"verified/{n}"))
+            blob = data.get(self.path(f"{folder}/{n}"))
             try:
                 doc = json.loads(blob) if blob else {}
             except ValueError:
                 doc = {}
             out[n[:-len(".json")]] = doc if isinstance(doc, dict) else {}
         return out
+
+    def record_drill(self, backup_id: str, doc: dict) -> None:
+        self.fm.write_bytes(self.path(f"drills/{backup_id}.json"), json.dumps(doc).encode(), overwrite=True)
 
     def record_verified(self, backup_id: str, doc: dict) -> None:
         self.fm.write_bytes(self.path(f"verified/{backup_id}.json"), json.dumps(doc).encode(), overwrite=True)

@@ -153,7 +153,8 @@ def apply_backup_prune(repo: Repository, plan: Plan) -> BackupPruneResult:
     with repo.hold_prune_lock() as lock:
         manifests = [r for r in rels if r.startswith("manifests/")]
         repo.fm.delete_many([repo.path(r) for r in manifests])
-        repo.fm.delete_many([repo.path(r.replace("manifests/", "verified/")) for r in manifests])
+        repo.fm.delete_many([repo.path(r.replace("manifests/", folder)) for r in manifests
+                             for folder in ("verified/", "drills/")])  # their verification and drill records
 
         claims = {c.rel: c for c in repo.intents() + repo.locks()}
         stale = [r for r in rels if r in claims and not claims[r].live]

@@ -65,7 +65,25 @@ def cmd_backup_prune(args) -> int:
     return run_operation(args, op)
 
 
+def cmd_backup_drill(args) -> int:
+    from ..backup import Repository
+    from ..compat import load_query
+    from ..drill import run_drill
+    from .compat import spark_session
+
+    opts = storage_options(args)
+    repo = Repository.open(args.dest, opts)
+    build = load_query(args.query)
+    with spark_session(args) as spark:
+        result = run_drill(repo, args.backup_id, spark, build, scratch_url=args.scratch, relocate=args.relocate,
+                           storage_options=opts)
+    emit(args, result.to_dict(), result.render())
+    return EXIT_OK if result.passed else EXIT_FINDINGS
+
+
 def register(sub, parents: Parents) -> None:
+    from .compat import spark_parent
+
     p = sub.add_parser("backup", help="incremental, verified, relocatable checkpoint backups")
     bsub = p.add_subparsers(dest="backup_command", required=True, metavar="ACTION")
 
@@ -96,6 +114,15 @@ def register(sub, parents: Parents) -> None:
                    "path may hold '=', e.g. date=2026-11-21)")
     q.add_argument("--to-batch", type=int, metavar="M", help="roll the restored copy back to batch M")
     q.set_defaults(func=cmd_backup_restore)
+
+    q = bsub.add_parser("drill", parents=[*parents.reading, spark_parent()],
+                        help="restore a backup into scratch space and let Spark restart the query on it (noop sink): "
+                        "does the backup restart?")
+    q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("backup_id", metavar="BACKUP_ID", nargs="?", help="default: the newest backup")
+    q.add_argument("--relocate", metavar="OLD=NEW", action="append", default=[],
+                   help="as for restore: rewrite paths under OLD to NEW in the restored logs (repeatable)")
+    q.set_defaults(func=cmd_backup_drill)
 
     q = bsub.add_parser("prune", parents=[*parents.reading, parents.mutating],
                         help="delete old backups and the objects nothing needs")

@@ -1,0 +1,360 @@
+"""What a streaming query looks like to a restart, read from its unstarted ``DataStreamWriter`` without
+running anything: its sources in plan order, its stateful operators, its output mode and its sink.
+
+Spark keeps none of the sink, the output mode or a source's options in the checkpoint, so after a query
+is accepted (a compatible ``compat`` verdict with ``--record``, or every Dagster materialization)
+checkpoint-ops records its profile beside the checkpoint, in ``<parent>/.checkpoint-ops/<name>/
+query-profile.json``. ``compat`` compares the next query with it (and with Spark's own files).
+
+The profile is read through the Spark session's JVM (py4j) on classic PySpark. Under Spark Connect only
+the writer's own settings are visible (output mode, sink, its options): ``sources``, ``operators`` and
+``fingerprint`` are then None, and ``compat`` relies on Spark's verdict for them.
+
+No PySpark import here: the objects come from the caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import dataclass
+
+from .errors import BadInputError
+from .journal import ops_dir
+from .storage import CheckpointFileManager
+from .storage.paths import join
+
+PROFILE_FILE = "query-profile.json"
+UNKNOWN = "unknown"
+PROFILE_FORMAT = 1
+
+# Spark's short names of its file formats (and the file-format classes they stand for).
+FILE_FORMATS = {"json", "parquet", "csv", "text", "orc", "avro", "xml", "binaryfile"}
+# Options that only limit how much a source reads per micro-batch: the guide allows changing them.
+RATE_LIMIT_OPTIONS = {"maxfilespertrigger", "maxbytespertrigger", "maxoffsetspertrigger", "minoffsetspertrigger",
+                      "maxtriggerdelay", "maxrecordspertrigger", "rowspersecond"}
+# Settings Spark does not pin in the offsets log that change how it judges a restart: part of the fingerprint.
+JUDGE_SETTINGS = ("spark.sql.streaming.stateStore.checkpointFormatVersion",
+                  "spark.sql.streaming.stateStore.stateSchemaCheck",
+                  "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
+                  "spark.sql.streaming.statefulOperator.checkCorrectness.enabled")
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_STATEFUL = {
+    "Aggregate": "aggregation", "Distinct": "aggregation", "Deduplicate": "deduplication",
+    "DeduplicateWithinWatermark": "deduplication within watermark", "FlatMapGroupsWithState": "flatMapGroupsWithState",
+    "FlatMapGroupsInPandasWithState": "applyInPandasWithState", "TransformWithState": "transformWithState",
+    "TransformWithStateInPySpark": "transformWithState", "GlobalLimit": "limit",
+}
+
+
+@dataclass(frozen=True)
+class SourceProfile:
+    """One source, at its position in the plan (Spark numbers sources in this order: ``sources/<index>``)."""
+
+    index: int
+    kind: str  # file | kafka | rate | socket | <format>
+    format: str  # as given to readStream.format (or the provider class)
+    path: str | None  # file sources: the path as given
+    options: tuple[tuple[str, str], ...] = ()  # sorted, keys lower-cased, without path
+
+    @property
+    def option_map(self) -> dict[str, str]:
+        return dict(self.options)
+
+    def describe(self) -> str:
+        return f"{self.format} source" + (f" at {self.path}" if self.path else "")
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "kind": self.kind, "format": self.format, "path": self.path,
+                "options": dict(self.options)}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "SourceProfile":
+        return cls(doc["index"], doc["kind"], doc["format"], doc.get("path"),
+                   tuple(sorted((str(k), str(v)) for k, v in (doc.get("options") or {}).items())))
+
+
+@dataclass(frozen=True)
+class OperatorProfile:
+    """One stateful operator of the logical plan, top down (``detail``: its keys, aggregates, join type)."""
+
+    index: int
+    kind: str  # aggregation | deduplication | join | flatMapGroupsWithState | transformWithState | limit | ...
+    detail: str
+
+    def describe(self) -> str:
+        return f"{self.kind} ({self.detail})" if self.detail else self.kind
+
+    def to_dict(self) -> dict:
+        return {"index": self.index, "kind": self.kind, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "OperatorProfile":
+        return cls(doc["index"], doc["kind"], doc.get("detail", ""))
+
+
+@dataclass(frozen=True)
+class SinkProfile:
+    kind: str  # file | foreachBatch | foreach | kafka | noop | console | memory | <format> | unknown
+    format: str
+    path: str | None  # file sinks: the output directory as given
+
+    def describe(self) -> str:
+        return f"{self.kind} sink" + (f" at {self.path}" if self.path else "")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "format": self.format, "path": self.path}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "SinkProfile":
+        return cls(doc["kind"], doc.get("format", doc["kind"]), doc.get("path"))
+
+
+@dataclass(frozen=True)
+class QueryProfile:
+    """A query's shape as far as a restart is concerned. ``plan_hash`` hashes the canonical analyzed plan;
+    ``fingerprint`` hashes it with the output mode, the Spark version and the settings that change how Spark
+    judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query."""
+
+    output_mode: str  # append | update | complete (unknown: the writer could not be read)
+    sink: SinkProfile
+    sources: tuple[SourceProfile, ...] | None
+    operators: tuple[OperatorProfile, ...] | None
+    fingerprint: str | None
+    spark_version: str
+    plan_hash: str | None = None
+
+    @property
+    def stateful(self) -> bool | None:
+        return None if self.operators is None else bool(self.operators)
+
+    def to_dict(self) -> dict:
+        return {"output_mode": self.output_mode, "sink": self.sink.to_dict(),
+                "sources": None if self.sources is None else [s.to_dict() for s in self.sources],
+                "operators": None if self.operators is None else [o.to_dict() for o in self.operators],
+                "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "spark_version": self.spark_version}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "QueryProfile":
+        sources, operators = doc.get("sources"), doc.get("operators")
+        return cls(doc["output_mode"], SinkProfile.from_dict(doc["sink"]),
+                   None if sources is None else tuple(SourceProfile.from_dict(s) for s in sources),
+                   None if operators is None else tuple(OperatorProfile.from_dict(o) for o in operators),
+                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"))
+
+
+@dataclass(frozen=True)
+class ProfileRecord:
+    """The profile recorded beside a checkpoint: the last query accepted for it, and when."""
+
+    profile: QueryProfile
+    recorded_at: str  # UTC, ISO 8601
+    judged: bool  # Spark restarted this exact query (fingerprint) on a copy of the checkpoint and accepted it
+    batch: int | None = None  # the checkpoint's last committed batch when it was recorded
+
+    def proven(self, fingerprint: str | None, latest_commit: int | None) -> bool:
+        """Whether Spark already accepted the query with ``fingerprint`` on this checkpoint: its own restart on
+        a copy did, or the query ran on the checkpoint since it was recorded (it committed a later batch)."""
+        if fingerprint is None or self.profile.fingerprint != fingerprint:
+            return False
+        return self.judged or (latest_commit is not None and (self.batch is None or latest_commit > self.batch))
+
+    def to_dict(self) -> dict:
+        return {"format": PROFILE_FORMAT, "recorded_at": self.recorded_at, "judged": self.judged,
+                "batch": self.batch, "profile": self.profile.to_dict()}
+
+
+def is_connect(spark) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no JVM on this side)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def describe_query(spark, writer) -> QueryProfile:
+    """The profile of an unstarted ``DataStreamWriter`` (nothing runs, nothing is written)."""
+    if is_connect(spark):
+        return _describe_connect(spark, writer)
+    jvm = spark._jvm
+    try:
+        fields = _writer_fields(writer._jwrite, ("source", "outputMode", "extraOptions"))
+    except Exception:  # another Spark's writer: its sink and output mode stay unknown, Spark still judges
+        output_mode, sink = UNKNOWN, SinkProfile(UNKNOWN, UNKNOWN, None)
+    else:
+        options = _scala_map(jvm, fields["extraOptions"].originalMap()) if fields["extraOptions"] is not None else {}
+        fmt = fields["source"] or "parquet"  # Spark's default sink format (spark.sql.sources.default)
+        output_mode = str(fields["outputMode"].toString()).lower() if fields["outputMode"] is not None else "append"
+        sink = SinkProfile(_sink_kind(fmt), fmt, options.get("path"))
+    plan = writer._df._jdf.queryExecution().analyzed()
+    try:
+        sources, operators = [], []
+        for node in _walk(plan):
+            name = node.getClass().getSimpleName()
+            if name in ("StreamingRelation", "StreamingRelationV2"):
+                sources.append(_source(jvm, node, name, len(sources)))
+            elif node.isStreaming() and _is_stateful(node, name):
+                operators.append(_operator(node, name, len(operators)))
+    except Exception:  # a plan node this release does not know how to read: Spark's restart judges them
+        sources, operators = None, None
+    plan_hash = _plan_hash(plan)
+    settings = [f"{key}={_setting(spark, key)}" for key in JUDGE_SETTINGS]
+    fingerprint = None if plan_hash is None else _sha256([plan_hash, output_mode, spark.version, *settings])
+    return QueryProfile(output_mode, sink, None if sources is None else tuple(sources),
+                        None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash)
+
+
+def _describe_connect(spark, writer) -> QueryProfile:
+    proto = writer._write_proto
+    options = {str(k): str(v) for k, v in proto.options.items()}
+    if proto.HasField("foreach_batch"):
+        fmt = "foreachBatch"
+    elif proto.HasField("foreach_writer"):
+        fmt = "foreach"
+    else:
+        fmt = proto.format or "parquet"
+    path = proto.path if proto.HasField("path") else options.get("path")
+    return QueryProfile((proto.output_mode or "append").lower(), SinkProfile(_sink_kind(fmt), fmt, path),
+                        None, None, None, spark.version)
+
+
+def _writer_fields(jwrite, names) -> dict:
+    """Private fields of the JVM ``DataStreamWriter`` (Spark offers no getter for them)."""
+    cls = jwrite.getClass()
+    out = {}
+    for name in names:
+        field = cls.getDeclaredField(name)
+        field.setAccessible(True)
+        out[name] = field.get(jwrite)
+    return out
+
+
+def _scala_map(jvm, scala_map) -> dict[str, str]:
+    java_map = jvm.scala.jdk.javaapi.CollectionConverters.asJava(scala_map)
+    return {str(k): str(v) for k, v in java_map.items()}
+
+
+def _walk(node):
+    """Pre-order, left to right: the order in which Spark numbers sources (``sources/0``, ``sources/1``)."""
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        children = current.children()
+        stack.extend(children.apply(i) for i in reversed(range(children.size())))
+
+
+def _is_stateful(node, name: str) -> bool:
+    if name == "Join":
+        return node.left().isStreaming() and node.right().isStreaming()
+    return name in _STATEFUL
+
+
+def _sql(expressions) -> list[str]:
+    return [str(expressions.apply(i).sql()) for i in range(expressions.size())]
+
+
+def _typed(expressions) -> list[str]:
+    return [f"{expressions.apply(i).sql()}: {expressions.apply(i).dataType().simpleString()}"
+            for i in range(expressions.size())]
+
+
+def _operator(node, name: str, index: int) -> OperatorProfile:
+    if name == "Join":
+        condition = node.condition()
+        on = f" on {condition.get().sql()}" if condition.isDefined() else ""
+        return OperatorProfile(index, "join", f"{node.joinType().toString()}{on}")
+    if name == "Aggregate":
+        keys = _typed(node.groupingExpressions())
+        grouping = set(_sql(node.groupingExpressions()))
+        aggregates = [a for a in _sql(node.aggregateExpressions()) if a not in grouping]
+        return OperatorProfile(index, "aggregation", f"keys {', '.join(keys) or 'none'}; "
+                                                     f"aggregates {', '.join(aggregates) or 'none'}")
+    if name in ("Deduplicate", "DeduplicateWithinWatermark"):
+        return OperatorProfile(index, _STATEFUL[name], f"keys {', '.join(_typed(node.keys()))}")
+    if name == "Distinct":
+        return OperatorProfile(index, "aggregation", "distinct rows")
+    return OperatorProfile(index, _STATEFUL[name], "")
+
+
+def _source(jvm, node, name: str, index: int) -> SourceProfile:
+    if name == "StreamingRelation":  # DataSource V1 (file, Kafka)
+        ds = node.dataSource()
+        fmt = str(ds.className())
+        options = _scala_map(jvm, ds.options())
+    else:  # V2 (rate, socket, ...)
+        fmt = str(node.sourceName())
+        options = {str(k): str(v) for k, v in node.extraOptions().asCaseSensitiveMap().items()}
+    path = options.pop("path", None)
+    kind = _format_kind(fmt)
+    return SourceProfile(index, kind, fmt, path, tuple(sorted((k.lower(), v) for k, v in options.items())))
+
+
+def _format_kind(fmt: str) -> str:
+    short = fmt.rsplit(".", 1)[-1].lower()
+    if fmt.lower() in FILE_FORMATS or short.endswith("fileformat"):
+        return "file"
+    if "kafka" in fmt.lower():
+        return "kafka"
+    return fmt.lower()
+
+
+def _sink_kind(fmt: str) -> str:
+    if fmt in ("foreachBatch", "foreach"):
+        return fmt
+    return _format_kind(fmt)
+
+
+def _setting(spark, key: str) -> str | None:
+    try:
+        return spark.conf.get(key)
+    except Exception:  # unset, without a default
+        return None
+
+
+def _plan_hash(plan) -> str | None:
+    """A hash of the canonical analyzed plan: expression ids normalized, watermark uuids (new for every
+    DataFrame) removed. Settings the offsets log pins are not part of any hash: Spark applies the pinned
+    values whatever the session says (``compat`` compares them on its own)."""
+    try:
+        canonical = str(plan.canonicalized().toString())
+    except Exception:  # a plan Spark cannot canonicalize: no hash, so the judge always runs
+        return None
+    return _sha256([_UUID.sub("<uuid>", canonical)])
+
+
+def _sha256(parts: list[str]) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+# ---- the profile recorded beside a checkpoint ------------------------------------------------------
+
+
+def profile_path(fm: CheckpointFileManager, root: str) -> str:
+    return join(ops_dir(fm, root), PROFILE_FILE)
+
+
+def read_profile(fm: CheckpointFileManager, root: str) -> ProfileRecord | None:
+    """The recorded profile of the checkpoint at ``root``, or None if none was recorded (or there is no
+    place beside it for one)."""
+    try:
+        data = fm.read_bytes(profile_path(fm, root))
+    except (FileNotFoundError, BadInputError):
+        return None
+    try:
+        doc = json.loads(data)
+        if doc.get("format", 0) > PROFILE_FORMAT:
+            return None  # written by a newer release: compare with Spark's files only
+        return ProfileRecord(QueryProfile.from_dict(doc["profile"]), doc["recorded_at"], bool(doc.get("judged")),
+                             doc.get("batch"))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise BadInputError("the recorded query profile is not readable", path=fm.url(profile_path(fm, root)),
+                            fix="delete it: the next accepted run records it again") from None
+
+
+def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, judged: bool,
+                   batch: int | None) -> ProfileRecord:
+    """Record ``profile`` as the query accepted for the checkpoint at ``root`` (replacing any earlier one);
+    ``batch`` is the checkpoint's last committed batch now."""
+    record = ProfileRecord(profile, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), judged, batch)
+    fm.write_bytes(profile_path(fm, root), json.dumps(record.to_dict(), sort_keys=True).encode(), overwrite=True)
+    return record

@@ -1,0 +1,74 @@
+"""The compat step of every streaming materialization: before the query starts, Spark judges it against
+the checkpoint (``checkpoint_ops.compat``).
+
+* **fails at restart**: the run fails with each reason, Spark's error class and the guide's rule; the
+  query does not start and nothing changes;
+* **silently different**: a warning in the run's log and the materialization's metadata; the run goes on;
+* nothing changed since Spark last accepted this query (same plan fingerprint, recorded beside the
+  checkpoint): Spark is not restarted again, only the checks Spark does not make run (a few reads).
+
+Run config ``skip_compat_check: true`` skips it, for the user who knows. The step reuses the run's Spark
+session; the scratch copy goes to a local temporary directory.
+"""
+
+import dagster as dg
+
+from checkpoint_ops.compat import FAILS, SILENT, CompatReport, accept, check_compat
+from checkpoint_ops.errors import CheckpointOpsError
+from checkpoint_ops.model import Checkpoint
+
+
+def check_before_run(context, query, config, spark, files) -> dict:
+    """Judge ``query`` against its checkpoint before it runs; metadata for the materialization. Raises
+    ``dg.Failure`` when Spark would refuse the restart (or the checkpoint cannot be judged)."""
+    if getattr(config, "skip_compat_check", False):
+        context.log.warning(f"{query.name}: compat check skipped (skip_compat_check): a changed query may fail at "
+                            "restart or silently behave differently")
+        return {"compat": dg.MetadataValue.text("skipped (skip_compat_check)")}
+    fm, root = files.file_manager(query.checkpoint)
+    ckpt = Checkpoint(fm, root)
+    try:
+        report = check_compat(ckpt, spark, query.build, storage_options=files.options(), reuse_judged=True)
+    except CheckpointOpsError as e:
+        raise dg.Failure(description=f"compat check of {query.name} could not judge the checkpoint: {e.render()}",
+                         metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""}) from None
+    md = report_metadata(report)
+    fails = report.of(FAILS)
+    if fails:
+        raise dg.Failure(description=f"{query.name} would not restart from its checkpoint: "
+                         + "; ".join(_reason(d) for d in fails)
+                         + " (run config skip_compat_check: true runs it anyway)", metadata=md)
+    for d in report.of(SILENT):
+        context.log.warning(f"{query.name}: silently different after the restart: {_reason(d)}")
+    try:
+        accept(ckpt, report)
+    except CheckpointOpsError as e:  # no place beside the checkpoint (a bucket root): the next run judges again
+        context.log.warning(f"{query.name}: query profile not recorded: {e.render()}")
+    return md
+
+
+def report_metadata(report: CompatReport) -> dict:
+    fails, silent = report.of(FAILS), report.of(SILENT)
+    verdict = ("compatible" if report.compatible else
+               "fails at restart" if fails else f"silently different ({len(silent)})")
+    md = {
+        "compat": dg.MetadataValue.text(verdict),
+        "compat_differences": dg.MetadataValue.json([d.to_dict() for d in report.differences]),
+        "compat_spark_restart": dg.MetadataValue.text(
+            "not needed (unchanged)" if report.spark_restarts is None and report.batch is not None
+            else "not needed (new checkpoint)" if report.batch is None
+            else f"restarted batch {report.judge.batch} ({report.judge.seconds:.1f} s)" if report.spark_restarts
+            else f"refused: {report.judge.error_class or report.judge.exception}"),
+    }
+    error_classes = sorted({d.error_class for d in fails if d.error_class})
+    if error_classes:
+        md["compat_error_classes"] = dg.MetadataValue.text(", ".join(error_classes))
+    if report.notes:
+        md["compat_notes"] = dg.MetadataValue.json(list(report.notes))
+    return md
+
+
+def _reason(d) -> str:
+    cls = f" [{d.error_class}]" if d.error_class else ""
+    change = f" ({d.was} -> {d.now})" if d.was is not None or d.now is not None else ""
+    return f"{d.aspect}{cls}{change}: {d.effect} Rule: {d.rule}"

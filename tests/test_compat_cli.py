@@ -1,0 +1,149 @@
+"""``checkpoint-ops compat`` as a user runs it: a query module in the current directory, ``--query
+MODULE:FUNCTION``, exit 0 / 1 / 2, the documented JSON keys, ``--record``; and unusable input (exit 2, the
+file named, nothing changed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import pytest
+
+from checkpoint_ops.fence import Fence, fence_bytes
+from checkpoint_ops.query_profile import profile_path, read_profile
+from checkpoint_ops.storage import open_file_manager
+from tests.compat_queries import use_session_conf
+from tests.helpers import cli, cli_json, tree_snapshot
+
+QUERY_MODULE = '''
+from pipelines.event_counts import counts_writer, read_events, windowed_counts
+from pyspark.sql import functions as F
+
+BASE = {base!r}
+
+def unchanged(spark):
+    return counts_writer(spark, BASE + "/input", BASE + "/output")
+
+def key_changed(spark):
+    events = read_events(spark, BASE + "/input").withColumn("key", F.length("key"))
+    return windowed_counts(events).writeStream.format("parquet").option("path", BASE + "/output")
+
+def more_partitions(spark):
+    spark.conf.set("spark.sql.shuffle.partitions", "4")
+    return counts_writer(spark, BASE + "/input", BASE + "/output")
+
+def fails(spark):
+    raise RuntimeError("the query code has a bug")
+
+def not_a_writer(spark):
+    return read_events(spark, BASE + "/input")
+'''
+
+DIFFERENCE_KEYS = {"aspect", "verdict", "was", "now", "effect", "rule", "error_class", "found_by"}
+REPORT_KEYS = {"checkpoint", "batch", "compatible", "spark_restarts", "differences", "notes", "judge", "query",
+               "recorded_profile"}
+
+
+@pytest.fixture
+def agg(spark, compat_bases, tmp_path, monkeypatch):
+    """The agg base, reset, and a fresh query module for it in the current directory: (base, module name)."""
+    base = compat_bases("agg")
+    base.reset()
+    use_session_conf(spark)
+    name = f"streams_{uuid.uuid4().hex[:8]}"
+    (tmp_path / f"{name}.py").write_text(QUERY_MODULE.format(base=base.root))
+    monkeypatch.chdir(tmp_path)
+    yield base, name
+    use_session_conf(spark)
+    base.reset()
+
+
+def test_exit_codes_and_json(agg):
+    base, module = agg
+    before = tree_snapshot(base.root)
+
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 0 and set(doc) == REPORT_KEYS
+    assert doc["compatible"] is True and doc["spark_restarts"] is True and doc["differences"] == []
+    assert doc["batch"] == 3 and doc["judge"]["restarted"] and doc["judge"]["batch"] == 4
+    assert doc["judge"]["operators"] == ["stateStoreSave"]
+    assert doc["query"]["sink"] == {"kind": "file", "format": "parquet", "path": base.output}
+    assert doc["recorded_profile"]["judged"] is False  # the base recorded its query before its first run
+
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:key_changed")
+    assert code == 1 and doc["compatible"] is False and doc["spark_restarts"] is False
+    (diff,) = doc["differences"]
+    assert set(diff) == DIFFERENCE_KEYS
+    assert diff["verdict"] == "fails-at-restart" and diff["found_by"] == "spark"
+    assert diff["error_class"] == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" and diff["aspect"] == "state-schema"
+    assert "StringType" in diff["was"] and "IntegerType" in diff["now"]
+
+    code, out, err = cli("compat", base.checkpoint, "--query", f"{module}:more_partitions")
+    assert code == 1 and err == ""
+    assert "SILENTLY DIFFERENT  conf" in out and "spark.sql.shuffle.partitions=2" in out
+    assert "the state stays in 2 partitions" in out
+    assert tree_snapshot(base.root) == before, "compat changed files"
+
+
+def test_record_writes_only_the_profile_beside_the_checkpoint(agg):
+    base, module = agg
+    fm, root = open_file_manager(base.checkpoint)
+    spark_files = tree_snapshot(base.checkpoint, base.output)
+    code, out, _ = cli("compat", base.checkpoint, "--query", f"{module}:unchanged", "--record")
+    assert code == 0 and "recorded the query's profile" in out
+    record = read_profile(fm, root)
+    assert record.judged and record.batch == 3  # Spark restarted exactly this query now
+    assert profile_path(fm, root) == os.path.join(base.root, ".checkpoint-ops", "checkpoint", "query-profile.json")
+    assert tree_snapshot(base.checkpoint, base.output) == spark_files
+
+    code, out, _ = cli("compat", base.checkpoint, "--query", f"{module}:key_changed", "--record")
+    assert code == 1 and "not recorded: Spark refuses this query" in out
+    assert read_profile(fm, root).judged  # the accepted query stays recorded
+
+
+@pytest.mark.parametrize("damage, named, problem", [
+    ("torn-offsets", "offsets/3", "empty"),
+    ("missing-delta", "state/0/1/4.delta", "missing"),
+    ("fenced", "checkpoint", "fenced"),
+])
+def test_damaged_checkpoint_is_unusable_input(agg, damage, named, problem):
+    base, module = agg
+    ck = base.checkpoint
+    if damage == "torn-offsets":
+        open(os.path.join(ck, "offsets", "3"), "wb").close()
+    elif damage == "missing-delta":
+        os.remove(os.path.join(ck, "state", "0", "1", "4.delta"))
+    else:
+        original = open(os.path.join(ck, "metadata"), "rb").read()
+        fence = Fence("rollback", "20260101T000000.000000Z-rollback-abcd1234", "/nowhere/journal", original)
+        with open(os.path.join(ck, "metadata"), "wb") as f:
+            f.write(fence_bytes(fence, ck))
+    before = tree_snapshot(base.root)
+    code, out, err = cli("compat", ck, "--query", f"{module}:unchanged", "--json")
+    assert code == 2, (out, err)
+    doc = json.loads(out)
+    assert named in doc["path"] + doc["problem"] and problem in doc["problem"], doc
+    assert doc["fix"] and "Traceback" not in err
+    assert tree_snapshot(base.root) == before
+
+
+@pytest.mark.parametrize("query, problem", [
+    ("no_colon", "is not MODULE:FUNCTION"),
+    ("no_such_module_x:build", "cannot import no_such_module_x"),
+    ("{module}:missing", "has no function missing"),
+    ("{module}:fails", "the query code has a bug"),
+    ("{module}:not_a_writer", "not an unstarted DataStreamWriter"),
+])
+def test_unusable_query_argument(agg, query, problem):
+    base, module = agg
+    before = tree_snapshot(base.root)
+    code, out, err = cli("compat", base.checkpoint, "--query", query.format(module=module))
+    assert code == 2 and problem in err and "fix:" in err and "Traceback" not in err, err
+    assert tree_snapshot(base.root) == before
+
+
+def test_missing_checkpoint(agg, tmp_path):
+    _, module = agg
+    code, _, err = cli("compat", str(tmp_path / "nothing"), "--query", f"{module}:unchanged")
+    assert code == 2 and "no such checkpoint" in err

@@ -1,0 +1,351 @@
+"""compat on real checkpoints: one query change per rule of the guide ("Recovery Semantics after Changes in
+a Streaming Query"), each judged by ``check_compat`` (Spark restarts the changed query on a scratch copy,
+noop sink) and then **confirmed by a real restart**: the changed query, with its real sink, restarts on the
+checkpoint with new input, and Spark either fails with the stated error or runs with the stated result.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+
+from checkpoint_ops.compat import FAILS, SAFE, SILENT, check_compat
+from checkpoint_ops.model import Checkpoint
+from pipelines.event_counts import WINDOW_SECONDS, counts_writer, read_events, windowed_counts
+from tests.compat_queries import (CompatBase, batch_writer, dedup_writer, join_writer, restart_for_real,
+                                  use_session_conf, write_json_events)
+from tests.helpers import tree_snapshot
+from tests.spark_runs import FLAVOURS
+
+ROCKSDB = FLAVOURS["rocksdb"]["spark.sql.streaming.stateStore.providerClass"]
+
+
+# ---- the changed queries ------------------------------------------------------------------------------
+
+
+def _windowed(events, *extra_keys, with_max: bool = False):
+    from pyspark.sql import functions as F
+
+    aggregates = [F.count("*").alias("n"), F.sum("value").alias("total")]
+    columns = ["window_start", "key", "n", "total"]
+    if with_max:
+        aggregates.append(F.max("value").alias("biggest"))
+        columns.append("biggest")
+    return (events.withWatermark("ts", "0 seconds")
+            .groupBy(F.window("ts", f"{WINDOW_SECONDS} seconds"), "key", *extra_keys).agg(*aggregates)
+            .withColumnRenamed("window", "w").selectExpr("w.start AS window_start", *columns[1:]))
+
+
+def _to_parquet(frame, base: CompatBase, mode: str = "append", output: str | None = None):
+    return frame.writeStream.format("parquet").outputMode(mode).option("path", output or base.output)
+
+
+def filter_changed(spark, base):
+    return _to_parquet(windowed_counts(read_events(spark, base.dir("input")).where("value % 2 = 0")), base)
+
+
+def rate_limit_changed(spark, base):
+    return _to_parquet(windowed_counts(read_events(spark, base.dir("input"), max_files_per_trigger=2)), base)
+
+
+def source_added(spark, base):
+    both = read_events(spark, base.dir("input")).unionByName(read_events(spark, base.dir("input2")))
+    return _to_parquet(windowed_counts(both), base)
+
+
+def source_kind_changed(spark, base):
+    rate = spark.readStream.format("rate").option("rowsPerSecond", 1).load() \
+        .selectExpr("CAST(value AS STRING) AS key", "value", "timestamp AS ts")
+    return _to_parquet(windowed_counts(rate), base)
+
+
+def source_path_changed(spark, base):
+    return counts_writer(spark, base.dir("input2"), base.output)
+
+
+def operator_added(spark, base):
+    events = read_events(spark, base.dir("input")).withWatermark("ts", "0 seconds") \
+        .dropDuplicates(["key", "value", "ts"])
+    return _to_parquet(windowed_counts(events), base)
+
+
+def operator_removed(spark, base):
+    return _to_parquet(read_events(spark, base.dir("input")), base)
+
+
+def aggregation_key_changed(spark, base):
+    from pyspark.sql import functions as F
+
+    return _to_parquet(windowed_counts(read_events(spark, base.dir("input")).withColumn("key", F.length("key"))), base)
+
+
+def aggregate_added(spark, base):
+    return _to_parquet(_windowed(read_events(spark, base.dir("input")), with_max=True), base)
+
+
+def complete_mode_on_file_sink(spark, base):
+    return _to_parquet(windowed_counts(read_events(spark, base.dir("input"))), base, mode="complete")
+
+
+CAPTURED: dict[int, list] = {}
+
+
+def _capture(df, batch_id):
+    CAPTURED[batch_id] = [r.asDict() for r in df.collect()]
+
+
+def update_mode_into_foreach_batch(spark, base):
+    counts = windowed_counts(read_events(spark, base.dir("input")))
+    return counts.writeStream.outputMode("update").foreachBatch(_capture)
+
+
+def file_sink_to_foreach_batch(spark, base):
+    return windowed_counts(read_events(spark, base.dir("input"))).writeStream.foreachBatch(_capture)
+
+
+def file_sink_path_changed(spark, base):
+    return counts_writer(spark, base.dir("input"), base.dir("other-output"))
+
+
+def shuffle_partitions_changed(spark, base):
+    spark.conf.set("spark.sql.shuffle.partitions", "4")
+    return counts_writer(spark, base.dir("input"), base.output)
+
+
+def provider_changed(spark, base):
+    spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+    return counts_writer(spark, base.dir("input"), base.output)
+
+
+def dedup_columns_changed(spark, base):
+    return dedup_writer(spark, base, columns=("key", "value"))
+
+
+def join_keys_changed(spark, base):
+    return join_writer(spark, base, on_value=True)
+
+
+def join_type_changed(spark, base):
+    return join_writer(spark, base, how="left_outer")
+
+
+def join_source_removed(spark, base):
+    return _to_parquet(read_events(spark, base.dir("left")), base)
+
+
+def aggregation_added_to_stateless(spark, base):
+    return windowed_counts(read_events(spark, base.dir("input"))).writeStream.foreachBatch(batch_writer(base.output))
+
+
+def foreach_batch_to_file_sink(spark, base):
+    return _to_parquet(read_events(spark, base.dir("input")), base, output=base.dir("file-output"))
+
+
+# ---- what a real restart must show ----------------------------------------------------------------------
+
+
+def fails_with(*texts: str, once: bool = False) -> Callable:
+    """The real restart (one new input file) fails, and Spark's error says ``texts``."""
+    def confirm(spark, base, build):
+        base.add_events(BASE_FILES_NEXT, BASE_FILES_NEXT + 1, "left" if base.name == "join" else "input")
+        if base.name == "join":
+            base.add_events(BASE_FILES_NEXT, BASE_FILES_NEXT + 1, "right")
+        real = restart_for_real(spark, build(spark, base), base.checkpoint, once=once)
+        assert not real.ok, f"Spark restarted: {real.progress}"
+        for text in texts:
+            assert text in real.error, real.error
+
+    return confirm
+
+
+BASE_FILES_NEXT = 3  # the next input file of the agg, dedup and stateless bases (the join base: 2)
+
+
+def runs_over_new_input(spark, base, build):
+    first = base_batch(base) + 1
+    base.add_events(3, 4)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    assert real.batch(first)["numInputRows"] == 5
+
+
+def base_batch(base) -> int:
+    return Checkpoint.open(base.checkpoint).latest_commit
+
+
+def reads_at_new_rate(spark, base, build):
+    first = base_batch(base) + 1
+    base.add_events(3, 5)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    assert real.batch(first)["numInputRows"] == 10  # two files in one batch: the new maxFilesPerTrigger applies
+
+
+def reads_every_file_of_the_new_path(spark, base, build):
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    assert real.input_rows == 10  # both files of input2/, none of input/ again
+
+
+def update_mode_emits_open_windows(spark, base, build):
+    CAPTURED.clear()
+    first = base_batch(base) + 1
+    base.add_events(3, 4)  # events at 30..34 s: the window [30, 60) stays open (watermark 34 s)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    open_window = [r for r in CAPTURED[first] if r["window_start"].timestamp() == 30]
+    assert open_window and all(r["n"] < 15 for r in open_window)  # partial counts; append emits none of them
+
+
+def foreach_batch_gets_the_next_batches(spark, base, build):
+    CAPTURED.clear()
+    first = base_batch(base) + 1
+    base.add_events(3, 4)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    assert min(CAPTURED) == first and real.batch(first)["numInputRows"] == 5
+
+
+def state_keeps_two_partitions(spark, base, build):
+    batch = base_batch(base)
+    base.add_events(3, 4)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    partitions = sorted(d for d in os.listdir(os.path.join(base.checkpoint, "state", "0")) if d.isdigit())
+    assert partitions == ["0", "1"]  # not 4: the session's setting had no effect
+    assert Checkpoint.open(base.checkpoint).offsets(batch + 1).conf["spark.sql.shuffle.partitions"] == "2"
+
+
+def state_stays_in_hdfs_provider(spark, base, build):
+    batch = base_batch(base)
+    base.add_events(3, 4)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    files = os.listdir(os.path.join(base.checkpoint, "state", "0", "0"))
+    assert f"{batch + 2}.delta" in files  # the HDFS provider wrote the new version
+    assert not [f for f in files if f.endswith((".zip", ".changelog"))]  # RocksDB never ran
+
+
+def left_outer_emits_unmatched_rows(spark, base, build):
+    write_json_events(base.dir("left"), "lonely.json", [{"key": "zz", "value": 7, "ts": "1970-01-01T00:00:30Z"}], 10)
+    for side, index in (("left", 11), ("right", 12)):  # far later events on both sides move the watermark on
+        write_json_events(base.dir(side), "later.json", [{"key": "k0", "value": 1, "ts": "1970-01-01T00:05:00Z"}],
+                          index)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error
+    rows = spark.read.parquet(base.output).where("key = 'zz'").collect()
+    assert [(r["key"], r["rkey"]) for r in rows] == [("zz", None)]  # an inner join never emits it
+
+
+def new_file_sink_log_breaks_readers_then_fails(spark, base, build):
+    base.add_events(3, 4)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert real.ok, real.error  # batch 3 is written, into a log that starts at 3
+    with pytest.raises(Exception, match="_spark_metadata/0 doesn't exist"):
+        spark.read.parquet(base.dir("file-output")).count()
+    base.add_events(4, 5)
+    real = restart_for_real(spark, build(spark, base), base.checkpoint)
+    assert not real.ok and "[BATCH_METADATA_NOT_FOUND]" in real.error  # batch 4 compacts the log
+
+
+# ---- the cases -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    base: str
+    build: Callable
+    compatible: bool
+    aspect: str  # the difference the case is about
+    verdict: str
+    error_class: str | None
+    confirm: Callable
+    also: tuple[tuple[str, str], ...] = field(default=())  # other (aspect, verdict) the change brings
+
+
+CASES = [
+    # projection / filter: allowed
+    Case("filter-changed", "agg", filter_changed, True, "projection", SAFE, None, runs_over_new_input),
+    # source options: rate limits may change
+    Case("rate-limit-changed", "agg", rate_limit_changed, True, "source-options", SAFE, None, reads_at_new_rate),
+    # sources: number and type may not change; a file source's path is not checked by Spark
+    Case("source-added", "agg", source_added, False, "sources", FAILS, None,
+         fails_with("There are [1] sources in the checkpoint offsets and now there are [2]", "AssertionError")),
+    Case("source-removed", "join", join_source_removed, False, "sources", FAILS, None,
+         fails_with("There are [2] sources in the checkpoint offsets and now there are [1]")),
+    Case("source-kind-changed", "agg", source_kind_changed, False, "sources", FAILS, None,
+         fails_with("NumberFormatException", once=True)),
+    Case("source-path-changed", "agg", source_path_changed, False, "sources", SILENT, None,
+         reads_every_file_of_the_new_path),
+    # stateful operators: no addition, removal or schema change
+    Case("stateful-operator-added", "agg", operator_added, False, "stateful-operators", FAILS,
+         "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+         fails_with("[STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA]")),
+    Case("stateful-operator-removed", "agg", operator_removed, False, "stateful-operators", FAILS,
+         "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA",
+         fails_with("[STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA]")),
+    Case("stateful-operator-added-to-stateless", "stateless", aggregation_added_to_stateless, False,
+         "stateful-operators", FAILS, "STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY",
+         fails_with("[STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY]")),
+    Case("aggregation-key-changed", "agg", aggregation_key_changed, False, "state-schema", FAILS,
+         "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", fails_with("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE]")),
+    Case("aggregate-added", "agg", aggregate_added, False, "state-schema", FAILS,
+         "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE", fails_with("[STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE]")),
+    Case("dedup-columns-changed", "dedup", dedup_columns_changed, False, "state-schema", FAILS,
+         "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", fails_with("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE]")),
+    Case("join-keys-changed", "join", join_keys_changed, False, "state-schema", FAILS,
+         "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", fails_with("[STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE]")),
+    Case("join-type-changed", "join", join_type_changed, False, "stateful-operators", SILENT, None,
+         left_outer_emits_unmatched_rows),
+    # output mode: not recorded, not checked by Spark; a file sink takes append only
+    Case("output-mode-complete-on-file-sink", "agg", complete_mode_on_file_sink, False, "output-mode", FAILS,
+         "STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE",
+         fails_with("[STREAMING_OUTPUT_MODE.UNSUPPORTED_DATASOURCE]")),
+    Case("output-mode-append-to-update", "agg", update_mode_into_foreach_batch, False, "output-mode", SILENT, None,
+         update_mode_emits_open_windows, also=(("sink", SAFE),)),
+    # sinks: file -> other allowed; a file sink's directory may not change; other -> file sink not allowed
+    Case("sink-file-to-foreach-batch", "agg", file_sink_to_foreach_batch, True, "sink", SAFE, None,
+         foreach_batch_gets_the_next_batches),
+    Case("file-sink-path-changed", "agg", file_sink_path_changed, False, "sink", FAILS, "BATCH_METADATA_NOT_FOUND",
+         fails_with("[BATCH_METADATA_NOT_FOUND]")),
+    Case("sink-foreach-batch-to-file", "stateless", foreach_batch_to_file_sink, False, "sink", SILENT,
+         "BATCH_METADATA_NOT_FOUND", new_file_sink_log_breaks_readers_then_fails),
+    # settings the offsets log pins
+    Case("shuffle-partitions-changed", "agg", shuffle_partitions_changed, False, "conf", SILENT, None,
+         state_keeps_two_partitions),
+    Case("state-store-provider-changed", "agg", provider_changed, False, "conf", SILENT, None,
+         state_stays_in_hdfs_provider),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_verdict_then_real_restart_agrees(spark, compat_bases, case):
+    base = compat_bases(case.base)
+    base.reset()
+    use_session_conf(spark)
+    try:
+        before = tree_snapshot(base.root)
+        report = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: case.build(s, base))
+        assert tree_snapshot(base.root) == before, "compat changed files"
+
+        found = {(d.aspect, d.verdict) for d in report.differences}
+        assert (case.aspect, case.verdict) in found, report.render()
+        assert found == {(case.aspect, case.verdict), *case.also}, report.render()
+        assert report.compatible is case.compatible and report.exit_code == (0 if case.compatible else 1)
+        (main,) = [d for d in report.differences if d.aspect == case.aspect]
+        assert main.error_class == case.error_class, report.render()
+        assert main.rule and main.effect
+        if case.verdict == FAILS and main.found_by == "spark":
+            assert report.spark_restarts is False
+        elif case.verdict != FAILS or main.aspect in ("output-mode", "sink"):
+            assert report.spark_restarts is True, report.render()  # Spark's own checks passed
+
+        use_session_conf(spark)
+        case.confirm(spark, base, case.build)
+    finally:
+        use_session_conf(spark)
+        base.reset()

@@ -1,0 +1,105 @@
+"""The compat step of a streaming materialization on real Spark: a new query passes, an unchanged one is
+not restarted again (cheap), a change Spark refuses fails the run with its error class before the query
+starts (and ``skip_compat_check`` lets it run into Spark's own refusal), a silently different one warns and
+runs."""
+
+import os
+
+import dagster as dg
+import pytest
+
+from pipelines.event_counts import read_events, windowed_counts, write_event_files
+from pipelines.streaming import StreamingQuery, streaming_definitions
+from tests.helpers import tree_snapshot
+from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
+
+VARIANT = {"key_changed": False, "partitions": None}
+
+
+def guarded_query(base: str) -> StreamingQuery:
+    inp, out = os.path.join(base, "input"), os.path.join(base, "output")
+
+    def build(spark):
+        from pyspark.sql import functions as F
+
+        for key, value in FLAVOURS["hdfs"].items():
+            spark.conf.set(key, value)
+        partitions = VARIANT["partitions"] or SESSION_CONF["spark.sql.shuffle.partitions"]
+        spark.conf.set("spark.sql.shuffle.partitions", partitions)
+        events = read_events(spark, inp)
+        if VARIANT["key_changed"]:
+            events = events.withColumn("key", F.length("key"))
+        return windowed_counts(events).writeStream.format("parquet").option("path", out)
+
+    return StreamingQuery(name="guarded", build=build, checkpoint=os.path.join(base, "checkpoint"), sinks=[out])
+
+
+@pytest.fixture
+def instance():
+    with dg.instance_for_test() as inst:
+        yield inst
+
+
+def materialize(defs, instance, **config) -> dg.ExecuteInProcessResult:
+    run_config = {"ops": {"guarded": {"config": config}}} if config else None
+    return defs.resolve_job_def("guarded_job").execute_in_process(instance=instance, run_config=run_config,
+                                                                  raise_on_error=False)
+
+
+def metadata(result) -> dict:
+    (mat,) = result.asset_materializations_for_node("guarded")
+    return {k: v.value for k, v in mat.metadata.items()}
+
+
+def failure(result):
+    return result.get_step_failure_events()[0].step_failure_data.user_failure_data
+
+
+def test_compat_step_before_every_run(spark, tmp_path, instance):
+    VARIANT.update(key_changed=False, partitions=None)
+    base = str(tmp_path / "q")
+    query = guarded_query(base)
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    inp = os.path.join(base, "input")
+    try:
+        write_event_files(inp, 0, 3)
+        first = materialize(defs, instance)
+        assert first.success, first.all_events
+        md = metadata(first)
+        assert md["compat"] == "compatible" and md["compat_spark_restart"] == "not needed (new checkpoint)"
+
+        write_event_files(inp, 3, 4)
+        second = materialize(defs, instance)  # nothing changed: Spark is not restarted on a copy again
+        assert second.success
+        assert metadata(second)["compat_spark_restart"] == "not needed (unchanged)"
+
+        VARIANT["key_changed"] = True
+        unload_state_stores(spark)
+        write_event_files(inp, 4, 5)
+        before = tree_snapshot(query.checkpoint, *query.sinks)
+        refused = materialize(defs, instance)
+        assert not refused.success
+        fail = failure(refused)
+        assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in fail.description and "Rule:" in fail.description
+        assert fail.metadata["compat_error_classes"].value == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
+        assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the refused query started"
+
+        skipped = materialize(defs, instance, skip_compat_check=True)  # the user insists: Spark itself refuses
+        assert not skipped.success
+        assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in failure(skipped).description
+        unload_state_stores(spark)
+
+        VARIANT.update(key_changed=False, partitions="4")
+        warned = materialize(defs, instance)
+        assert warned.success, warned.all_events
+        md = metadata(warned)
+        assert md["compat"] == "silently different (1)"
+        (diff,) = md["compat_differences"]
+        assert diff["aspect"] == "conf" and diff["now"] == "spark.sql.shuffle.partitions=4"
+        # the plan is the one Spark already accepted: the pinned setting is checked without restarting Spark
+        assert md["compat_spark_restart"] == "not needed (unchanged)"
+        logs = [e.user_message for e in instance.all_logs(warned.run_id)]
+        assert any("silently different after the restart" in m and "shuffle.partitions" in m for m in logs)
+    finally:
+        VARIANT.update(key_changed=False, partitions=None)
+        unload_state_stores(spark)
