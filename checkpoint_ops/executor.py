@@ -26,8 +26,8 @@ import hashlib
 import sys
 from dataclasses import dataclass
 
-from .errors import BadInputError, RefusedError
-from .fence import Fence, fence_bytes, is_fence, parse_fence
+from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .fence import Fence, fence_bytes, is_fence, parse_fence, resume_command
 from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
 from .ledger import ledger_at
 from .model.listing import Listing
@@ -465,20 +465,47 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         **({"final_metadata": _b64e(final_metadata)} if final_metadata is not None else {}),
         **(journal_extra or {}),
     }
-    journal = write_journal(anchor.fm, anchor.ops, record)
-    if plan.operation == "rollback":  # ledger records above the target belong to the old timeline
-        ledger_at(anchor.fm, anchor.root).truncate(plan.target_batch, op_id)
-    ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=anchor.metadata,
-                  storage_options=storage_options)
     try:
-        ex.apply(resuming=False)
-    finally:
-        ex.close()
-    return _result(journal, "applied", roots)
+        journal = write_journal(anchor.fm, anchor.ops, record)
+    except StoreUnavailableError as e:  # its journal may or may not have been stored: nothing else was
+        raise e.finish_with(f"nothing was changed yet; once the store answers, run "
+                            f"`{resume_command(plan.operation, anchor.url)}` (it drops the journal if one was "
+                            "stored), then the same command again") from e.__cause__
+    try:
+        if plan.operation == "rollback":  # ledger records above the target belong to the old timeline
+            ledger_at(anchor.fm, anchor.root).truncate(plan.target_batch, op_id)
+        ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=anchor.metadata,
+                      storage_options=storage_options)
+        try:
+            ex.apply(resuming=False)
+        finally:
+            ex.close()
+    except StoreUnavailableError as e:
+        raise _interrupted(e, anchor, journal) from e.__cause__
+    return _result(journal, "applied", roots, ex)
 
 
-def _result(journal: Journal, status: str, roots: dict[str, Root]) -> dict:
+def _interrupted(e: StoreUnavailableError, anchor: Anchor, journal: Journal, undoing: bool = False) -> \
+        StoreUnavailableError:
+    """A journaled operation stopped part-way because the store kept failing: say how to finish it."""
+    operation = journal.record["operation"]
+    command = f"checkpoint-ops undo {anchor.url}" if undoing else resume_command(operation, anchor.url)
+    fenced = " and the checkpoint stays fenced (Spark cannot start on it)" if anchor.checkpoint else ""
+    return e.finish_with(f"the {'undo of ' if undoing else ''}{operation} {journal.op_id} stopped part-way; it is "
+                         f"journaled{fenced}: once the store answers, finish it with `{command}`")
+
+
+def _result(journal: Journal, status: str, roots: dict[str, Root], ex: "Executor | None" = None) -> dict:
+    """What an applied (or undone) operation did. ``requests`` and ``retries``: per root, the requests
+    its file manager issued (every attempt) and how many were retries, by kind; ``source`` adds the
+    stores content was streamed from (a restore's backup objects)."""
     plan = journal.record["plan"]
+    counters = {rid: r.fm.counter for rid, r in roots.items()}
+    sources = [fm.counter for fm, _ in (ex._sources.values() if ex is not None else ())]
+    requests = {rid: c.snapshot() for rid, c in counters.items()}
+    retries = {rid: c.retries() for rid, c in counters.items()}
+    if sources:
+        requests["source"], retries["source"] = _summed(sources)
     return {
         "op_id": journal.op_id,
         "operation": journal.record["operation"],
@@ -487,8 +514,20 @@ def _result(journal: Journal, status: str, roots: dict[str, Root]) -> dict:
         "target_batch": plan["target_batch"],
         "journal": journal.fm.url(journal.path),
         "counts": plan["counts"],
-        "requests": {rid: r.fm.counter.snapshot() for rid, r in roots.items()},
+        "requests": requests,
+        "retries": retries,
     }
+
+
+def _summed(counters) -> tuple[dict[str, int], dict[str, int]]:
+    requests: dict[str, int] = {}
+    retries: dict[str, int] = {}
+    for c in counters:
+        for k, n in c.snapshot().items():
+            requests[k] = requests.get(k, 0) + n
+        for k, n in c.retries().items():
+            retries[k] = retries.get(k, 0) + n
+    return dict(sorted(requests.items())), dict(sorted(retries.items()))
 
 
 def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
@@ -540,8 +579,9 @@ def _abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, want: 
     if ex.effects_on_disk() > 0:
         return  # it did change something: carry on
     ex._drop_stray_temps(ex._listings())  # the temp file of the write it was killed in, if any
-    journal.mark("abandoned")
+    # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
     ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
+    journal.mark("abandoned")
     raise RefusedError(
         f"the interrupted {journal.record['operation']} {journal.op_id} stopped before changing anything, so "
         f"there is nothing to {want}; its plan may be stale now and was dropped",
@@ -557,26 +597,33 @@ def resume(anchor: Anchor, storage_options: dict | None = None, progress: bool =
     if state in ("fenced-undo", "undoing"):
         raise RefusedError(f"an undo of {journal.op_id} was interrupted", path=anchor.url,
                            fix=f"run `checkpoint-ops undo {anchor.url}` again to finish it")
-    ex = _reopen(anchor, journal, storage_options, progress)
-    if state == "unfinished":
-        _abandon_if_unstarted(anchor, journal, ex, "resume")
-    if journal.record["operation"] == "rollback":
-        ledger_at(anchor.fm, anchor.root).ensure_truncation(journal.record["plan"]["target_batch"], journal.op_id)
     try:
-        ex.apply(resuming=True)
-    finally:
-        ex.close()
-    return _result(journal, "applied", ex.roots)
+        ex = _reopen(anchor, journal, storage_options, progress)
+        if state == "unfinished":
+            _abandon_if_unstarted(anchor, journal, ex, "resume")
+        if journal.record["operation"] == "rollback":
+            ledger_at(anchor.fm, anchor.root).ensure_truncation(journal.record["plan"]["target_batch"],
+                                                                journal.op_id)
+        try:
+            ex.apply(resuming=True)
+        finally:
+            ex.close()
+    except StoreUnavailableError as e:  # every step is idempotent: the same resume finishes it
+        raise _interrupted(e, anchor, journal) from e.__cause__
+    return _result(journal, "applied", ex.roots, ex)
 
 
 def undo(anchor: Anchor, storage_options: dict | None = None, progress: bool = False) -> dict:
     journal, state = find_journal(anchor, "undo")
-    ex = _reopen(anchor, journal, storage_options, progress)
-    if state == "unfinished":
-        _abandon_if_unstarted(anchor, journal, ex, "undo")
     try:
-        ex.undo(applied=(state == "applied"))
-    finally:
-        ex.close()
-    ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
-    return _result(journal, "undone", ex.roots)
+        ex = _reopen(anchor, journal, storage_options, progress)
+        if state == "unfinished":
+            _abandon_if_unstarted(anchor, journal, ex, "undo")
+        try:
+            ex.undo(applied=(state == "applied"))
+        finally:
+            ex.close()
+        ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
+    except StoreUnavailableError as e:  # undo starts with its "undoing" marker: running it again finishes it
+        raise _interrupted(e, anchor, journal, undoing=True) from e.__cause__
+    return _result(journal, "undone", ex.roots, ex)

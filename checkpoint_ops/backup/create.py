@@ -17,13 +17,14 @@ manifest. New content is hashed, then stored once per destination (put-if-absent
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import re
 import sys
 import threading
 import time
 
-from ..errors import BadInputError, RefusedError
+from ..errors import BadInputError, RefusedError, StoreUnavailableError
 from ..ledger import Ledger
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.logfile import batch_id_from_name
@@ -31,7 +32,6 @@ from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..restart import RestartSets, state_bytes_problem
 from .repository import Manifest, Repository, new_backup_id
-from .transfer import retry
 
 WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network)
 LOCAL_WORKERS = 2  # to local disk the work is system calls under the GIL: more threads only contend
@@ -137,20 +137,32 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     """Back up a checkpoint (and its file sinks and ledger) to ``dest_url``; returns the summary."""
     repo = Repository.open(dest_url, storage_options, create=True)
     backup_id = new_backup_id()
-    repo.write_intent(backup_id, set())  # before anything is checked: a garbage collection now waits
     try:
-        _wait_for_prune(repo)
-        for attempt in range(_ATTEMPTS):
-            try:
-                return _take(repo, backup_id, checkpoint_url, list(sink_urls), storage_options, progress,
-                             source_compact_interval, sink_compact_interval)
-            except _Vanished as v:
-                if attempt == _ATTEMPTS - 1:
-                    raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes files "
-                                       "a restart needs faster than they can be copied", path=checkpoint_url,
-                                       fix="stop the query for the backup, or back up more often") from None
-    finally:
+        repo.write_intent(backup_id, set())  # before anything is checked: a garbage collection now waits
+        try:
+            _wait_for_prune(repo)
+            for attempt in range(_ATTEMPTS):
+                try:
+                    summary = _take(repo, backup_id, checkpoint_url, list(sink_urls), storage_options, progress,
+                                    source_compact_interval, sink_compact_interval)
+                    break
+                except _Vanished as v:
+                    if attempt == _ATTEMPTS - 1:
+                        raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes "
+                                           "files a restart needs faster than they can be copied", path=checkpoint_url,
+                                           fix="stop the query for the backup, or back up more often") from None
+        except BaseException:
+            # the store may be down: the error that stopped the backup matters, not this cleanup (an
+            # intent left behind expires by itself)
+            with contextlib.suppress(StoreUnavailableError):
+                repo.drop_intent(backup_id)
+            raise
         repo.drop_intent(backup_id)
+        return summary
+    except StoreUnavailableError as e:
+        raise e.finish_with(f"backup {backup_id} was not completed: a backup exists only once its manifest is stored "
+                            "(`backup list` shows it), so nothing half-made is visible; once the store answers, run "
+                            "the same command again (what was already uploaded is reused)") from e.__cause__
 
 
 def _wait_for_prune(repo: Repository) -> None:
@@ -227,11 +239,11 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
         path = f"{root_path}/{rel}"
         try:
             if size > _BIG:
-                sha = retry(lambda: _hash_stream(fm, path))
-                created = sha not in have and retry(lambda: repo.put_object_stream(sha, fm, path))
+                sha = _hash_stream(fm, path)
+                created = sha not in have and repo.put_object_stream(sha, fm, path)
                 nbytes = size
             else:
-                data = retry(lambda: fm.read_bytes(path))
+                data = fm.read_bytes(path)
                 sha = hashlib.sha256(data).hexdigest()
                 nbytes = len(data)
                 if rid == "checkpoint" and rel in needed.get(rid, ()) and rel in state_files:
@@ -240,7 +252,7 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
                         raise BadInputError(f"{problem} (Spark's restart after batch {batch} reads it)",
                                             path=fm.url(path), fix="restore it from an older backup, or roll back "
                                             "to a batch before the damage, then back up")
-                created = sha not in have and retry(lambda: repo.put_object(sha, data))
+                created = sha not in have and repo.put_object(sha, data)
         except FileNotFoundError:
             if rel in needed.get(rid, ()):
                 raise _Vanished(rel) from None
@@ -284,7 +296,9 @@ def _take(repo: Repository, backup_id: str, checkpoint_url: str, sink_urls: list
     m = repo.publish(backup_id, doc)
     return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": kind, "checkpoint": ckpt.url,
             "query_id": query_id, "batch": batch, "parent": doc["parent"], **doc["stats"],
-            "skipped_vanished": stats["skipped_vanished"], "requests": repo.fm.counter.snapshot()}
+            "skipped_vanished": stats["skipped_vanished"], "requests": repo.fm.counter.snapshot(),
+            "retries": {"destination": repo.fm.counter.retries(),
+                        **{rid: fm.counter.retries() for rid, (_, fm, _, _) in roots.items()}}}
 
 
 def _parent(repo: Repository, checkpoint_url: str) -> Manifest | None:

@@ -12,11 +12,12 @@ was interrupted.
 from __future__ import annotations
 
 import calendar
+import contextlib
 import time
 
-from ..errors import BadInputError
+from ..errors import BadInputError, StoreUnavailableError
 from ..plan import Plan
-from .repository import Repository
+from .repository import LOCK_TTL_S, Repository
 
 
 def plan_backup_prune(repo: Repository, keep_last: int | None = None, keep_within_s: float | None = None,
@@ -63,20 +64,40 @@ def plan_backup_prune(repo: Repository, keep_last: int | None = None, keep_withi
 
 def apply_backup_prune(repo: Repository, plan: Plan) -> dict:
     """Delete the planned manifests, then (alone, under the lock) every object no manifest or running
-    backup needs. Objects are judged again under the lock: a backup may have published since."""
-    lock = repo.take_prune_lock()
+    backup needs. Objects are judged again under the lock: a backup may have published since.
+    ``requests`` and ``retries``: what the destination's file manager issued, by kind."""
     try:
-        manifests = [a.rel for a in plan.actions if a.rel.startswith("manifests/")]
-        repo.fm.delete_many([repo.path(r) for r in manifests])
-        repo.fm.delete_many([repo.path(r.replace("manifests/", "verified/")) for r in manifests])
-        if repo.live_intents():
-            return {"manifests_deleted": len(manifests), "objects_deleted": 0, "bytes_deleted": 0,
-                    "objects_deferred": True,
-                    "note": "a backup is being taken: its objects, and any others, are left for the next prune"}
-        needed = set().union(*(m.hashes() for m in repo.manifests(refresh=True)))
-        garbage = {h: s for h, s in repo.all_objects().items() if h not in needed}
-        repo.fm.delete_many([repo.object_path(h) for h in garbage])
-        return {"manifests_deleted": len(manifests), "objects_deleted": len(garbage),
-                "bytes_deleted": sum(garbage.values()), "objects_deferred": False}
-    finally:
+        lock = repo.take_prune_lock()
+    except StoreUnavailableError as e:
+        raise e.finish_with("nothing was deleted; once the store answers, run the same command again") from e.__cause__
+    try:
+        result = _collect(repo, plan)
+    except StoreUnavailableError as e:
+        with contextlib.suppress(StoreUnavailableError):  # the store may be down: say what stays behind
+            repo.release_prune_lock(lock)
+            lock = None
+        left = (f"; its lock {repo.fm.url(repo.path('locks/' + lock))} may stay behind, and backups wait for it "
+                f"until it expires ({LOCK_TTL_S // 3600} h) or is deleted") if lock else ""
+        raise e.finish_with("the prune stopped part-way: every backup not yet deleted is whole (objects go only "
+                            "after no manifest names them); once the store answers, run the same command again to "
+                            f"finish it{left}") from e.__cause__
+    except BaseException:
         repo.release_prune_lock(lock)
+        raise
+    repo.release_prune_lock(lock)
+    return {**result, "requests": repo.fm.counter.snapshot(), "retries": repo.fm.counter.retries()}
+
+
+def _collect(repo: Repository, plan: Plan) -> dict:
+    manifests = [a.rel for a in plan.actions if a.rel.startswith("manifests/")]
+    repo.fm.delete_many([repo.path(r) for r in manifests])
+    repo.fm.delete_many([repo.path(r.replace("manifests/", "verified/")) for r in manifests])
+    if repo.live_intents():
+        return {"manifests_deleted": len(manifests), "objects_deleted": 0, "bytes_deleted": 0,
+                "objects_deferred": True,
+                "note": "a backup is being taken: its objects, and any others, are left for the next prune"}
+    needed = set().union(*(m.hashes() for m in repo.manifests(refresh=True)))
+    garbage = {h: s for h, s in repo.all_objects().items() if h not in needed}
+    repo.fm.delete_many([repo.object_path(h) for h in garbage])
+    return {"manifests_deleted": len(manifests), "objects_deleted": len(garbage),
+            "bytes_deleted": sum(garbage.values()), "objects_deferred": False}

@@ -6,7 +6,6 @@ import concurrent.futures
 import time
 
 from .repository import Repository
-from .transfer import retry
 
 WORKERS = 16
 
@@ -17,7 +16,7 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
     manifests = [repo.manifest(backup_id)] if backup_id else repo.manifests()
     hashes = set().union(*(m.hashes() for m in manifests)) if manifests else set()
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
-        got = dict(zip(sorted(hashes), pool.map(lambda h: retry(lambda: repo.object_hash(h)), sorted(hashes))))
+        got = dict(zip(sorted(hashes), pool.map(repo.object_hash, sorted(hashes))))
     bad_objects = {h: ("missing" if got[h] is None else "damaged (its content does not match its hash)")
                    for h in hashes if got[h] != h}
     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
