@@ -34,7 +34,7 @@ from .model.listing import Listing
 from .model.logfile import log_files
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, open_file_manager
-from .storage.paths import join
+from .storage.paths import join, parse_url
 
 CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
 _STREAM = 8 * 2**20
@@ -96,7 +96,7 @@ class Executor:
         self.chunk = CHUNK
         self.steps = 0
         self._scanned: dict[str, Listing] | None = None
-        self._sources: dict[str, tuple[CheckpointFileManager, str]] = {}
+        self._sources: dict[tuple, CheckpointFileManager] = {}
         self._bar = None
         if progress and sys.stderr.isatty():
             from tqdm import tqdm
@@ -152,10 +152,14 @@ class Executor:
 
     # -- content --------------------------------------------------------------------------------------
     def _source(self, sha: str) -> tuple[CheckpointFileManager, str]:
+        """Where the content for ``sha`` is, through one file manager per store (opening one costs a
+        new client: per object, a restore spent most of its time there)."""
         url = self.plan.sources[sha]
-        if url not in self._sources:
-            self._sources[url] = open_file_manager(url, self.storage_options)
-        return self._sources[url]
+        loc = parse_url(url)
+        store = (loc.original_scheme, loc.scheme, "" if loc.is_local else loc.path.split("/", 1)[0])
+        if store not in self._sources:
+            self._sources[store] = open_file_manager(url, self.storage_options)[0]
+        return self._sources[store], loc.path
 
     def _put(self, root: Root, a: FileAction, overwrite: bool) -> None:
         """Publish the action's content at its path, checking it against the plan's hash as it goes
@@ -501,7 +505,7 @@ def _result(journal: Journal, status: str, roots: dict[str, Root], ex: "Executor
     stores content was streamed from (a restore's backup objects)."""
     plan = journal.record["plan"]
     counters = {rid: r.fm.counter for rid, r in roots.items()}
-    sources = [fm.counter for fm, _ in (ex._sources.values() if ex is not None else ())]
+    sources = [fm.counter for fm in (ex._sources.values() if ex is not None else ())]
     requests = {rid: c.snapshot() for rid, c in counters.items()}
     retries = {rid: c.retries() for rid, c in counters.items()}
     if sources:
