@@ -47,14 +47,19 @@ class StoreUnavailableError(StorageError):
 
     DEFAULT_FIX = "nothing was changed; run the same command again once the store answers"
 
-    def __init__(self, problem: str, *, path: str | None = None, fix: str | None = None):
+    def __init__(self, problem: str, *, path: str | None = None, fix: str | None = None,
+                 retries: dict[str, int] | None = None):
         super().__init__(problem, path=path, fix=fix or self.DEFAULT_FIX)
+        self.retries = dict(retries or {})  # what the failing store's requests were retried, by kind
 
     def finish_with(self, fix: str) -> "StoreUnavailableError":
         """The same failure, with what to do now that it stopped an operation part-way."""
-        e = StoreUnavailableError(self.problem, path=self.path, fix=fix)
+        e = StoreUnavailableError(self.problem, path=self.path, fix=fix, retries=self.retries)
         e.__cause__ = self.__cause__
         return e
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "retries": self.retries}
 
 
 class RefusedError(CheckpointOpsError):

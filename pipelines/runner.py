@@ -81,6 +81,8 @@ def rollback(context, query, config, files) -> dict:
     context.log.info(f"rolled {query.name} back to batch {plan.target_batch} ({result['op_id']}): "
                      f"{plan.counts()['delete']} files moved aside; undo with checkpoint-ops undo {ckpt.url}")
     md["rollback_op_id"] = dg.MetadataValue.text(result["op_id"])
+    md["rollback_requests"] = dg.MetadataValue.json(result["requests"])  # per root, by kind
+    md["rollback_retries"] = dg.MetadataValue.json(result["retries"])  # of those, retried after a store failure
     return md
 
 

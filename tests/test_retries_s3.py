@@ -91,6 +91,7 @@ def test_attempts_are_bounded_counted_and_answers_are_never_retried():
     assert len(calls) == 4 and waits == [0.1, 0.2, 0.4] and counter.retries() == {"GetObject": 3}
     assert "GetObject failed 4 time(s)" in err.value.problem and "503 SlowDown" in err.value.problem
     assert err.value.path == "s3://b/k" and "run the same command again" in err.value.fix
+    assert err.value.to_dict()["retries"] == {"GetObject": 3}
     assert not isinstance(err.value, OSError)  # never mistaken for a damaged file
 
     calls.clear()

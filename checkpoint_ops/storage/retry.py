@@ -191,7 +191,7 @@ class Retrier:
         took = time.monotonic() - started
         return StoreUnavailableError(
             f"the object store kept failing: {kind} failed {attempt} time(s) over {took:.1f} s (last: {reason})",
-            path=url)
+            path=url, retries=self.counter.retries())
 
     def _judge(self, e: Exception, kind: str, url: str, attempt: int, started: float) -> float:
         """The wait before the next attempt; raises when ``e`` is an answer or attempts ran out."""
