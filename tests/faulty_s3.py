@@ -217,6 +217,7 @@ class FaultyS3:
         self._outage_until = 0.0
         self._outage_after: int | None = None  # requests still to pass before an armed outage starts
         self._outage_seconds = 0.0
+        self._outage_kind: str | None = None
         self._outage_requests = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -236,6 +237,13 @@ class FaultyS3:
             self._seen.clear()
             self._faulted.clear()
 
+    def calm(self) -> None:
+        """No faults and no outage from now on (the counters stay)."""
+        with self._lock:
+            self.plan = FaultPlan()
+            self._outage_until = 0.0
+            self._outage_after = None
+
     def clear(self) -> None:
         """No faults, no outage, counters at zero."""
         with self._lock:
@@ -252,11 +260,13 @@ class FaultyS3:
             stats, self.stats = self.stats, FaultStats()
             return stats
 
-    def outage(self, seconds: float, after_requests: int = 0) -> None:
+    def outage(self, seconds: float, after_requests: int = 0, of_kind: str | None = None) -> None:
         """Every request fails for ``seconds``, starting now or once ``after_requests`` more requests
-        have gone through."""
+        (of the kind ``of_kind``, if given: say, part-way through an operation's copies) have gone
+        through."""
         with self._lock:
             self._outage_seconds = seconds
+            self._outage_kind = of_kind
             if after_requests <= 0:
                 self._outage_until = time.monotonic() + seconds
                 self._outage_after = None
@@ -318,8 +328,8 @@ class FaultyS3:
             self.stats.requests[req.kind] += 1
             now = time.monotonic()
             down = now < self._outage_until
-            if self._outage_after is not None:  # this request still goes through; the outage may start after it
-                self._outage_after -= 1
+            if self._outage_after is not None and self._outage_kind in (None, req.kind):
+                self._outage_after -= 1  # this request still goes through; the outage may start after it
                 if self._outage_after <= 0:
                     self._outage_after = None
                     self._outage_until = now + self._outage_seconds
