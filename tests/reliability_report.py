@@ -67,17 +67,18 @@ def fault_lines(rows: list[dict]) -> list[str]:
     lines = [FAULTS.format(date=time.strftime("%Y-%m-%d"), machine=platform.machine(),
                            python=platform.python_version()).rstrip("\n")]
     for r in rows:
-        runs = "1 (completed in one run)" if r["runs"] == 1 else f"{r['runs']} (stopped {len(r['stops'])}x, finished by " \
-            f"{'resume' if any('resume' in s or 'undo' in s for s in r['stops']) else 'running it again'})"
+        named = any("`checkpoint-ops " in s and "then the same command again" not in s for s in r["stops"])
+        runs = "1 (completed in one run)" if r["runs"] == 1 else f"{r['runs']} (stopped {len(r['stops'])}x, finished " \
+            f"{'by the command its message named' if named else 'by running it again'})"
         seed = "" if r["seed"] is None else str(r["seed"])
         lines.append(f"| {r['operation']} | {r['faults']} | {seed} | {runs} | {r['retries']} | {r['injected']} | "
                      f"{r.get('seconds', '')} | {'yes' if r['spark_checked'] else ''} |")
     lines.append("""
 *retries reported*: the retries the runs' `--json` reported (completed runs: `retries` per store; stopped runs: the
-retries of the store that gave up). *faults injected*: counted at the proxy for the run that finished (slow replies
-delay a request without failing it; during an outage every request fails). *seconds*: from the first run to the end
-of the last, waiting out the outage included (a loaded 2-core machine; for orientation, not a benchmark). The
-rollback row with Spark includes a second rollback under the same faults after the undo.
+retries of the store that gave up). *faults injected*: counted at the proxy over all the operation's runs (slow
+replies delay a request without failing it; during an outage every request fails). *seconds*: from the first run to
+the end of the last, waiting out the outage included (a loaded 2-core machine; for orientation, not a benchmark).
+*rollback again, after the undo*: the same rollback under the same faults leaves the same bytes as the first.
 """)
     return lines
 
