@@ -23,10 +23,13 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
 from __future__ import annotations
 
 import json
+import os
+import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from .errors import RefusedError
-from .liveness import Heartbeat, Holder, default_ttl
+from .liveness import Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
 from .storage import CheckpointFileManager
 from .storage.paths import dirname, join
@@ -74,6 +77,24 @@ def lease_path(root: str) -> str:
     return join(root, LEASE_NAME)
 
 
+_HELD_HERE: set[str] = set()  # tokens of the leases this process holds right now
+_HELD_LOCK = threading.Lock()
+
+
+def _left_here(holder: Holder) -> str | None:
+    """A record naming this very process for a lease it no longer holds: its release failed (the store
+    did not answer), and the process went on. Without this, a long-lived process (a Dagster code server, a
+    test) would wait out the time to live for a lease nobody holds."""
+    if holder.host != socket.gethostname() or holder.pid != os.getpid():
+        return None
+    if holder.pid_start != process_start(os.getpid()):
+        return None
+    with _HELD_LOCK:
+        if holder.token in _HELD_HERE:
+            return None
+    return f"it was left by this process (pid {holder.pid}), which no longer holds it (its release failed)"
+
+
 def read_lease(fm: CheckpointFileManager, root: str, now: float | None = None) -> LeaseState:
     """The lease of ``root`` as it is now (one GET, and a HEAD if the record is unreadable)."""
     path = lease_path(root)
@@ -87,7 +108,7 @@ def read_lease(fm: CheckpointFileManager, root: str, now: float | None = None) -
     except ValueError:
         holder = None
     if holder is not None:
-        return LeaseState(url, holder, True, holder.stale_reason(now))
+        return LeaseState(url, holder, True, holder.stale_reason(now) or _left_here(holder))
     # Not a record we wrote (edited, or a foreign file): judge it by its age alone.
     info = fm.info(path)
     age = (time.time() if now is None else now) - (info.mtime if info and info.mtime is not None else 0)
@@ -136,6 +157,10 @@ class Lease:
     # its missing parents, deepest first): gone again if left empty
     _heartbeat: Heartbeat | None = None
 
+    def __post_init__(self) -> None:
+        with _HELD_LOCK:
+            _HELD_HERE.add(self.holder.token)
+
     @property
     def url(self) -> str:
         return self.fm.url(self.root)
@@ -182,6 +207,8 @@ class Lease:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
+        with _HELD_LOCK:  # from now on not held, even if deleting the record fails
+            _HELD_HERE.discard(self.holder.token)
         state = read_lease(self.fm, self.root)
         if state.holder is not None and state.holder.token == self.holder.token:
             self.fm.delete(self.path)  # with its checksum sidecar, where the file system keeps one
@@ -198,6 +225,17 @@ def acquire(fm: CheckpointFileManager, root: str, owner: str, what: str | None =
     """Take the lease of ``root`` for ``owner`` (module docstring); ``LeaseHeld`` if another holds it."""
     what = what or fm.url(root)
     me = Holder.me(owner, ttl_s)
+    with _HELD_LOCK:  # before the record can exist: a thread of this process must never judge it left behind
+        _HELD_HERE.add(me.token)
+    try:
+        return _acquire(fm, root, what, me, heartbeat)
+    except BaseException:
+        with _HELD_LOCK:
+            _HELD_HERE.discard(me.token)
+        raise
+
+
+def _acquire(fm: CheckpointFileManager, root: str, what: str, me: Holder, heartbeat: bool) -> Lease:
     body = json.dumps(me.to_dict()).encode()
     path = lease_path(root)
     created = _missing_dirs(fm, root)
@@ -271,17 +309,6 @@ class LeaseSet:
     def check(self) -> None:
         for lease in self.leases:
             lease.check()
-
-    def _drop_dead_temps(self) -> None:
-        """Temp files of lease writes older than our lease: their writers died mid-write (a writer that
-        lost the race removes its own), so nothing else will ever remove them. Object stores have none."""
-        if self.fm.strategy == "direct-put":
-            return
-        dead = [f.path for f in self.fm.list(self.root)
-                if not f.is_dir and f.name.startswith("." + OWN_FILE_PREFIXES[0]) and f.name.endswith(".tmp")
-                and f.mtime is not None and f.mtime * 1000 < self.holder.acquired_ms]
-        if dead:
-            self.fm.delete_many(dead)
 
     def release(self) -> None:
         errors = []

@@ -20,6 +20,7 @@ Operations live beside their planners (``rollback.RollbackOperation``, ``recover
 from __future__ import annotations
 
 import abc
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -195,34 +196,58 @@ def confirm(op: Operation, plan: Plan, options: RunOptions, where: str) -> None:
         raise RefusedError("not applied: declined at the prompt", path=where)
 
 
+_LEFT = ("it goes stale once this process ends (at once for the next command on this host), or when its "
+         "heartbeat lapses")
+
+
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
-    """The one sequence (module docstring)."""
+    """The one sequence (module docstring). The leases are released whatever happened; a release that
+    fails (the store does not answer) never hides the error that stopped the operation, and never turns
+    a completed one into a failure: it is a warning, and the lease left behind goes stale."""
     leases = LeaseSet()
     try:
-        op.precheck()
-        if op.takes_lease:
-            acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases)
-        op.open()
-        if op.takes_lease:
-            acquire_all([s.lease_target() for s in op.more_sites()], options.owner, options.held, into=leases)
-        notes = tuple(leases.notes)
-        if options.warn is not None:
-            for note in notes:
-                options.warn(note)
-        op.check_active(options.force)
-        plan = op.plan(stage=not options.dry_run)
-        where = op.sites()[0].url if op.sites() else None
+        result = _run(op, options, leases)
+    except BaseException:
         try:
-            if options.dry_run or op.nothing_to_do(plan):
-                op.discard(plan)
-                return OperationResult(op.name, plan, options.dry_run, None, notes)
-            if options.show_plan is not None:
-                options.show_plan(plan)
-            confirm(op, plan, options, where)
-        except BaseException:
-            op.discard(plan)
-            raise
-        outcome = op.apply(plan, ApplyContext(options.storage_options, options.progress, leases))
-        return OperationResult(op.name, plan, False, outcome, notes)
-    finally:
+            leases.release()
+        except Exception as e:  # noqa: BLE001 - the error that stopped the operation is the one to report
+            if options.warn is not None:
+                options.warn(f"its lease could not be released ({e}); {_LEFT}")
+        raise
+    try:
         leases.release()
+    except Exception as e:  # noqa: BLE001 - done and journaled: only the lease is left behind
+        note = f"the {op.name} completed, but its lease could not be released ({e}); {_LEFT}"
+        if options.warn is not None:
+            options.warn(note)
+        result = dataclasses.replace(result, notes=(*result.notes, note))
+    return result
+
+
+def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResult:
+    """``run`` without the release (its caller releases ``leases``, whatever happens)."""
+    op.precheck()
+    if op.takes_lease:
+        acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases)
+    op.open()
+    if op.takes_lease:
+        acquire_all([s.lease_target() for s in op.more_sites()], options.owner, options.held, into=leases)
+    notes = tuple(leases.notes)
+    if options.warn is not None:
+        for note in notes:
+            options.warn(note)
+    op.check_active(options.force)
+    plan = op.plan(stage=not options.dry_run)
+    where = op.sites()[0].url if op.sites() else None
+    try:
+        if options.dry_run or op.nothing_to_do(plan):
+            op.discard(plan)
+            return OperationResult(op.name, plan, options.dry_run, None, notes)
+        if options.show_plan is not None:
+            options.show_plan(plan)
+        confirm(op, plan, options, where)
+    except BaseException:
+        op.discard(plan)
+        raise
+    outcome = op.apply(plan, ApplyContext(options.storage_options, options.progress, leases))
+    return OperationResult(op.name, plan, False, outcome, notes)

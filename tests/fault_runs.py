@@ -264,7 +264,7 @@ def rollback_resumed_through_outages(spark, run, endpoint: str, bucket: str, pro
     until_done(row, proxy, rollback, (*via(proxy), *SOURCE_INTERVAL), fenced_or(endpoint, bucket, s3_dir, original),
                after_stop=again)
     proxy.calm()
-    assert len(row.stops) == 2 and all(f"`checkpoint-ops rollback {url} --resume`" in fix for fix in row.stops), \
+    assert len(row.stops) == 2 and all(f"`checkpoint-ops resume {url}`" in fix for fix in row.stops), \
         row.stops
     fsck_clean(url, *INTERVALS)
     download(endpoint, bucket, s3_dir, run.checkpoint)
