@@ -5,7 +5,7 @@ checkpoint format V2), each with its own checkpoint under ``<home>/example/``.""
 import os
 
 from pipelines.event_counts import ROCKSDB_V2, counts_writer, events_writer
-from pipelines.streaming import StreamingQuery, default_home, streaming_definitions
+from dagster_checkpoint_ops.streaming import StreamingQuery, default_home, streaming_definitions
 
 HOME = default_home()
 EXAMPLE = os.path.join(HOME, "example")

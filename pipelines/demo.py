@@ -37,8 +37,8 @@ from checkpoint_ops.model.checkpoint import open_sink  # noqa: E402
 from pipelines import definitions as example  # noqa: E402
 from pipelines.event_counts import (FLUSH_KEY, event_rows, events_writer, expected_windows, flush_files,  # noqa: E402
                                     read_output, write_bad_event_file, write_event_files)
-from pipelines.streaming import StreamingQuery, streaming_definitions  # noqa: E402
-from resources.spark import LOCAL_SPARK  # noqa: E402
+from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions  # noqa: E402
+from dagster_checkpoint_ops.resources.spark import LOCAL_SPARK  # noqa: E402
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 ASSETS = ("events_stream", "event_counts")

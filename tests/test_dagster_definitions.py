@@ -9,8 +9,8 @@ import sys
 import dagster as dg
 import pytest
 
-from pipelines.query import StreamingQuery
-from pipelines.streaming import streaming_definitions
+from dagster_checkpoint_ops.query import StreamingQuery
+from dagster_checkpoint_ops.streaming import streaming_definitions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -17,10 +17,10 @@ import dagster as dg
 from checkpoint_ops.backup import Repository
 from checkpoint_ops.drill import DrillResult, drill_records, recovery_point, run_drill
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
-from pipelines.query import StreamingQuery, pool_name
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
-from resources.spark import SparkResource
+from dagster_checkpoint_ops.query import StreamingQuery, pool_name
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
+from dagster_checkpoint_ops.resources.spark import SparkResource
 
 CHECK = "restore_drill_check"
 

@@ -8,10 +8,10 @@ from checkpoint_ops.errors import CheckpointOpsError, parameter_names
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.sinklog import SinkCompactOperation, SinkRetainOperation
 from checkpoint_ops.units import parse_duration
-from pipelines.maintenance import maintenance_job, query_op
-from pipelines.query import StreamingQuery
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
+from dagster_checkpoint_ops.maintenance import maintenance_job, query_op
+from dagster_checkpoint_ops.query import StreamingQuery
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
 
 
 def compact_sinks(context, query: StreamingQuery, settings: StreamingSettings,

@@ -3,7 +3,7 @@ reprocessing, from one call.
 
 .. code-block:: python
 
-    from pipelines.streaming import StreamingQuery, streaming_definitions
+    from dagster_checkpoint_ops import StreamingQuery, streaming_definitions
 
     def build(spark):
         return spark.readStream.schema(SCHEMA).json("/data/in").writeStream.format("parquet").option(
@@ -25,16 +25,16 @@ from typing import Optional, Sequence
 import dagster as dg
 from pydantic import Field
 
-from pipelines.backups import backup_job, freshness_check
-from pipelines.compaction import compaction_job
-from pipelines.drill import drill_check, drill_job, drill_schedule
-from pipelines.health import failure_sensor, health_check
-from pipelines.query import StreamingQuery, job_name, pool_name
-from pipelines.reprocess import reprocess_request_sensor
-from pipelines.runner import run_stream
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
-from resources.spark import LOCAL_SPARK, SparkResource
+from dagster_checkpoint_ops.backups import backup_job, freshness_check
+from dagster_checkpoint_ops.compaction import compaction_job
+from dagster_checkpoint_ops.drill import drill_check, drill_job, drill_schedule
+from dagster_checkpoint_ops.health import failure_sensor, health_check
+from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
+from dagster_checkpoint_ops.reprocess import reprocess_request_sensor
+from dagster_checkpoint_ops.runner import run_stream
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
+from dagster_checkpoint_ops.resources.spark import LOCAL_SPARK, SparkResource
 
 __all__ = ["ReprocessConfig", "StreamingQuery", "default_home", "streaming_definitions"]
 

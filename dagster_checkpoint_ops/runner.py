@@ -21,7 +21,7 @@ from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.units import parse_time
-from pipelines.compat import check_before_run
+from dagster_checkpoint_ops.compat import check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"

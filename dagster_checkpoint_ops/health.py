@@ -3,8 +3,8 @@
 import dagster as dg
 
 from checkpoint_ops.fsck import run_fsck
-from pipelines.query import StreamingQuery, job_name, pool_name
-from resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
 
 def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -> tuple[list, dict]:

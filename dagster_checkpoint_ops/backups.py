@@ -12,10 +12,10 @@ from checkpoint_ops.backup.repository import TIME_FORMAT
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.units import parse_duration
-from pipelines.maintenance import maintenance_job, query_op
-from pipelines.query import StreamingQuery
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
+from dagster_checkpoint_ops.maintenance import maintenance_job, query_op
+from dagster_checkpoint_ops.query import StreamingQuery
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
 
 
 def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
