@@ -38,13 +38,20 @@ from dagster_checkpoint_ops.resources.spark import LOCAL_SPARK, SparkResource
 
 __all__ = ["ReprocessConfig", "StreamingQuery", "default_home", "streaming_definitions"]
 
-# git-ignored, beside the code, when $CHECKPOINT_OPS_HOME is not set
-DEFAULT_HOME = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".checkpoint-ops-home")
+HOME_DIR = ".checkpoint-ops-home"  # in the current directory, when neither environment variable is set
 
 
 def default_home() -> str:
-    """``$CHECKPOINT_OPS_HOME``, else ``.checkpoint-ops-home/`` in the repository (git-ignored)."""
-    return os.path.abspath(os.environ.get("CHECKPOINT_OPS_HOME") or DEFAULT_HOME)
+    """The working directory of the definitions: ``$CHECKPOINT_OPS_HOME``, else ``$DAGSTER_HOME/checkpoint-ops``,
+    else ``.checkpoint-ops-home/`` in the current directory; an absolute path. Reads the environment only:
+    nothing is created (never inside the installed package)."""
+    explicit = os.environ.get("CHECKPOINT_OPS_HOME")
+    if explicit:
+        return os.path.abspath(explicit)
+    dagster_home = os.environ.get("DAGSTER_HOME")
+    if dagster_home:
+        return os.path.abspath(os.path.join(dagster_home, "checkpoint-ops"))
+    return os.path.abspath(HOME_DIR)
 
 
 class ReprocessConfig(dg.Config):
@@ -87,7 +94,8 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
     ``checkpoint_restore_drill_job``/``checkpoint_restore_drill_schedule`` (``drill_cron``, daily by default),
     ``reprocess_request_sensor``, ``checkpoint_failure_sensor`` and the resources they use.
 
-    ``home`` defaults to ``$CHECKPOINT_OPS_HOME``, else a git-ignored directory in the repository;
+    ``home`` defaults to ``default_home()`` (``$CHECKPOINT_OPS_HOME``, else ``$DAGSTER_HOME/checkpoint-ops``, else
+    ``.checkpoint-ops-home/`` in the current directory);
     ``backup_url`` to ``<home>/backups`` (each query's backups under ``<backup_url>/<name>``).
     ``spark_config`` adds to (or overrides) local Spark's settings, ``spark.master`` included;
     ``spark_remote="sc://host:port"`` drives a remote cluster through Spark Connect.

@@ -4,8 +4,9 @@ checkpoint format V2), each with its own checkpoint under ``<home>/example/``.""
 
 import os
 
+from dagster_checkpoint_ops import StreamingQuery, default_home, streaming_definitions
 from pipelines.event_counts import ROCKSDB_V2, counts_writer, events_writer
-from dagster_checkpoint_ops.streaming import StreamingQuery, default_home, streaming_definitions
+from resources import EXAMPLE_SPARK_CONFIG
 
 HOME = default_home()
 EXAMPLE = os.path.join(HOME, "example")
@@ -31,4 +32,4 @@ event_counts = StreamingQuery(name="event_counts", build=build_counts,
                               checkpoint=os.path.join(EXAMPLE, "checkpoints", "event_counts"), sinks=[COUNTS_OUT],
                               description="Events counted and summed per 30-second window and key (RocksDB state).")
 
-defs = streaming_definitions([events_stream, event_counts], home=HOME)
+defs = streaming_definitions([events_stream, event_counts], home=HOME, spark_config=EXAMPLE_SPARK_CONFIG)
