@@ -29,7 +29,10 @@ from dagster_checkpoint_ops.backups import backup_job, freshness_check
 from dagster_checkpoint_ops.compaction import compaction_job
 from dagster_checkpoint_ops.drill import drill_check, drill_job, drill_schedule
 from dagster_checkpoint_ops.health import failure_sensor, health_check
-from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
+from dagster_checkpoint_ops.observe import progress_sensor
+from dagster_checkpoint_ops.operations import external_rollback_job, restore_job, undo_job
+from dagster_checkpoint_ops.pools import warn_if_pool_unlimited
+from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name, schedule_name
 from dagster_checkpoint_ops.reprocess import reprocess_request_sensor
 from dagster_checkpoint_ops.runner import run_stream
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
@@ -72,14 +75,28 @@ class ReprocessConfig(dg.Config):
 
 def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
     description = query.description or f"Streaming query {query.name}, run until its input is drained."
+    extra = {}
+    if query.automation_condition is not None:
+        extra["automation_condition"] = query.automation_condition
+    if query.freshness_policy is not None:
+        extra["freshness_policy"] = query.freshness_policy
 
     @dg.asset(name=query.name, kinds={"spark"}, group_name=query.group, pool=pool_name(query.name),
-              description=description, tags=query.tags or None)
+              description=description, tags=query.tags or None, **extra)
     def _asset(context: dg.AssetExecutionContext, config: ReprocessConfig, spark: SparkResource,
                checkpoint_files: CheckpointFileManagerResource) -> dg.MaterializeResult:
+        warn_if_pool_unlimited(context)
         return run_stream(context, query, config, spark.spark_session, checkpoint_files)
 
     return _asset
+
+
+def external_asset(query: StreamingQuery) -> dg.AssetSpec:
+    """A query that runs elsewhere: an external asset (observed, never materialized here)."""
+    extra = {"freshness_policy": query.freshness_policy} if query.freshness_policy is not None else {}
+    return dg.AssetSpec(key=query.name, kinds={"spark"}, group_name=query.group, tags=query.tags or None,
+                        description=query.description or f"Streaming query {query.name}, run elsewhere; its "
+                        "checkpoint is observed, checked, backed up and compacted here.", **extra)
 
 
 def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str] = None,
@@ -104,28 +121,43 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
     names = [q.name for q in queries]
     if len(set(names)) != len(names):
         raise ValueError(f"query names must be unique: {names}")
+    built = [q for q in queries if not q.external]
+    external = [q for q in queries if q.external]
     home = home or default_home()
     backup_url = backup_url or f"{home.rstrip('/')}/backups"
-    assets = [streaming_asset(q) for q in queries]
-    checks = [c for q in queries for c in (health_check(q), freshness_check(q), drill_check(q))]
+    assets = [streaming_asset(q) for q in built] + [external_asset(q) for q in external]
+    checks = [c for q in queries for c in (health_check(q), freshness_check(q))] + [drill_check(q) for q in built]
     asset_jobs = [dg.define_asset_job(job_name(q.name), selection=dg.AssetSelection.assets(q.name),
                                       tags={"checkpoint/query": q.name},
                                       description=f"Run {q.name} (with run config: roll back and reprocess first).")
-                  for q in queries]
+                  for q in built]
     backups = backup_job(queries)
-    drills = drill_job(queries)
-    jobs = [*asset_jobs, backups, drills]
+    jobs = [*asset_jobs, backups, undo_job(queries), restore_job(queries)]
+    jobs += [external_rollback_job(q) for q in external]
     schedules = [dg.ScheduleDefinition(name="checkpoint_backup_schedule", job=backups, cron_schedule=backup_cron,
                                        execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
-                                       description="Back up every query's checkpoint (and sinks) on a schedule."),
-                 drill_schedule(drills, drill_cron)]
+                                       description="Back up every query's checkpoint (and sinks) on a schedule.")]
+    if built:
+        drills = drill_job(built)
+        jobs.append(drills)
+        schedules.append(drill_schedule(drills, drill_cron))
+    by_name = {job.name: job for job in asset_jobs}
+    schedules += [dg.ScheduleDefinition(name=schedule_name(q.name), job=by_name[job_name(q.name)],
+                                        cron_schedule=q.schedule, execution_timezone="UTC",
+                                        default_status=dg.DefaultScheduleStatus.RUNNING,
+                                        description=f"Run {q.name} until its input is drained, on a schedule.")
+                  for q in built if q.schedule]
     compaction = compaction_job(queries)
     if compaction is not None:
         jobs.append(compaction)
         schedules.append(dg.ScheduleDefinition(
             name="sink_compaction_schedule", job=compaction, cron_schedule=compaction_cron, execution_timezone="UTC",
             description="Compact every file sink's log (and apply batch-granular retention if set)."))
-    sensors = [reprocess_request_sensor(queries, asset_jobs), failure_sensor(queries)]
+    sensors = [failure_sensor(queries)]
+    if built:
+        sensors.append(reprocess_request_sensor(built, asset_jobs))
+    if external:
+        sensors.append(progress_sensor(external))
     token = dg.EnvVar("SPARK_CONNECT_TOKEN") if os.environ.get("SPARK_CONNECT_TOKEN") else None
     creds = {k: dg.EnvVar(env) for k, env in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"),
                                               ("endpoint_url", "AWS_ENDPOINT_URL")) if os.environ.get(env)}

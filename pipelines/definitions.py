@@ -27,6 +27,7 @@ def build_counts(spark):
 
 events_stream = StreamingQuery(name="events_stream", build=build_events,
                                checkpoint=os.path.join(EXAMPLE, "checkpoints", "events_stream"), sinks=[EVENTS_OUT],
+                               schedule="*/5 * * * *",  # drains new input every five minutes (`make ui`)
                                description="Incoming JSON events, as parquet (stateless file sink).")
 event_counts = StreamingQuery(name="event_counts", build=build_counts,
                               checkpoint=os.path.join(EXAMPLE, "checkpoints", "event_counts"), sinks=[COUNTS_OUT],
