@@ -26,6 +26,17 @@ def tree_snapshot(*roots: str) -> dict[str, tuple[str, int]]:
     return out
 
 
+def is_own_file(path: str) -> bool:
+    """A record checkpoint-ops keeps beside Spark's files (the lease, its takeover claim, the sink's pairing
+    record, or their Hadoop .crc): not part of what Spark wrote, and it outlives an undo."""
+    return os.path.basename(path).lstrip(".").startswith("checkpoint-ops.")
+
+
+def content_snapshot(*roots: str) -> dict[str, str]:
+    """path -> sha256 of every file Spark reads under the roots (checkpoint-ops' own records left out)."""
+    return {p: digest for p, (digest, _mtime) in tree_snapshot(*roots).items() if not is_own_file(p)}
+
+
 def is_lease_file(path: str) -> bool:
     """A lease (or its takeover claim, or their Hadoop .crc) that checkpoint-ops keeps in a root it guards."""
     name = os.path.basename(path)

@@ -19,7 +19,7 @@ import shutil
 
 import pytest
 
-from tests.helpers import cli, cli_json, tree_snapshot
+from tests.helpers import cli, cli_json, content_snapshot, tree_snapshot
 from tests.operator_runs import COMPACT_INTERVAL, QUERIES
 from tests.test_bad_input_corpus import remove_with_sidecars
 
@@ -64,10 +64,6 @@ def join_run(request, operator_runs):
 def tws_run(request, operator_runs):
     """The same, for transformWithStateInPandas only."""
     yield from _fresh(request, operator_runs)
-
-
-def content_snapshot(*roots):
-    return {p: digest for p, (digest, _mtime) in tree_snapshot(*roots).items()}
 
 
 def target_across_compaction(run) -> int:

@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from pipelines.event_counts import expected_windows, flush_files, read_output
-from tests.helpers import is_lease_file, cli_json, tree_snapshot
+from tests.helpers import is_lease_file, cli_json, content_snapshot, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL
 
 INTERVALS = ("--source-compact-interval", str(COMPACT_INTERVAL), "--sink-compact-interval", str(COMPACT_INTERVAL))
@@ -46,10 +46,6 @@ def exact(run, scale_for=lambda i: 1):
 def log_offset_at(run, batch: int) -> int:
     text = open(os.path.join(run.checkpoint, "offsets", str(batch))).read().split("\n")
     return json.loads(text[2])["logOffset"]
-
-
-def content_snapshot(*roots):
-    return {p: digest for p, (digest, _mtime) in tree_snapshot(*roots).items()}
 
 
 def test_rollback_then_resume_is_exactly_once(spark, run):
@@ -128,6 +124,8 @@ def test_undo_restores_byte_for_byte_and_spark_resumes(spark, run):
     assert code == 0, u
     assert u["result"]["status"] == "undone" and u["result"]["op_id"] == r["result"]["op_id"]
     assert content_snapshot(run.checkpoint, run.output) == before
+    # the pairing the rollback checked and recorded is as true after the undo: the record stays
+    assert os.path.exists(os.path.join(run.output, ".checkpoint-ops.pairing.json"))
     code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS, "--deep")
     assert (code, f["findings"]) == (0, [])
     assert finish_and_read(spark, run) == exact(run)
