@@ -46,10 +46,10 @@ def _n(value) -> str:
     return "n/a" if value is None else str(value)
 
 
-def progress_sensor(queries: list[StreamingQuery], minimum_interval_seconds: int = 60) -> dg.SensorDefinition:
+def progress_sensor(queries: list[StreamingQuery], name: str = SENSOR, minimum_interval_seconds: int = 60) -> dg.SensorDefinition:
     """One sensor for every query that runs elsewhere; its cursor is the last batch reported per query."""
 
-    @dg.sensor(name=SENSOR, minimum_interval_seconds=minimum_interval_seconds,
+    @dg.sensor(name=name, minimum_interval_seconds=minimum_interval_seconds,
                default_status=dg.DefaultSensorStatus.RUNNING,
                description="Reports the progress of queries that run elsewhere, from their checkpoints.")
     def _sensor(context: dg.SensorEvaluationContext, checkpoint_files: CheckpointFileManagerResource):

@@ -78,8 +78,8 @@ def operation_metadata(result: OperationResult) -> dict:
     return md
 
 
-def undo_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
-    @dg.op(name="checkpoint_undo", description="Undo the newest operation on a query's checkpoint (journaled).")
+def undo_job(queries: list[StreamingQuery], name: str = UNDO_JOB) -> dg.JobDefinition:
+    @dg.op(name=name.removesuffix("_job"), description="Undo the newest operation on a query's checkpoint (journaled).")
     def checkpoint_undo(context: dg.OpExecutionContext, config: UndoConfig,
                         checkpoint_files: CheckpointFileManagerResource) -> None:
         query = _query(queries, config.query)
@@ -96,7 +96,7 @@ def undo_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
         context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md,
                                               description="undo " + ("planned" if config.dry_run else "applied")))
 
-    @dg.job(name=UNDO_JOB, description="Undo the newest checkpoint-ops operation on a query's checkpoint and "
+    @dg.job(name=name, description="Undo the newest checkpoint-ops operation on a query's checkpoint and "
             "sinks (launchpad: query, dry_run); refused while the query runs.")
     def _job():
         checkpoint_undo()
@@ -104,13 +104,13 @@ def undo_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
     return _job
 
 
-def restore_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
-    @dg.op(name="checkpoint_restore", description="Restore a backup of a query into an empty target.")
+def restore_job(queries: list[StreamingQuery], name: str = RESTORE_JOB) -> dg.JobDefinition:
+    @dg.op(name=name.removesuffix("_job"), description="Restore a backup of a query into an empty target.")
     def checkpoint_restore(context: dg.OpExecutionContext, config: RestoreConfig, streaming_settings: StreamingSettings,
                            checkpoint_files: CheckpointFileManagerResource) -> None:
         query = _query(queries, config.query)
         opts = checkpoint_files.options()
-        dest = streaming_settings.backup_dest(query.name)
+        dest = streaming_settings.backup_dest_of(query)
         with parameter_names(RESTORE_NAMES):
             try:
                 op = RestoreOperation(dest, config.backup_id, config.target, config.sink_targets, config.relocations,
@@ -127,7 +127,7 @@ def restore_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
         context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md, description=(
             f"backup {config.backup_id} " + ("restore planned" if config.dry_run else f"restored into {config.target}"))))
 
-    @dg.job(name=RESTORE_JOB, description="Restore one of a query's backups into an empty target (launchpad: query, "
+    @dg.job(name=name, description="Restore one of a query's backups into an empty target (launchpad: query, "
             "backup_id, target, sink_targets, relocations, to_batch, dry_run).")
     def _job():
         checkpoint_restore()

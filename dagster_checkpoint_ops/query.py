@@ -31,6 +31,8 @@ class StreamingQuery:
     schedule: Optional[str] = None
     automation_condition: Optional[object] = None  # dg.AutomationCondition
     freshness_policy: Optional[object] = None  # dg.FreshnessPolicy
+    backup_url: Optional[str] = None  # this query's backups (default: <the definitions' backup_url>/<name>)
+    sink_retention: Optional[str] = None  # its compaction also drops sink batches older than this (default: shared)
 
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):

@@ -29,8 +29,9 @@ from dagster_checkpoint_ops.backups import backup_job, freshness_check
 from dagster_checkpoint_ops.compaction import compaction_job
 from dagster_checkpoint_ops.drill import drill_check, drill_job, drill_schedule
 from dagster_checkpoint_ops.health import failure_sensor, health_check
+from dagster_checkpoint_ops.observe import SENSOR as PROGRESS_SENSOR
 from dagster_checkpoint_ops.observe import progress_sensor
-from dagster_checkpoint_ops.operations import external_rollback_job, restore_job, undo_job
+from dagster_checkpoint_ops.operations import RESTORE_JOB, UNDO_JOB, external_rollback_job, restore_job, undo_job
 from dagster_checkpoint_ops.pools import warn_if_pool_unlimited
 from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name, schedule_name
 from dagster_checkpoint_ops.reprocess import reprocess_request_sensor
@@ -104,23 +105,35 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
                           spark_remote: Optional[str] = None, *, backup_cron: str = "*/30 * * * *",
                           compaction_cron: str = "15 * * * *", backup_keep_last: int = 24,
                           backup_max_age: str = "2h", sink_retention: Optional[str] = None,
-                          drill_cron: str = "45 3 * * *") -> dg.Definitions:
+                          drill_cron: str = "45 3 * * *", scope: Optional[str] = None) -> dg.Definitions:
     """Definitions for these queries: an asset each (with ``checkpoint_health_check``,
-    ``backup_freshness_check`` and ``restore_drill_check``), and, shared, ``checkpoint_backup_job``/
-    ``checkpoint_backup_schedule``, ``sink_compaction_job``/``sink_compaction_schedule``,
-    ``checkpoint_restore_drill_job``/``checkpoint_restore_drill_schedule`` (``drill_cron``, daily by default),
-    ``reprocess_request_sensor``, ``checkpoint_failure_sensor`` and the resources they use.
+    ``backup_freshness_check`` and ``restore_drill_check``), ``<name>_job`` (and ``<name>_schedule`` for a
+    query with a ``schedule``), and, shared, ``checkpoint_backup_job``/``checkpoint_backup_schedule``,
+    ``sink_compaction_job``/``sink_compaction_schedule``, ``checkpoint_restore_drill_job``/
+    ``checkpoint_restore_drill_schedule`` (``drill_cron``, daily by default), ``checkpoint_undo_job``,
+    ``checkpoint_restore_job``, ``reprocess_request_sensor``, ``checkpoint_failure_sensor`` and the resources they
+    use. A query that runs elsewhere (``build=None``) is an external asset with the same checks, backups and
+    compaction, ``<name>_rollback_job`` and ``checkpoint_progress_sensor``.
 
     ``home`` defaults to ``default_home()`` (``$CHECKPOINT_OPS_HOME``, else ``$DAGSTER_HOME/checkpoint-ops``, else
     ``.checkpoint-ops-home/`` in the current directory);
     ``backup_url`` to ``<home>/backups`` (each query's backups under ``<backup_url>/<name>``).
     ``spark_config`` adds to (or overrides) local Spark's settings, ``spark.master`` included;
     ``spark_remote="sc://host:port"`` drives a remote cluster through Spark Connect.
+
+    ``scope`` names one set of definitions among several in a code location (a ``StreamingQueryComponent``
+    passes its query's name): the shared jobs, schedules and sensors are then called ``<scope>_<name>``, the
+    request-folder sensor is left out (it serves the unscoped definitions), and equal resources are the same
+    objects, so ``dg.Definitions.merge`` accepts them side by side.
     """
     queries = list(queries)
     names = [q.name for q in queries]
     if len(set(names)) != len(names):
         raise ValueError(f"query names must be unique: {names}")
+
+    def shared(name: str) -> str:
+        return f"{scope}_{name}" if scope else name
+
     built = [q for q in queries if not q.external]
     external = [q for q in queries if q.external]
     home = home or default_home()
@@ -131,33 +144,35 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
                                       tags={"checkpoint/query": q.name},
                                       description=f"Run {q.name} (with run config: roll back and reprocess first).")
                   for q in built]
-    backups = backup_job(queries)
-    jobs = [*asset_jobs, backups, undo_job(queries), restore_job(queries)]
+    backups = backup_job(queries, shared("checkpoint_backup_job"))
+    jobs = [*asset_jobs, backups, undo_job(queries, shared(UNDO_JOB)), restore_job(queries, shared(RESTORE_JOB))]
     jobs += [external_rollback_job(q) for q in external]
-    schedules = [dg.ScheduleDefinition(name="checkpoint_backup_schedule", job=backups, cron_schedule=backup_cron,
-                                       execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
+    schedules = [dg.ScheduleDefinition(name=shared("checkpoint_backup_schedule"), job=backups,
+                                       cron_schedule=backup_cron, execution_timezone="UTC",
+                                       default_status=dg.DefaultScheduleStatus.RUNNING,
                                        description="Back up every query's checkpoint (and sinks) on a schedule.")]
     if built:
-        drills = drill_job(built)
+        drills = drill_job(built, shared("checkpoint_restore_drill_job"))
         jobs.append(drills)
-        schedules.append(drill_schedule(drills, drill_cron))
+        schedules.append(drill_schedule(drills, drill_cron, shared("checkpoint_restore_drill_schedule")))
     by_name = {job.name: job for job in asset_jobs}
     schedules += [dg.ScheduleDefinition(name=schedule_name(q.name), job=by_name[job_name(q.name)],
                                         cron_schedule=q.schedule, execution_timezone="UTC",
                                         default_status=dg.DefaultScheduleStatus.RUNNING,
                                         description=f"Run {q.name} until its input is drained, on a schedule.")
                   for q in built if q.schedule]
-    compaction = compaction_job(queries)
+    compaction = compaction_job(queries, shared("sink_compaction_job"))
     if compaction is not None:
         jobs.append(compaction)
         schedules.append(dg.ScheduleDefinition(
-            name="sink_compaction_schedule", job=compaction, cron_schedule=compaction_cron, execution_timezone="UTC",
+            name=shared("sink_compaction_schedule"), job=compaction, cron_schedule=compaction_cron,
+            execution_timezone="UTC",
             description="Compact every file sink's log (and apply batch-granular retention if set)."))
-    sensors = [failure_sensor(queries)]
-    if built:
+    sensors = [failure_sensor(queries, shared("checkpoint_failure_sensor"))]
+    if built and not scope:
         sensors.append(reprocess_request_sensor(built, asset_jobs))
     if external:
-        sensors.append(progress_sensor(external))
+        sensors.append(progress_sensor(external, shared(PROGRESS_SENSOR)))
     token = dg.EnvVar("SPARK_CONNECT_TOKEN") if os.environ.get("SPARK_CONNECT_TOKEN") else None
     creds = {k: dg.EnvVar(env) for k, env in (("key", "AWS_ACCESS_KEY_ID"), ("secret", "AWS_SECRET_ACCESS_KEY"),
                                               ("endpoint_url", "AWS_ENDPOINT_URL")) if os.environ.get(env)}
@@ -168,6 +183,17 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
         "streaming_settings": StreamingSettings(home=home, backup_url=backup_url, backup_keep_last=backup_keep_last,
                                                 backup_max_age=backup_max_age, sink_retention=sink_retention),
     }
+    resources = {key: same_resource(value) for key, value in resources.items()}
     # One process per run: Spark starts once, in the run's process, not once per step.
     return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, schedules=schedules, sensors=sensors,
                           resources=resources, executor=dg.in_process_executor)
+
+
+_RESOURCES: dict[tuple[str, str], dg.ConfigurableResource] = {}
+
+
+def same_resource(resource: dg.ConfigurableResource) -> dg.ConfigurableResource:
+    """An equal resource made earlier, else this one: ``dg.Definitions.merge`` accepts two sets of definitions
+    with a resource key only when both hold the very same object."""
+    key = (type(resource).__qualname__, repr(resource))
+    return _RESOURCES.setdefault(key, resource)
