@@ -206,7 +206,8 @@ def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
         elif config.dry_run:
             return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
                                                   "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
-        md.update(check_before_run(context, query, config, spark, files))
+        with query_spark_conf(spark, query):  # Spark judges the query with the settings it will run with
+            md.update(check_before_run(context, query, config, spark, files))
         progress = run_query(context, query, spark, files)
         md.update(undo_metadata(query, md, progress))
         md.update(describe(query, files, progress))
@@ -262,6 +263,8 @@ def on_call_metadata(ckpt, ledger, progress: list[dict], window: dict) -> dict:
     and its rows in and out, and the rollback window in times as well as batch ids (``rollback_to_time`` takes
     any time from the window's first to its last)."""
     ends = [b for b in (window["earliest"], window["latest"]) if b is not None]
+    # committed batches only: a run with no new input reports an idle progress for the next batch id
+    progress = [p for p in progress if p["batchId"] in ckpt.commit_files]
     times = batch_times(ckpt, [p["batchId"] for p in progress] + ends, ledger)
     rows = ["| batch | time (UTC) | input rows | output rows |", "|---|---|---|---|"]
     per_batch = []
