@@ -310,3 +310,70 @@ def _file_bytes(*roots: str) -> dict[str, bytes]:
                 with open(os.path.join(d, n), "rb") as f:
                     out[os.path.join(d, n)] = f.read()
     return out
+
+
+_KILLED_RUN = """
+import sys
+import dagster as dg
+from pipelines.streaming import streaming_definitions
+from tests.dagster_queries import counts_query
+from tests.spark_runs import SESSION_CONF
+
+query = counts_query(sys.argv[1])
+defs = streaming_definitions([query], home=sys.argv[2], spark_config=SESSION_CONF)
+with dg.instance_for_test() as instance:
+    defs.resolve_job_def(f"{query.name}_job").execute_in_process(instance=instance)
+"""
+
+
+def test_a_killed_materialization_leaves_a_lease_the_next_run_takes_over(spark, tmp_path, instance):
+    """kill -9 of a whole materialization (its process group: Python and Spark's JVM) while it holds the
+    checkpoint's lease: the lease stays, `lease show` calls it stale (its pid is dead), and the next run
+    takes it over with a warning in its log and completes, with no row lost or counted twice."""
+    import logging
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import cli_json
+
+    base, home = str(tmp_path / "q"), str(tmp_path / "home")
+    query = counts_query(base)
+    write_event_files(os.path.join(base, "input"), 0, GOOD_FIRST)
+    lease = os.path.join(query.checkpoint, ".checkpoint-ops.lease")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, base, home], cwd=os.getcwd(),
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not os.path.exists(lease):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the materialization never took the checkpoint's lease"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert os.path.exists(lease), "the killed run's lease is gone: nothing was left to take over"
+
+    code, shown = cli_json("lease", "show", query.checkpoint)
+    assert code == 0, shown
+    assert shown["state"] == "stale" and shown["holder"]["pid"] == proc.pid, shown
+    assert "dagster run" in shown["holder"]["owner"] and "is gone" in shown["stale_reason"], shown
+
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    result = materialize(defs, query.name, instance)
+    assert result.success, result.all_events
+    warnings = [e.user_message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
+    assert any("took over the lease" in w and f"pid {proc.pid}" in w and "is gone" in w for w in warnings), warnings
+    assert not os.path.exists(lease), "the run released the lease it took over"
+    inp = os.path.join(base, "input")
+    write_event_files(inp, GOOD_FIRST, GOOD_FIRST + 2)
+    flush_files(inp, GOOD_FIRST + 1)
+    unload_state_stores(spark)
+    assert materialize(defs, query.name, instance).success
+    got = read_output(spark, query.sinks[0])
+    want = {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}
+    assert got == want, "rows lost or counted twice after the takeover"
