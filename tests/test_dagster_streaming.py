@@ -315,7 +315,7 @@ def _file_bytes(*roots: str) -> dict[str, bytes]:
 _KILLED_RUN = """
 import sys
 import dagster as dg
-from pipelines.streaming import streaming_definitions
+from dagster_checkpoint_ops import streaming_definitions
 from tests.dagster_queries import counts_query
 from tests.spark_runs import SESSION_CONF
 
