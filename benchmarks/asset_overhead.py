@@ -34,8 +34,8 @@ os.environ.setdefault("DAGSTER_DISABLE_TELEMETRY", "1")
 import dagster as dg  # noqa: E402
 
 from pipelines.event_counts import events_writer, write_event_files  # noqa: E402
-from pipelines.streaming import StreamingQuery, streaming_definitions  # noqa: E402
-from resources.spark import LOCAL_SPARK  # noqa: E402
+from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions  # noqa: E402
+from dagster_checkpoint_ops.resources.spark import LOCAL_SPARK  # noqa: E402
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 RETAIN = "spark.sql.streaming.minBatchesToRetain"

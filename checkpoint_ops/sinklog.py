@@ -132,6 +132,52 @@ def batch_files(ctx: SinkContext, batch: int) -> dict:
             "bytes": sum(int(f["size"] or 0) for f in files)}
 
 
+@dataclass(frozen=True)
+class SinkSnapshot:
+    """The output of a file sink as it was right after a batch: exactly the files Spark's file index would
+    have read then (``spark.read.parquet(*paths)`` reads that output, with nothing rolled back)."""
+
+    output: str
+    as_of_batch: int
+    paths: tuple[str, ...]
+    bytes: int
+    source: str  # "spark log", or "spark log and batch ledger" when log files Spark deleted came from the ledger
+
+    def to_dict(self) -> dict:
+        return {"output": self.output, "as_of_batch": self.as_of_batch, "source": self.source,
+                "files": len(self.paths), "bytes": self.bytes, "paths": list(self.paths)}
+
+
+def files_as_of_batch(ctx: SinkContext, batch: int) -> SinkSnapshot:
+    """The sink's files as of ``batch`` (Spark's ``allFiles()`` then: every entry added up to it, minus those
+    deleted), from Spark's log where it still has the files a reader needed then, else from the batch ledger.
+    BadInputError for a batch the log never reached, RefusedError when neither keeps what it needs. Reads only.
+
+    Data files that sink retention or an orphan cleanup deleted since are still listed (and fail to read):
+    the answer is what the output was, not what is left of it."""
+    log, sink = ctx.sink.log, ctx.sink
+    if batch < 0 or log.latest is None or batch > log.latest:
+        raise BadInputError(f"the sink log has no batch {batch}: it ends at batch {log.latest}", path=sink.url,
+                            fix=f"pick a batch from 0 to {log.latest}")
+    restored = ctx.ledger.sink_log_files_at(sink, batch) if log.missing_for(batch) else {}
+    if restored is None:
+        raise RefusedError(f"the output as of batch {batch} is unknown: Spark deleted "
+                           f"{', '.join(log.rel(b) for b in log.missing_for(batch))} and no batch ledger recorded "
+                           "them", path=sink.url,
+                           fix="keep a batch ledger (`checkpoint-ops ledger sync CHECKPOINT --sink OUTPUT` after "
+                           "every run; the Dagster asset does), then every later batch can be answered")
+    ids = list(all_valid_batches(batch, log.interval))
+    on_disk = log.read([b for b in ids if b not in restored])
+    entries = [e for b in ids for e in (restored[b] if b in restored else on_disk.get(b, []))]
+    deleted = {e.path for e in entries if e.doc.get("action") == "delete"}
+    live: dict[str, int] = {}
+    for e in entries:
+        if e.doc.get("action", "add") != "delete" and e.path not in deleted:
+            live[e.path] = int(e.doc.get("size") or 0)
+    return SinkSnapshot(sink.url, batch, tuple(live), sum(live.values()),
+                        "spark log and batch ledger" if restored else "spark log")
+
+
 def _why_unknown(ctx: SinkContext, batch: int) -> str:
     log = ctx.sink.log
     if log.latest is None or batch > log.latest:

@@ -19,26 +19,20 @@ import sys
 import time
 from datetime import datetime, timezone
 
+import dagster as dg
+
+from checkpoint_ops.backup import Repository, list_backups
+from checkpoint_ops.backup.restore import RestoreOperation
+from checkpoint_ops.operation import RunOptions, run
+from checkpoint_ops.fsck import run_fsck
+from checkpoint_ops.model import Checkpoint
+from checkpoint_ops.model.checkpoint import open_sink
+from dagster_checkpoint_ops import LOCAL_SPARK, StreamingQuery, streaming_definitions
+from pipelines.event_counts import (FLUSH_KEY, event_rows, events_writer, expected_windows, flush_files,
+                                    read_output, write_bad_event_file, write_event_files)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO_HOME = os.path.join(REPO, "demo_data")
-# the example definitions read their home at import: point it at a fresh demo directory first
-os.environ["CHECKPOINT_OPS_HOME"] = DEMO_HOME
-if os.path.isdir(DEMO_HOME):
-    shutil.rmtree(DEMO_HOME)
-
-import dagster as dg  # noqa: E402
-
-from checkpoint_ops.backup import Repository, list_backups  # noqa: E402
-from checkpoint_ops.backup.restore import RestoreOperation  # noqa: E402
-from checkpoint_ops.operation import RunOptions, run  # noqa: E402
-from checkpoint_ops.fsck import run_fsck  # noqa: E402
-from checkpoint_ops.model import Checkpoint  # noqa: E402
-from checkpoint_ops.model.checkpoint import open_sink  # noqa: E402
-from pipelines import definitions as example  # noqa: E402
-from pipelines.event_counts import (FLUSH_KEY, event_rows, events_writer, expected_windows, flush_files,  # noqa: E402
-                                    read_output, write_bad_event_file, write_event_files)
-from pipelines.streaming import StreamingQuery, streaming_definitions  # noqa: E402
-from resources.spark import LOCAL_SPARK  # noqa: E402
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
 ASSETS = ("events_stream", "event_counts")
@@ -83,7 +77,18 @@ def sensor_tick(defs, instance, cursor):
     return defs.resolve_sensor_def("reprocess_request_sensor").evaluate_tick(ctx)
 
 
+def fresh_example():
+    """The example definitions with their home in a wiped ``demo_data/`` (they read it when imported)."""
+    os.environ["CHECKPOINT_OPS_HOME"] = DEMO_HOME
+    if os.path.isdir(DEMO_HOME):
+        shutil.rmtree(DEMO_HOME)
+    from pipelines import definitions as example
+
+    return example
+
+
 def main() -> int:
+    example = fresh_example()
     defs, home = example.defs, example.HOME
     summary: list[tuple[str, str, str]] = []
     os.makedirs(os.path.join(DEMO_HOME, "dagster"))

@@ -12,7 +12,7 @@ import sys
 import dagster as dg
 
 from pipelines.event_counts import flush_files, write_bad_event_file, write_event_files
-from pipelines.streaming import streaming_definitions
+from dagster_checkpoint_ops.streaming import streaming_definitions
 from tests.dagster_queries import counts_query, totals_query
 
 

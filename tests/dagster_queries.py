@@ -10,7 +10,7 @@ import os
 from collections import defaultdict
 
 from pipelines.event_counts import KEYS, ROWS_PER_FILE, counts_writer, read_events
-from pipelines.streaming import StreamingQuery
+from dagster_checkpoint_ops.streaming import StreamingQuery
 from tests.spark_runs import FLAVOURS
 
 

@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from pipelines.event_counts import read_events, windowed_counts, write_event_files
-from pipelines.streaming import StreamingQuery, streaming_definitions
+from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.helpers import tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
 

@@ -9,8 +9,8 @@ import sys
 import dagster as dg
 import pytest
 
-from pipelines.query import StreamingQuery
-from pipelines.streaming import streaming_definitions
+from dagster_checkpoint_ops.query import StreamingQuery
+from dagster_checkpoint_ops.streaming import streaming_definitions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -119,3 +119,25 @@ def test_dagster_cli_validates_the_workspace(tmp_path):
                         "-w", "workspace.yaml"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Validation successful for code location streaming" in p.stdout + p.stderr
+
+
+def test_home_is_checkpoint_ops_home_else_dagster_home_else_the_current_directory(tmp_path, monkeypatch):
+    from dagster_checkpoint_ops import default_home
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CHECKPOINT_OPS_HOME", raising=False)
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    assert default_home() == str(tmp_path / ".checkpoint-ops-home")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dh"))
+    assert default_home() == str(tmp_path / "dh" / "checkpoint-ops")
+    monkeypatch.setenv("CHECKPOINT_OPS_HOME", "ops")
+    assert default_home() == str(tmp_path / "ops")
+    assert sorted(os.listdir(tmp_path)) == []  # resolving the home creates nothing
+
+
+def test_query_settings_are_checked_when_defined():
+    with pytest.raises(ValueError, match="not both"):
+        StreamingQuery(name="q", build=lambda s: None, checkpoint="/c", schedule="* * * * *",
+                       automation_condition=dg.AutomationCondition.eager())
+    with pytest.raises(ValueError, match="runs elsewhere"):
+        StreamingQuery(name="q", build=None, checkpoint="/c", schedule="* * * * *")

@@ -13,7 +13,7 @@ from checkpoint_ops.backup import Repository, list_backups
 from checkpoint_ops.model import Checkpoint
 from pipelines.event_counts import (counts_writer, expected_windows, flush_files, read_output, write_bad_event_file,
                                     write_event_files)
-from pipelines.streaming import StreamingQuery, streaming_definitions
+from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.dagster_queries import counts_query, expected_totals, read_totals, totals_query
 from tests.helpers import tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
@@ -315,7 +315,7 @@ def _file_bytes(*roots: str) -> dict[str, bytes]:
 _KILLED_RUN = """
 import sys
 import dagster as dg
-from pipelines.streaming import streaming_definitions
+from dagster_checkpoint_ops import streaming_definitions
 from tests.dagster_queries import counts_query
 from tests.spark_runs import SESSION_CONF
 

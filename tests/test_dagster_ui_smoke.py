@@ -33,7 +33,7 @@ def dagster_dev(tmp_path_factory):
     shutil.copy(os.path.join(REPO, "dagster_home", "dagster.yaml"), home / "dagster.yaml")  # as `make ui` uses it
     port = free_port()
     env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_DISABLE_TELEMETRY": "1",
-           "CHECKPOINT_OPS_HOME": str(tmp / "ops")}
+           "CHECKPOINT_OPS_HOME": str(tmp / "ops"), "EXAMPLE_EVENTS_SCHEDULE": ""}
     log = open(tmp / "dev.log", "w")
     proc = subprocess.Popen([os.path.join(os.path.dirname(sys.executable), "dagster"), "dev", "-w", "workspace.yaml",
                              "-h", "127.0.0.1", "-p", str(port)],

@@ -16,8 +16,8 @@ from checkpoint_ops.backup import Repository, apply_backup_prune, create_backup,
 from checkpoint_ops.drill import drill_records, run_drill
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.restart_judge import restart_files
-from pipelines.drill import drill_check
-from pipelines.streaming import StreamingQuery, streaming_definitions
+from dagster_checkpoint_ops.drill import drill_check
+from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.compat_queries import agg_writer, restart_for_real, use_session_conf
 from tests.helpers import cli_json, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL, SESSION_CONF

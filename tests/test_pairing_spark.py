@@ -211,9 +211,9 @@ def test_another_querys_output_is_refused_before_anything_changes(spark, pairs, 
 
 
 def test_sink_behind_is_an_error_and_the_suggested_rollback_restores_exact_output(spark, run, tmp_path):
-    from pipelines.health import fsck_metadata
-    from pipelines.query import StreamingQuery
-    from resources.checkpoint_files import CheckpointFileManagerResource
+    from dagster_checkpoint_ops.health import fsck_metadata
+    from dagster_checkpoint_ops.query import StreamingQuery
+    from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
     last = run.last_batch
     log = os.path.join(run.output, "_spark_metadata")

@@ -14,8 +14,8 @@ import stat
 import dagster as dg
 import pytest
 
-from pipelines.reprocess import MAX_REMEMBERED, SensorCursor
-from pipelines.request_folder import MAX_REQUEST_BYTES, note_text
+from dagster_checkpoint_ops.reprocess import MAX_REMEMBERED, SensorCursor
+from dagster_checkpoint_ops.request_folder import MAX_REQUEST_BYTES, note_text
 from tests.test_dagster_definitions import make_defs
 
 

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 from ..cli import Parents, emit, run_operation, storage_options
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, BadInputError
 from ..units import parse_duration
 
 
 def cmd_sink_files(args) -> int:
-    from ..sinklog import batch_files, open_context
+    from ..sinklog import batch_files, files_as_of_batch, open_context
 
+    if (args.batch is None) == (args.as_of_batch is None):
+        raise BadInputError("give exactly one of --batch N (the files batch N wrote) and --as-of-batch N (the whole "
+                            "output as it was after batch N)")
     ctx = open_context(args.output, args.checkpoint, storage_options(args), args.sink_compact_interval)
+    if args.as_of_batch is not None:
+        snap = files_as_of_batch(ctx, args.as_of_batch)
+        lines = [f"The output {snap.output} as of batch {snap.as_of_batch}: {len(snap.paths)} file(s), {snap.bytes} "
+                 f"bytes (from the {snap.source}); read it with spark.read.parquet(*paths):"]
+        lines += [f"  {path}" for path in snap.paths]
+        emit(args, snap.to_dict(), "\n".join(lines))
+        return EXIT_OK
     r = batch_files(ctx, args.batch)
     lines = [f"Batch {r['batch']} wrote {len(r['files'])} file(s), {r['bytes']} bytes, to {r['output']} "
              f"(from the {r['source']}):"]
@@ -64,9 +74,11 @@ def register(sub, parents: Parents) -> None:
     p = sub.add_parser("sink", help="a file sink's log at batch granularity: files of a batch, compaction, "
                        "retention, orphans")
     ssub = p.add_subparsers(dest="sink_command", required=True, metavar="ACTION")
-    q = _command(ssub, parents, "files", cmd_sink_files, "the files batch N wrote (from Spark's log, else the ledger)",
-                 mutating=False)
-    q.add_argument("--batch", type=int, required=True, metavar="N")
+    q = _command(ssub, parents, "files", cmd_sink_files, "the files batch N wrote, or (--as-of-batch) the whole output "
+                 "as it was after batch N (from Spark's log, else the ledger)", mutating=False)
+    q.add_argument("--batch", type=int, metavar="N", help="the files batch N wrote")
+    q.add_argument("--as-of-batch", type=int, metavar="N", help="every file of the output as it was right after "
+                   "batch N, to read with spark.read.parquet(*paths) (time travel; nothing is rolled back)")
     q = _command(ssub, parents, "compact", cmd_sink_compact,
                  "offline compaction Spark keeps reading and compacting after")
     q.add_argument("--drop-missing", action="store_true", help="drop entries whose data file is gone (readers would "

@@ -5,9 +5,9 @@ from typing import Callable
 
 import dagster as dg
 
-from pipelines.query import StreamingQuery, pool_name
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
+from dagster_checkpoint_ops.query import StreamingQuery, pool_name
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
 
 Work = Callable[[dg.OpExecutionContext, StreamingQuery, StreamingSettings, CheckpointFileManagerResource], object]
 

@@ -12,10 +12,10 @@ from checkpoint_ops.backup.repository import TIME_FORMAT
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.units import parse_duration
-from pipelines.maintenance import maintenance_job, query_op
-from pipelines.query import StreamingQuery
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
+from dagster_checkpoint_ops.maintenance import maintenance_job, query_op
+from dagster_checkpoint_ops.query import StreamingQuery
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
 
 
 def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
@@ -26,7 +26,7 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
     if not fm.walk(root):
         context.log.info(f"{query.name}: no checkpoint yet at {query.checkpoint}: nothing to back up")
         return {}
-    dest = settings.backup_dest(query.name)
+    dest = settings.backup_dest_of(query)
     sinks = [s for s in query.sinks if _has_log(files, s)]  # a sink that never wrote a batch has no log yet
     try:
         r = create_backup(query.checkpoint, dest, sinks, opts)
@@ -60,10 +60,10 @@ def _has_log(files: CheckpointFileManagerResource, url: str) -> bool:
     return bool(fm.list(f"{root}/_spark_metadata"))
 
 
-def backup_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
+def backup_job(queries: list[StreamingQuery], name: str = "checkpoint_backup_job") -> dg.JobDefinition:
     ops = [query_op(q, "backup", f"Back up {q.name}'s checkpoint, sinks and ledger; verify it; prune old backups.",
                     backup_query) for q in queries]
-    return maintenance_job("checkpoint_backup_job",
+    return maintenance_job(name,
                            "Back up every streaming query's checkpoint (each in its checkpoint's pool).", ops)
 
 
@@ -72,7 +72,7 @@ def freshness_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
                     description="The query's newest verified backup is younger than backup_max_age.")
     def _check(streaming_settings: StreamingSettings,
                checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
-        dest = streaming_settings.backup_dest(query.name)
+        dest = streaming_settings.backup_dest_of(query)
         limit = parse_duration(streaming_settings.backup_max_age, "backup_max_age")
         try:
             rows = list_backups(Repository.open(dest, checkpoint_files.options()))

@@ -29,6 +29,14 @@ class StreamingSettings(dg.ConfigurableResource):
     def backup_dest(self, query: str) -> str:
         return f"{self.backup_url.rstrip('/')}/{query}"
 
+    def backup_dest_of(self, query) -> str:
+        """Where a ``StreamingQuery``'s backups go: its own ``backup_url`` if set, else ``<backup_url>/<name>``."""
+        return query.backup_url or self.backup_dest(query.name)
+
+    def sink_retention_of(self, query) -> Optional[str]:
+        """A query's own ``sink_retention`` if set, else the shared one."""
+        return query.sink_retention or self.sink_retention
+
     @property
     def requests_dir(self) -> str:
         return f"{self.home.rstrip('/')}/reprocess-requests"

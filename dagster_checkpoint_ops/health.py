@@ -3,8 +3,8 @@
 import dagster as dg
 
 from checkpoint_ops.fsck import run_fsck
-from pipelines.query import StreamingQuery, job_name, pool_name
-from resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
 
 def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -> tuple[list, dict]:
@@ -44,8 +44,8 @@ def queries_of_run(run: dg.DagsterRun, queries: list[StreamingQuery]) -> list[St
     return [q for q in queries if q.name in selected]
 
 
-def failure_sensor(queries: list[StreamingQuery]) -> dg.SensorDefinition:
-    @dg.run_failure_sensor(name="checkpoint_failure_sensor", default_status=dg.DefaultSensorStatus.RUNNING,
+def failure_sensor(queries: list[StreamingQuery], name: str = "checkpoint_failure_sensor") -> dg.SensorDefinition:
+    @dg.run_failure_sensor(name=name, default_status=dg.DefaultSensorStatus.RUNNING,
                            description="Records fsck findings of a failed streaming run's checkpoint on its asset.")
     def checkpoint_failure_sensor(context: dg.RunFailureSensorContext,
                                   checkpoint_files: CheckpointFileManagerResource) -> None:

@@ -42,11 +42,11 @@ from typing import Optional, Union
 
 import dagster as dg
 
-from pipelines.query import StreamingQuery, job_name
-from pipelines.request_folder import (FAILED, HANDLED, LEAVE, MAX_NOTE_BYTES, MAX_REQUEST_BYTES, OWN, REJECT,
+from dagster_checkpoint_ops.query import StreamingQuery, job_name
+from dagster_checkpoint_ops.request_folder import (FAILED, HANDLED, LEAVE, MAX_NOTE_BYTES, MAX_REQUEST_BYTES, OWN, REJECT,
                                       REJECTED, REQUEST_SUFFIX, Entry, EntryChangedError, RequestFolder,
                                       RequestFolderError, UnreadableRequestError, UnsafeFolderError, shown)
-from resources.settings import StreamingSettings
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
 
 RUN_KEY_TAG = "dagster/run_key"
 QUERY_TAG = "checkpoint/query"

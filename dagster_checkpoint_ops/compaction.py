@@ -8,10 +8,10 @@ from checkpoint_ops.errors import CheckpointOpsError, parameter_names
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.sinklog import SinkCompactOperation, SinkRetainOperation
 from checkpoint_ops.units import parse_duration
-from pipelines.maintenance import maintenance_job, query_op
-from pipelines.query import StreamingQuery
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
+from dagster_checkpoint_ops.maintenance import maintenance_job, query_op
+from dagster_checkpoint_ops.query import StreamingQuery
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
 
 
 def compact_sinks(context, query: StreamingQuery, settings: StreamingSettings,
@@ -28,8 +28,9 @@ def compact_sinks(context, query: StreamingQuery, settings: StreamingSettings,
                 result = run(SinkCompactOperation(sink, query.checkpoint, storage_options=opts), options)
                 entry = {"sink": sink, "compact": result.plan.summary.get("compact"),
                          "op_id": result.outcome.op_id if result.applied else None}
-                if settings.sink_retention:
-                    older = parse_duration(settings.sink_retention, "sink_retention")
+                retention = settings.sink_retention_of(query)
+                if retention:
+                    older = parse_duration(retention, "sink_retention")
                     result = run(SinkRetainOperation(sink, query.checkpoint, older_than_s=older, delete_files=True,
                                                      storage_options=opts), options)
                     entry["retain"] = result.plan.summary.get("retain")
@@ -41,10 +42,10 @@ def compact_sinks(context, query: StreamingQuery, settings: StreamingSettings,
     return done
 
 
-def compaction_job(queries: list[StreamingQuery]) -> Optional[dg.JobDefinition]:
+def compaction_job(queries: list[StreamingQuery], name: str = "sink_compaction_job") -> Optional[dg.JobDefinition]:
     ops = [query_op(q, "compact", f"Compact {q.name}'s file sink logs (and apply the sink retention, if set).",
                     compact_sinks) for q in queries if q.sinks]
     if not ops:
         return None
-    return maintenance_job("sink_compaction_job",
+    return maintenance_job(name,
                            "Compact every file sink's log at batch granularity (each in its checkpoint's pool).", ops)

@@ -6,6 +6,7 @@ Plain functions (no Dagster decorators here), called by the assets ``streaming.p
 import json
 import re
 import time
+from contextlib import contextmanager
 
 import dagster as dg
 
@@ -19,8 +20,9 @@ from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.rollback import RollbackOperation
+from checkpoint_ops.timeline import batch_times
 from checkpoint_ops.units import parse_time
-from pipelines.compat import check_before_run
+from dagster_checkpoint_ops.compat import check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
@@ -142,18 +144,40 @@ def run_query(context, query, spark, files) -> list[dict]:
     checkpoint's lease)."""
     _refuse_if_fenced(query, files)
     spark.conf.set(NUM_PROGRESS, "100000")  # metadata covers every batch of the run
-    writer = query.build(spark)
-    if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
-        raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
-                         f"(df.writeStream...), not {type(writer).__name__}")
-    started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
-    try:
-        started.awaitTermination()
-    except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
-        raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
+    with query_spark_conf(spark, query):
+        writer = query.build(spark)
+        if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
+            raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
+                             f"(df.writeStream...), not {type(writer).__name__}")
+        started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
+        try:
+            started.awaitTermination()
+        except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
+            raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
     progress = [_progress(p) for p in started.recentProgress]
     release_state_stores(spark, any(p.get("stateOperators") for p in progress))
     return progress
+
+
+@contextmanager
+def query_spark_conf(spark, query):
+    """The query's own ``spark_config`` over the session's, for this query's run only: the previous values
+    (or their absence) are restored afterwards, so the next query in the same session sees the shared settings."""
+    before = {}
+    for key, value in (query.spark_config or {}).items():
+        try:
+            before[key] = spark.conf.get(key)
+        except Exception:  # not set in this session
+            before[key] = None
+        spark.conf.set(key, str(value))
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
 
 
 def hold_leases(context, query, files) -> LeaseSet:
@@ -182,7 +206,8 @@ def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
         elif config.dry_run:
             return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
                                                   "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
-        md.update(check_before_run(context, query, config, spark, files))
+        with query_spark_conf(spark, query):  # Spark judges the query with the settings it will run with
+            md.update(check_before_run(context, query, config, spark, files))
         progress = run_query(context, query, spark, files)
         md.update(undo_metadata(query, md, progress))
         md.update(describe(query, files, progress))
@@ -229,5 +254,36 @@ def describe(query, files, progress: list[dict]) -> dict:
     if sinks:
         md["sink_files"] = dg.MetadataValue.int(sum(s["files"] for s in report["sinks"]))
         md["sink_bytes"] = dg.MetadataValue.int(sum(s["bytes"] for s in report["sinks"]))
+    md.update(on_call_metadata(ckpt, Ledger.for_checkpoint(ckpt), progress, w))
+    return md
+
+
+def on_call_metadata(ckpt, ledger, progress: list[dict], window: dict) -> dict:
+    """What on call reads to pick a rollback target: each batch of the run with its time (from the offsets log)
+    and its rows in and out, and the rollback window in times as well as batch ids (``rollback_to_time`` takes
+    any time from the window's first to its last)."""
+    ends = [b for b in (window["earliest"], window["latest"]) if b is not None]
+    # committed batches only: a run with no new input reports an idle progress for the next batch id
+    progress = [p for p in progress if p["batchId"] in ckpt.commit_files]
+    times = batch_times(ckpt, [p["batchId"] for p in progress] + ends, ledger)
+    rows = ["| batch | time (UTC) | input rows | output rows |", "|---|---|---|---|"]
+    per_batch = []
+    for p in progress:
+        batch = p["batchId"]
+        out_rows = (p.get("sink") or {}).get("numOutputRows")
+        entry = {"batch": batch, "time": times[batch].time, "input_rows": _input_rows(p),
+                 "output_rows": int(out_rows) if out_rows is not None and int(out_rows) >= 0 else None}
+        per_batch.append(entry)
+        rows.append(f"| {batch} | {entry['time'] or '?'} | {entry['input_rows']} | "
+                    f"{entry['output_rows'] if entry['output_rows'] is not None else 'n/a'} |")
+    md = {"batches": dg.MetadataValue.md("\n".join(rows) if per_batch else "no batch ran (no new input)"),
+          "batch_details": dg.MetadataValue.json(per_batch)}
+    if ends:
+        first, last = times[window["earliest"]].time, times[window["latest"]].time
+        md["rollback_window_times"] = dg.MetadataValue.text(f"{first or '?'}..{last or '?'}")
+        md["rollback_window_detail"] = dg.MetadataValue.json({
+            "earliest_batch": window["earliest"], "earliest_time": first,
+            "latest_batch": window["latest"], "latest_time": last,
+            "hint": "rollback_to_batch takes a batch id in this range; rollback_to_time the time of the batch to keep"})
     return md
 

@@ -17,10 +17,10 @@ import dagster as dg
 from checkpoint_ops.backup import Repository
 from checkpoint_ops.drill import DrillResult, drill_records, recovery_point, run_drill
 from checkpoint_ops.errors import BadInputError, CheckpointOpsError
-from pipelines.query import StreamingQuery, pool_name
-from resources.checkpoint_files import CheckpointFileManagerResource
-from resources.settings import StreamingSettings
-from resources.spark import SparkResource
+from dagster_checkpoint_ops.query import StreamingQuery, pool_name
+from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+from dagster_checkpoint_ops.resources.settings import StreamingSettings
+from dagster_checkpoint_ops.resources.spark import SparkResource
 
 CHECK = "restore_drill_check"
 
@@ -49,7 +49,7 @@ def drill_query(context: dg.OpExecutionContext, query: StreamingQuery, spark, se
                 files: CheckpointFileManagerResource) -> DrillResult | None:
     """Drill the query's newest backup; log the observation and the check's evaluation. A failed drill fails
     the op (after both are logged)."""
-    dest = settings.backup_dest(query.name)
+    dest = settings.backup_dest_of(query)
     opts = files.options()
     try:
         repo = Repository.open(dest, opts)
@@ -94,10 +94,10 @@ def drill_op(query: StreamingQuery) -> dg.OpDefinition:
     return _op
 
 
-def drill_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
+def drill_job(queries: list[StreamingQuery], name: str = "checkpoint_restore_drill_job") -> dg.JobDefinition:
     ops = [drill_op(q) for q in queries]
 
-    @dg.job(name="checkpoint_restore_drill_job",
+    @dg.job(name=name,
             description="Restore every query's newest backup into scratch space and restart it there (noop sink): "
             "recovery point and recovery time.")
     def _job():
@@ -107,8 +107,8 @@ def drill_job(queries: list[StreamingQuery]) -> dg.JobDefinition:
     return _job
 
 
-def drill_schedule(job: dg.JobDefinition, cron: str) -> dg.ScheduleDefinition:
-    return dg.ScheduleDefinition(name="checkpoint_restore_drill_schedule", job=job, cron_schedule=cron,
+def drill_schedule(job: dg.JobDefinition, cron: str, name: str = "checkpoint_restore_drill_schedule") -> dg.ScheduleDefinition:
+    return dg.ScheduleDefinition(name=name, job=job, cron_schedule=cron,
                                  execution_timezone="UTC", default_status=dg.DefaultScheduleStatus.RUNNING,
                                  description="Drill every query's newest backup (restore and restart) on a schedule.")
 
@@ -119,7 +119,7 @@ def drill_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
                     "restarts the query on it); checkpoint_restore_drill_job runs the drills.")
     def _check(streaming_settings: StreamingSettings,
                checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
-        dest = streaming_settings.backup_dest(query.name)
+        dest = streaming_settings.backup_dest_of(query)
         try:
             repo = Repository.open(dest, checkpoint_files.options())
             records = drill_records(repo)

@@ -1,0 +1,67 @@
+"""A streaming query as the Dagster definitions know it, and the names derived from it."""
+
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+
+@dataclass(frozen=True)
+class StreamingQuery:
+    """One streaming query: its name (the asset's), how to build it, its checkpoint and file sinks.
+
+    ``build(spark)`` returns the query's unstarted ``DataStreamWriter``; ``sinks`` are the output
+    directories of its file sinks (empty for foreachBatch, Kafka and other sinks). ``build=None`` is a
+    query that runs elsewhere (continuously, another scheduler): its asset is external, its checkpoint
+    still gets the health check, backups, compaction, a rollback job and a progress sensor.
+
+    How it runs (a built query only; at most one of ``schedule`` and ``automation_condition``):
+    ``schedule`` is a cron string for a schedule of its job (``"*/5 * * * *"``), ``automation_condition``
+    a ``dg.AutomationCondition`` on its asset; ``spark_config`` holds runtime Spark settings applied to the
+    session for this query's runs only, over the shared ones; ``freshness_policy`` a ``dg.FreshnessPolicy``.
+    """
+
+    name: str
+    build: Optional[Callable]  # (SparkSession) -> DataStreamWriter, not started; None: the query runs elsewhere
+    checkpoint: str
+    sinks: Sequence[str] = ()
+    description: Optional[str] = None
+    group: str = "streaming"
+    tags: dict = field(default_factory=dict)
+    spark_config: dict = field(default_factory=dict)
+    schedule: Optional[str] = None
+    automation_condition: Optional[object] = None  # dg.AutomationCondition
+    freshness_policy: Optional[object] = None  # dg.FreshnessPolicy
+    backup_url: Optional[str] = None  # this query's backups (default: <the definitions' backup_url>/<name>)
+    sink_retention: Optional[str] = None  # its compaction also drops sink batches older than this (default: shared)
+
+    def __post_init__(self):
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
+            raise ValueError(f"query name {self.name!r} must be a Python identifier (it names the asset and its ops)")
+        if self.schedule and self.automation_condition is not None:
+            raise ValueError(f"query {self.name}: give a schedule or an automation_condition, not both")
+        if self.build is None and (self.schedule or self.automation_condition is not None or self.spark_config):
+            raise ValueError(f"query {self.name} runs elsewhere (build=None): schedule, automation_condition and "
+                             "spark_config apply only to a query these definitions run")
+
+    @property
+    def external(self) -> bool:
+        """The query runs elsewhere: these definitions observe and operate its checkpoint, never run it."""
+        return self.build is None
+
+
+def pool_name(query: str) -> str:
+    """One Dagster pool per checkpoint: its streaming runs, backups and compactions never overlap."""
+    return f"checkpoint-{query}"
+
+
+def job_name(query: str) -> str:
+    return f"{query}_job"
+
+
+def schedule_name(query: str) -> str:
+    return f"{query}_schedule"
+
+
+def rollback_job_name(query: str) -> str:
+    """The rollback job of a query that runs elsewhere (a built query rolls back through its asset's run config)."""
+    return f"{query}_rollback_job"

@@ -1,0 +1,1 @@
+"""The user's own `pipelines` package (not spark-checkpoint-ops')."""

@@ -1,0 +1,1 @@
+"""The user's own `resources` package (not spark-checkpoint-ops')."""
