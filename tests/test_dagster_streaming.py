@@ -86,6 +86,9 @@ def test_rollback_and_reprocess_in_one_materialization(spark, tmp_path, instance
     assert md["rollback_plan_hash"] != "" and md["rollback_op_id"]
     # the run reprocessed after its rollback, so undo would refuse: the metadata does not offer it
     assert "undo_command" not in md and "not possible any more" in md["undo"]
+    rids = ["checkpoint", *(f"sink{i}" for i in range(len(query.sinks)))]
+    assert sorted(md["rollback_requests"]) == sorted(md["rollback_retries"]) == rids  # local disk: none retried
+    assert md["rollback_requests"]["checkpoint"] and not any(md["rollback_retries"].values())
     assert md["batch_ids"].startswith(f"{good_until + 1}..")
     assert md["input_rows"] == 3 * 5  # the corrected file and the two after it, read again
     assert checks(result)["checkpoint_health_check"]
@@ -190,6 +193,7 @@ def test_backup_and_compaction_jobs(spark, tmp_path, instance):
     (obs,) = [e for e in r.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     md = obs.event_specific_data.asset_observation.metadata
     assert md["backup_verified"].value and md["backup_files"].value > 0
+    assert md["backup_retries"].value == {"destination": {}, "checkpoint": {}, "sink0": {}, "ledger": {}}
     rows = list_backups(Repository.open(os.path.join(home, "backups", "kept")))
     assert [b.id for b in rows] == [md["backup_id"].value]
 
@@ -306,3 +310,70 @@ def _file_bytes(*roots: str) -> dict[str, bytes]:
                 with open(os.path.join(d, n), "rb") as f:
                     out[os.path.join(d, n)] = f.read()
     return out
+
+
+_KILLED_RUN = """
+import sys
+import dagster as dg
+from pipelines.streaming import streaming_definitions
+from tests.dagster_queries import counts_query
+from tests.spark_runs import SESSION_CONF
+
+query = counts_query(sys.argv[1])
+defs = streaming_definitions([query], home=sys.argv[2], spark_config=SESSION_CONF)
+with dg.instance_for_test() as instance:
+    defs.resolve_job_def(f"{query.name}_job").execute_in_process(instance=instance)
+"""
+
+
+def test_a_killed_materialization_leaves_a_lease_the_next_run_takes_over(spark, tmp_path, instance):
+    """kill -9 of a whole materialization (its process group: Python and Spark's JVM) while it holds the
+    checkpoint's lease: the lease stays, `lease show` calls it stale (its pid is dead), and the next run
+    takes it over with a warning in its log and completes, with no row lost or counted twice."""
+    import logging
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import cli_json
+
+    base, home = str(tmp_path / "q"), str(tmp_path / "home")
+    query = counts_query(base)
+    write_event_files(os.path.join(base, "input"), 0, GOOD_FIRST)
+    lease = os.path.join(query.checkpoint, ".checkpoint-ops.lease")
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_RUN, base, home], cwd=os.getcwd(),
+                            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while not os.path.exists(lease):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the materialization never took the checkpoint's lease"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert os.path.exists(lease), "the killed run's lease is gone: nothing was left to take over"
+
+    code, shown = cli_json("lease", "show", query.checkpoint)
+    assert code == 0, shown
+    assert shown["state"] == "stale" and shown["holder"]["pid"] == proc.pid, shown
+    assert "dagster run" in shown["holder"]["owner"] and "is gone" in shown["stale_reason"], shown
+
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    result = materialize(defs, query.name, instance)
+    assert result.success, result.all_events
+    warnings = [e.user_message for e in instance.all_logs(result.run_id) if e.level == logging.WARNING]
+    assert any("took over the lease" in w and f"pid {proc.pid}" in w and "is gone" in w for w in warnings), warnings
+    assert not os.path.exists(lease), "the run released the lease it took over"
+    inp = os.path.join(base, "input")
+    write_event_files(inp, GOOD_FIRST, GOOD_FIRST + 2)
+    flush_files(inp, GOOD_FIRST + 1)
+    unload_state_stores(spark)
+    assert materialize(defs, query.name, instance).success
+    got = read_output(spark, query.sinks[0])
+    want = {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}
+    assert got == want, "rows lost or counted twice after the takeover"
