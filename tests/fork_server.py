@@ -10,12 +10,11 @@ two commands that ran one after the other).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import time
-
-import importlib
 
 from checkpoint_ops.cli import main
 

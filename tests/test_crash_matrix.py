@@ -21,7 +21,8 @@ import s3fs
 
 from pipelines.event_counts import event_rows, write_event_files
 from tests.crash import ForkRunner, MatrixRow, record, tree_digest
-from tests.spark_runs import COMPACT_INTERVAL, run_stateless
+from tests.helpers import content_snapshot
+from tests.spark_runs import COMPACT_INTERVAL, SparkRun, run_stateless
 from tests.test_sink_spark import sink_run  # noqa: F401  (a fixture)
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, target_before_last_compaction
 
@@ -378,3 +379,105 @@ def test_backup_restore_prune_crash_matrix_local(spark, small_run, runner, tmp_p
     matrix(MatrixRow("backup prune", "local"), runner, reset_dest, prune, lambda: _ok(runner.run(*prune)), dest_state,
            pruned)
     _reset_local(base)
+
+
+# ---- restore and its undo, RocksDB with checkpoint format V2 (local disk) -----------------------------------
+
+
+V2_FILES = 2  # input files (one batch each) and one shuffle partition: few files keep the matrix short
+V2_CONF = {"spark.sql.shuffle.partitions": "1"}
+
+
+@pytest.fixture(scope="module")
+def v2_small(spark, tmp_path_factory):
+    """A small stateful checkpoint (the windowed count) on RocksDB with checkpoint format V2: SST files with
+    unique ids, changelogs and Spark's own CRC32C checksum files, all of which a restore rewrites or copies."""
+    run = SparkRun("rocksdb_v2", str(tmp_path_factory.mktemp("v2-small") / "run"))
+    write_event_files(run.input, 0, V2_FILES)
+    run.progress += run.run_query(spark, conf=V2_CONF)
+    run.files = V2_FILES
+    time.sleep(0.1)
+    shutil.copytree(run.base, run.pristine, symlinks=True)
+    return run
+
+
+def test_restore_and_its_undo_crash_matrix_rocksdb_v2(spark, v2_small, runner, tmp_path):
+    """``backup restore`` killed at every mutating call, recovered both ways (``undo TARGET``: the target is
+    empty again; ``resume TARGET``: the complete restore); ``undo`` of a completed restore killed at every
+    call, recovered by running it again; Spark resumes exactly from a sampled recovered restore."""
+    run = v2_small
+    run.reset()
+    dest = str(tmp_path / "dest")
+    code, o, err = runner.run("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, "--json")
+    assert code == 0, err
+    backup_id = json.loads(o)["backup_id"]
+    target = str(tmp_path / "target")
+    ckpt, out, inp = f"{target}/checkpoint", f"{target}/output", f"{target}/input"
+    shutil.copytree(run.input, inp)
+    restore = ["backup", "restore", dest, backup_id, ckpt, "--sink-target", out, "--relocate", f"{run.input}={inp}",
+               "--yes", "--json"]
+    undo = ["undo", ckpt, "--yes", "--json"]
+
+    def reset_empty():
+        for d in (ckpt, out, f"{target}/.checkpoint-ops"):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def spark_files():
+        return content_snapshot(ckpt, out)
+
+    def recover_by_resume():
+        code, o, err = runner.run("resume", ckpt, "--json")
+        if code != 0 and "completed" not in err and ("nothing to resume" in err or "no such checkpoint" in err
+                                                     or "stopped before changing anything" in err):
+            code, o, err = runner.run(*restore)  # it stopped before changing anything: restore again
+        assert code == 0 or "completed" in err, (o, err)
+
+    def recover_by_undo():
+        code, o, err = runner.run(*undo)
+        nothing = ("nothing to undo", "no such checkpoint", "stopped before changing anything", "not a checkpoint")
+        assert code == 0 or (code in (1, 2) and any(s in err for s in nothing)), (o, err)
+
+    reset_empty()
+    assert runner.run(*restore)[0] == 0
+    restored = tree_digest(ckpt, out)
+    assert any(n.endswith(".crc") and not n.startswith(".") for _, _, fs in os.walk(f"{ckpt}/state") for n in fs), \
+        "the fixture must have Spark's own checksum files (checkpoint format V2)"
+    saved = str(tmp_path / "restored")
+    shutil.copytree(target, saved, symlinks=True)
+
+    def reset_restored():
+        shutil.rmtree(target)
+        shutil.copytree(saved, target, symlinks=True)
+
+    row = matrix(MatrixRow("backup restore, then resume", "rocksdb v2"), runner, reset_empty, restore,
+                 recover_by_resume, lambda: tree_digest(ckpt, out), restored)
+    # the same crash points, recovered the other way: undo leaves nothing Spark would read in the target
+    undone = MatrixRow("backup restore, then undo", "rocksdb v2")
+    for k in range(1, row.points + 1):
+        reset_empty()
+        assert runner.run(*restore, kill_at=k)[0] == -9, k
+        undone.points += 1
+        recover_by_undo()
+        left = spark_files()
+        if left:
+            undone.failures.append(f"k={k}: {sorted(left)[:4]}")
+        else:
+            undone.converged += 1
+    record(undone)
+    assert undone.converged == undone.points, undone.failures
+    matrix(MatrixRow("undo of a restore", "rocksdb v2"), runner, reset_restored, undo,
+           lambda: _ok(runner.run(*undo)), spark_files, {})
+
+    # Spark resumes exactly from a recovered restore, at its new location (the original moved away)
+    k = max(1, row.points // 2)
+    reset_empty()
+    assert runner.run(*restore, kill_at=k)[0] == -9
+    recover_by_resume()
+    os.rename(run.base, run.base + ".away")
+    try:
+        restored_run = SparkRun(run.flavour, target, progress=run.progress, files=run.files)
+        assert finish_and_read(spark, restored_run, conf=V2_CONF) == exact(run)
+    finally:
+        os.rename(run.base + ".away", run.base)
+    record(MatrixRow("backup restore (Spark resumed)", "rocksdb v2", 1, 1, [k]))
+    run.reset()
