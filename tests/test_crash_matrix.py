@@ -20,7 +20,7 @@ import pytest
 import s3fs
 
 from pipelines.event_counts import event_rows, write_event_files
-from tests.crash import ForkRunner, MatrixRow, record, tree_digest
+from tests.crash import ForkRunner, MatrixRow, race, record, tree_digest
 from tests.helpers import content_snapshot
 from tests.spark_runs import COMPACT_INTERVAL, SparkRun, run_stateless
 from tests.test_sink_spark import sink_run  # noqa: F401  (a fixture)
@@ -481,3 +481,140 @@ def test_restore_and_its_undo_crash_matrix_rocksdb_v2(spark, v2_small, runner, t
         os.rename(run.base + ".away", run.base)
     record(MatrixRow("backup restore (Spark resumed)", "rocksdb v2", 1, 1, [k]))
     run.reset()
+
+
+# ---- killed while a second one starts ------------------------------------------------------------------------
+
+
+RACED_KILL_POINTS = (2, 6, 10, 16, 30, 45)  # sampled: leasing, journal, fence, among the changes
+
+
+def raced_kill_matrix(row: MatrixRow, runners, reset, command, second, recover, state) -> MatrixRow:
+    """``command`` killed at each sampled point while ``second`` starts at the same moment: the second is
+    refused (exit 1, saying why: the lease, or the interrupted operation to finish first) or waits its turn
+    (runs entirely before or after; a restore into a target already restored is bad input, exit 2); after the
+    recovery a user would run, the tree is what ``command``
+    alone leaves, or what the two leave run one after the other."""
+    outcomes = []
+    for order in ([command], [second, command], [command, second]):
+        reset()
+        for cmd in order:
+            code, o, err = runners[0].run(*cmd)
+            assert code in (0, 1, 2), (cmd, o, err)
+        outcomes.append(state())
+    for k in RACED_KILL_POINTS:
+        for _attempt in range(3):  # the second may win the lease: the first is refused, and nothing is killed
+            reset()
+            first, other = race(runners, [command, second], kill_at=[k, None])
+            if first.code == -9 or first.code == 0:
+                break
+            assert first.code in (1, 2), (k, first.out, first.err)
+        if first.code != -9:
+            continue  # it finished before its k-th call, or lost the lease every time: no crash point here
+        row.points += 1
+        assert other.code in (0, 1, 2), f"k={k}: the second command failed: {other.out} {other.err}"
+        if other.code != 0:
+            assert other.error.get("problem") and other.error.get("fix"), (k, other.out)
+        try:
+            recover()
+        except AssertionError as e:
+            row.failures.append(f"k={k}: recovery failed: {e}")
+            continue
+        if state() in outcomes:
+            row.converged += 1
+        else:
+            row.failures.append(f"k={k}: the tree is neither what it alone leaves nor what the two leave in turn")
+    record(row)
+    assert row.points > 0 and row.converged == row.points, row.failures
+    return row
+
+
+@pytest.fixture
+def runner_pair():
+    pair = [ForkRunner(), ForkRunner()]
+    yield pair
+    for r in pair:
+        r.close()
+
+
+@HDFS
+def test_killed_while_a_second_one_starts_local(spark, run, sink_run, runner_pair, tmp_path):  # noqa: F811
+    """rollback, undo, prune, sink compact and backup restore, each killed at sampled points while a second
+    mutating command starts on the same roots."""
+    runner = runner_pair[0]
+    roots = (run.checkpoint, run.output)
+    n = target_before_last_compaction(run)
+    ops = os.path.join(run.base, ".checkpoint-ops")
+
+    def state():
+        return content_snapshot(*roots)
+
+    def reset_original():
+        run.reset()
+        shutil.rmtree(ops, ignore_errors=True)
+
+    reset_original()
+    assert runner.run(*_rollback_args(run.checkpoint, run, n))[0] == 0
+    saved = str(tmp_path / "rolled-back")
+    shutil.copytree(run.base, saved, symlinks=True)
+
+    def reset_rolled():
+        shutil.rmtree(run.base)
+        shutil.copytree(saved, run.base, symlinks=True)
+
+    undo = ["undo", run.checkpoint, "--yes", "--json"]
+    prune = ["prune", run.checkpoint, "--keep-last", "0", "--yes", "--json"]
+    raced_kill_matrix(MatrixRow("rollback, raced by a rollback", "local"), runner_pair, reset_original,
+                      _rollback_args(run.checkpoint, run, n), _rollback_args(run.checkpoint, run, n + 1),
+                      lambda: _recover_rollback(runner, run.checkpoint, run, n), state)
+    raced_kill_matrix(MatrixRow("undo, raced by a rollback", "local"), runner_pair, reset_rolled, undo,
+                      _rollback_args(run.checkpoint, run, n - 1), lambda: _ok(runner.run(*undo)), state)
+    raced_kill_matrix(MatrixRow("prune, raced by an undo", "local"), runner_pair, reset_rolled, prune, undo,
+                      lambda: _ok(runner.run(*prune)), state)
+
+    # backup restore, raced by the same restore into the same target
+    dest = str(tmp_path / "dest")
+    code, o, err = runner.run("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, "--json")
+    assert code == 0, err
+    target = str(tmp_path / "target")
+    tckpt, tout = f"{target}/checkpoint", f"{target}/output"
+    restore = ["backup", "restore", dest, json.loads(o)["backup_id"], tckpt, "--sink-target", tout, "--relocate",
+               f"{run.input}={target}/input", "--yes", "--json"]
+
+    def recover_restore():
+        code, o, err = runner.run("resume", tckpt, "--json")
+        if code != 0 and "completed" not in err and ("nothing to resume" in err or "no such checkpoint" in err
+                                                     or "stopped before changing anything" in err):
+            code, o, err = runner.run(*restore)
+        assert code == 0 or "completed" in err or "not empty" in err, (o, err)
+
+    raced_kill_matrix(MatrixRow("backup restore, raced by a restore into its target", "local"), runner_pair,
+                      lambda: shutil.rmtree(target, ignore_errors=True), restore, restore, recover_restore,
+                      lambda: content_snapshot(tckpt, tout))
+    reset_original()
+
+    # sink compact (with its checkpoint), raced by a rollback of that checkpoint and sink
+    base = sink_run
+    ckpt, out = f"{base}/checkpoint", f"{base}/output"
+    compact = ["sink", "compact", out, "--checkpoint", ckpt, "--sink-compact-interval", str(COMPACT_INTERVAL), "--yes",
+               "--json"]
+    last = max(int(x) for x in os.listdir(f"{base}.pristine/checkpoint/commits") if x.isdigit())
+    rollback = ["rollback", ckpt, "--to-batch", (last + 1) // COMPACT_INTERVAL * COMPACT_INTERVAL - 3, "--sink", out,
+                *INTERVALS, "--yes", "--json"]
+
+    def reset_sink():
+        _reset_local(base)
+        hour_ago = time.time() - 3600
+        for d, _, names in os.walk(out):
+            for name in names:
+                os.utime(os.path.join(d, name), (hour_ago, hour_ago))
+
+    def recover_compact():  # finish it; if it had changed nothing yet (or the rollback ran last), run it again
+        code, o, err = runner.run("resume", ckpt, "--json")
+        if code == 1 and ("nothing to resume" in err or "stopped before changing anything" in err):
+            code, o, err = runner.run(*compact)
+        assert code == 0, (o, err)
+
+    raced_kill_matrix(MatrixRow("sink compact, raced by a rollback", "local"), runner_pair, reset_sink, compact,
+                      rollback, recover_compact, lambda: content_snapshot(ckpt, out))
+    _reset_local(base)
