@@ -103,12 +103,19 @@ def race(runners: list[ForkRunner], commands: list[list], kill_at: list[int | No
     return results
 
 
+PAIRING_RECORD = "checkpoint-ops.pairing."  # beside a sink log: names the operation that wrote it (its op id)
+
+
 def tree_digest(*roots: str) -> dict[str, str]:
-    """rel path (per root) -> sha256 of content, for every file under the roots."""
+    """rel path (per root) -> sha256 of content, for every file under the roots but the sink's pairing record
+    and its .crc (it names the operation that wrote it, so no two runs write the same bytes; leases stay in:
+    none may be left behind)."""
     out = {}
     for i, root in enumerate(roots):
         for d, _, names in os.walk(root):
             for n in names:
+                if n.lstrip(".").startswith(PAIRING_RECORD):
+                    continue
                 p = os.path.join(d, n)
                 out[f"{i}:{os.path.relpath(p, root)}"] = hashlib.sha256(open(p, "rb").read()).hexdigest()
     return out
