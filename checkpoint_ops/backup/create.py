@@ -365,6 +365,14 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     bar = _Progress(total, progress)
     lock = threading.Lock()
     stats = {"new_objects": 0, "new_bytes": 0, "read_files": 0, "read_bytes": 0, "skipped_vanished": []}
+    uploading: set[str] = set()  # content one worker is storing: files with the same bytes do not store it again
+
+    def first_upload(sha: str) -> bool:
+        with lock:
+            if sha in have or sha in uploading:
+                return False
+            uploading.add(sha)
+            return True
 
     def one(rid: str, fm, root_path: str, rel: str, info) -> tuple | None:
         size, mtime = info.size, info.mtime
@@ -387,7 +395,9 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
                         raise _damaged_state(cut, fm.url(path), problem)
                 sha = hashlib.sha256(data).hexdigest()
                 nbytes = len(data)
-                created = sha not in have and repo.put_object(sha, data)
+                # (in memory: once claimed, the upload cannot fail for a vanished file; any other failure stops
+                # the whole backup)
+                created = first_upload(sha) and repo.put_object(sha, data)
         except FileNotFoundError:
             if rel in cut.needed.get(rid, ()):
                 raise _Vanished(rel) from None
