@@ -124,7 +124,7 @@ class Pair:
             self.reset()
             for i in order:
                 code, out, err = runner.run(*self.commands[i])
-                assert code in (0, 1), (out, err)
+                assert code in (0, 1, 2), (out, err)  # 2: a restore into a target no longer empty
             self._in_turn[order] = self.state()
         return self._in_turn[order]
 
