@@ -51,7 +51,7 @@ ui: check-java $(STAMP)
 reliability: check-java $(STAMP)
 	rm -f .reliability.jsonl
 	CHECKPOINT_OPS_MATRIX_OUT=$(CURDIR)/.reliability.jsonl CHECKPOINT_OPS_FAULT_MATRIX=long \
-	  $(PY) -m pytest tests/test_crash_matrix.py tests/test_bad_input_corpus.py tests/test_fault_matrix.py
+	  $(PY) -m pytest tests/test_crash_matrix.py tests/test_races.py tests/test_bad_input_corpus.py tests/test_fault_matrix.py
 	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
 	rm -f .reliability.jsonl
 

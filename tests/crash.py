@@ -13,9 +13,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
-
-from tests.helpers import is_own_file
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -29,6 +28,7 @@ class ForkRunner:
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ))
         assert self.proc.stdout.readline().strip() == "ready"
         self.dir = tempfile.mkdtemp(prefix="fork-runner-")
+        self.last: dict = {}  # the last command's child: pid, and when it was forked and reaped (epoch s)
 
     def run(self, *args, kill_at: int | None = None, env: dict | None = None) -> tuple[int, str, str]:
         out, err = os.path.join(self.dir, "out"), os.path.join(self.dir, "err")
@@ -41,24 +41,82 @@ class ForkRunner:
         req = {"args": [str(a) for a in args], "env": env, "unset": unset, "stdout": out, "stderr": err}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        code = json.loads(self.proc.stdout.readline())["code"]
-        return code, open(out).read(), open(err).read()
+        answer = json.loads(self.proc.stdout.readline())
+        self.last = answer
+        return answer["code"], open(out).read(), open(err).read()
 
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(10)
 
 
+@dataclass(frozen=True)
+class Finished:
+    """One command of a race: its exit code (negative: killed by that signal), output, and the pid it ran as."""
+
+    code: int
+    out: str
+    err: str
+    pid: int
+    forked: float  # when its child was forked, and reaped (epoch seconds, as the fork server saw them)
+    ended: float
+
+    @property
+    def error(self) -> dict:
+        """The ``--json`` error record of a refused command ({} if it printed none)."""
+        try:
+            doc = json.loads(self.out)
+        except ValueError:
+            return {}
+        return doc if isinstance(doc, dict) and "problem" in doc else {}
+
+    @property
+    def applied(self) -> bool:
+        """Exit 0 with an applied result (a plan with nothing to do exits 0 too, applying nothing)."""
+        if self.code != 0:
+            return False
+        try:
+            return json.loads(self.out).get("result") is not None
+        except ValueError:
+            return False
+
+
+def race(runners: list[ForkRunner], commands: list[list], kill_at: list[int | None] | None = None) -> list[Finished]:
+    """Start ``commands[i]`` on ``runners[i]`` at the same moment (the threads that send them wait at one
+    barrier, so the forked children start within milliseconds of each other) and wait for all of them.
+    ``kill_at[i]``: SIGKILL command i before its k-th mutating call."""
+    kill_at = kill_at or [None] * len(commands)
+    barrier = threading.Barrier(len(commands))
+    results: list[Finished | None] = [None] * len(commands)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        code, out, err = runners[i].run(*commands[i], kill_at=kill_at[i])
+        last = runners[i].last
+        results[i] = Finished(code, out, err, last["pid"], last["forked"], last["ended"])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(commands))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+PAIRING_RECORD = "checkpoint-ops.pairing."  # beside a sink log: names the operation that wrote it (its op id)
+
+
 def tree_digest(*roots: str) -> dict[str, str]:
-    """rel path (per root) -> sha256 of content, for every file Spark reads under the roots (checkpoint-ops'
-    own records beside them are left out: a sink's pairing record names the operation that wrote it)."""
+    """rel path (per root) -> sha256 of content, for every file under the roots but the sink's pairing record
+    and its .crc (it names the operation that wrote it, so no two runs write the same bytes; leases stay in:
+    none may be left behind)."""
     out = {}
     for i, root in enumerate(roots):
         for d, _, names in os.walk(root):
             for n in names:
-                p = os.path.join(d, n)
-                if is_own_file(p):
+                if n.lstrip(".").startswith(PAIRING_RECORD):
                     continue
+                p = os.path.join(d, n)
                 out[f"{i}:{os.path.relpath(p, root)}"] = hashlib.sha256(open(p, "rb").read()).hexdigest()
     return out
 
@@ -79,7 +137,30 @@ class MatrixRow:
                 "converged": self.converged, "spark_checked": self.spark_checked, "failures": self.failures}
 
 
-def record(row: MatrixRow) -> None:
+@dataclass
+class RaceRow:
+    """One pair of operations started together, on one store: per trial, did exactly one apply (the other
+    refused, changing nothing), and did the result converge (history, fsck, undo or Spark exact)."""
+
+    pair: str
+    store: str
+    trials: int = 0
+    one_applied: int = 0
+    lease_refusals: int = 0  # the loser was refused by the winner's lease (the rest: it started after the winner)
+    serialised: int = 0  # attempts not counted as trials: the second reached the lease only after the first had
+    # released it, so both ran, one after the other (checked to leave exactly what running them in turn leaves)
+    converged: int = 0
+    spark_checked: int = 0  # trials whose raced result Spark resumed from, exactly
+    failures: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"kind": "race", "pair": self.pair, "store": self.store, "trials": self.trials,
+                "one_applied": self.one_applied, "lease_refusals": self.lease_refusals, "serialised": self.serialised,
+                "converged": self.converged,
+                "spark_checked": self.spark_checked, "failures": self.failures}
+
+
+def record(row: "MatrixRow | RaceRow") -> None:
     """Append the row to the report docs/reliability.md is written from (CHECKPOINT_OPS_MATRIX_OUT)."""
     path = os.environ.get("CHECKPOINT_OPS_MATRIX_OUT")
     if path:

@@ -3,22 +3,35 @@
 The crash matrix runs an operation hundreds of times, killed at each mutating call in turn; a new
 interpreter for each run would spend most of the suite importing. This process imports the CLI
 once; per request (one JSON line on stdin: args, env, stdout/stderr files) it forks a child that
-runs the command, and answers with the child's exit status (negative: killed by that signal).
+runs the command, and answers with the child's exit status (negative: killed by that signal) and its pid
+and when it was forked and reaped (a lease names its holder's pid, and the race tests tell a race from
+two commands that ran one after the other).
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
+import time
 
 from checkpoint_ops.cli import main
+
+# The modules the commands import when they run, imported here once: a child then reaches its first
+# lease within milliseconds of its fork, so two children forked together really race for it.
+WARM = ["checkpoint_ops.backup", "checkpoint_ops.backup.restore", "checkpoint_ops.backup.retention",
+        "checkpoint_ops.fsck", "checkpoint_ops.inspect", "checkpoint_ops.lease_break", "checkpoint_ops.ledger",
+        "checkpoint_ops.prune", "checkpoint_ops.recovery", "checkpoint_ops.rollback", "checkpoint_ops.sinklog"]
+for _name in WARM:
+    importlib.import_module(_name)
 
 
 def serve() -> None:
     print("ready", flush=True)
     for line in sys.stdin:
         req = json.loads(line)
+        forked = time.time()
         pid = os.fork()
         if pid == 0:  # the child: run one command and exit with its code, whatever happens
             code = 70
@@ -37,7 +50,7 @@ def serve() -> None:
                 os._exit(code if isinstance(code, int) else 70)
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-        print(json.dumps({"code": code}), flush=True)
+        print(json.dumps({"code": code, "pid": pid, "forked": forked, "ended": time.time()}), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Write docs/reliability.md from a run of the crash matrix, the bad-input corpus and the fault matrix.
 
-``make reliability`` runs ``tests/test_crash_matrix.py``, ``tests/test_bad_input_corpus.py`` and (with
-``CHECKPOINT_OPS_FAULT_MATRIX=long``) ``tests/test_fault_matrix.py`` with ``CHECKPOINT_OPS_MATRIX_OUT`` set
-(each matrix row is appended there as the tests run; fault rows have ``"kind": "faults"``), then this script.
+``make reliability`` runs ``tests/test_crash_matrix.py``, ``tests/test_races.py``,
+``tests/test_bad_input_corpus.py`` and (with ``CHECKPOINT_OPS_FAULT_MATRIX=long``) ``tests/test_fault_matrix.py``
+with ``CHECKPOINT_OPS_MATRIX_OUT`` set (each matrix row is appended there as the tests run; fault rows have
+``"kind": "faults"``, race rows ``"kind": "race"``), then this script.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from tests.test_bad_input_corpus import CASES, expected  # noqa: E402
 
 INTRO = """# Reliability
 
-Two promises are tested here on checkpoints real Spark wrote (HDFS state store, RocksDB with changelog
+These promises are tested here on checkpoints real Spark wrote (HDFS state store, RocksDB with changelog
 checkpointing, RocksDB with checkpoint format V2), and re-checked by `make test` on every change:
 
 1. **No operation leaves a checkpoint Spark cannot restart, whenever it is killed.** The crash matrix runs
@@ -32,7 +33,10 @@ checkpointing, RocksDB with checkpoint format V2), and re-checked by `make test`
    rollback, Spark then resumes from recovered results at sampled crash points, with exact output.
 2. **Bad input gets a clear error, names the file, and changes nothing.** The corpus damages real
    checkpoints one way each and runs every command that reads them.
-3. **A flaky object store never corrupts anything.** Every operation that touches S3 runs through a proxy
+3. **Two commands started at once: exactly one applies.** Every mutating command takes the lease of every
+   root it changes before it reads anything; the race tests start two of them at the same moment, many
+   times, and the crash matrix kills one while a second one starts.
+4. **A flaky object store never corrupts anything.** Every operation that touches S3 runs through a proxy
    that fails a share of requests or goes down entirely; each completes, or stops cleanly with a message
    naming the command that finishes it, and that command does.
 
@@ -83,9 +87,49 @@ the end of the last, waiting out the outage included (a loaded 2-core machine; f
     return lines
 
 
+RACES = """## Races
+
+Recorded {date} on {machine}, Python {python}. `tests/test_races.py` starts two commands in two warm fork
+servers behind one barrier, so both children fork within milliseconds, on a checkpoint real Spark wrote
+(HDFS state store; the sink pairs on a stateless query's output; *s3 + local sink*: the checkpoint on the S3
+server, where a lease is an `If-None-Match: *` put). Each trial must show: exactly one applies; the other
+exits 1, refused by the winner's lease and naming it (owner, host, pid, since when), or, had it started only
+after the winner finished, refused for a reason that changes nothing (exit 1, or 2 for a restore into a
+target no longer empty); the tree is byte for byte what the
+winner alone leaves, with no lease left behind; `history` lists exactly what applied; `fsck` is clean;
+`undo` gives back exactly the tree before the race (a restore's undo empties the target again); and in one
+trial per pair, instead of the undo, Spark resumes from the raced result with exact output.
+
+| pair | store | trials | exactly one applied | refused by the lease | serialised attempts | converged | Spark resumed exactly |
+|---|---|---|---|---|---|---|---|
+"""
+
+
+def race_lines(rows: list[dict]) -> list[str]:
+    """The race section: one row per pair and store."""
+    if not rows:
+        return []
+    lines = [RACES.format(date=time.strftime("%Y-%m-%d"), machine=platform.machine(),
+                          python=platform.python_version()).rstrip("\n")]
+    for r in rows:
+        ok = "all" if r["converged"] == r["trials"] else f"**{r['converged']}** (failed: {r['failures'][:3]})"
+        one = "all" if r["one_applied"] == r["trials"] else f"**{r['one_applied']}**"
+        spark = f"{r['spark_checked']} trial" if r["spark_checked"] else ""
+        lines.append(f"| {r['pair']} | {r['store']} | {r['trials']} | {one} | {r['lease_refusals']} | "
+                     f"{r['serialised']} | {ok} | {spark} |")
+    lines.append("""
+*serialised attempts*: attempts not counted as trials, because the second command reached the lease only after
+the first had released it (a lease is not a queue; a forked child can take a few hundred milliseconds to get
+there on a loaded machine, as long as a whole operation takes): both ran, one after the other, and the result
+was checked to be exactly what running them in turn leaves. *sink lease only*: `sink compact` without
+`--checkpoint` takes only the sink output's lease, and that lease alone keeps it and the rollback apart.
+""")
+    return lines
+
+
 def main(rows_path: str, out_path: str) -> None:
     every = [json.loads(line) for line in open(rows_path)] if os.path.exists(rows_path) else []
-    rows = [r for r in every if r.get("kind") != "faults"]
+    rows = [r for r in every if r.get("kind") not in ("faults", "race")]
     lines = [INTRO.format(minutes=35)]
     lines.append(f"## Crash matrix\n\nRecorded {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
                  f"Python {platform.python_version()}.\n")
@@ -101,6 +145,17 @@ def main(rows_path: str, out_path: str) -> None:
 delete), its file sink on local disk, so one operation spans both stores (a small stateless query, rolled
 back one batch: every crash point costs HTTP round trips to the test server).
 Undo and prune are crashed from the state an uninterrupted rollback leaves.
+*rocksdb v2*: a small windowed count (two batches, one shuffle partition) on RocksDB with checkpoint format
+V2 (SST files with unique ids, changelogs, Spark's own CRC32C checksum files), backed up and restored to a new
+location with `--relocate`; *then resume* / *then undo*: the same crash points recovered by `resume TARGET`
+(the complete restore, byte for byte) or by `undo TARGET` (nothing Spark reads is left in the target); *undo
+of a restore*: crashed from a completed restore, finished by running `undo` again; Spark resumes exactly from
+a recovered restore with the original moved away.
+*raced by ...*: killed at sampled points (k = 2, 6, 10, 16, 30, 45, where it gets that far, and it is the
+first to the lease) while a second command starts at the same moment on the same roots: the second is
+refused (by the lease, or because the interrupted operation must be finished first) or runs entirely before
+or after it, and after the recovery a user would run the tree is what the operation alone leaves, or what
+the two leave one after the other.
 
 What the matrix found and what changed because of it:
 
@@ -112,6 +167,7 @@ What the matrix found and what changed because of it:
 * a crash inside an atomic write leaves the writer's hidden temp file; resuming or undoing removes the
   temp files of its own interrupted writes (the fence kept Spark away, so they are ours).
 """)
+    lines += race_lines([r for r in every if r.get("kind") == "race"])
     lines += fault_lines([r for r in every if r.get("kind") == "faults"])
     lines.append("## Bad-input corpus\n")
     lines.append("Each case damages one real checkpoint of the given flavour; n is the rollback target (two batches "

@@ -20,8 +20,9 @@ import pytest
 import s3fs
 
 from pipelines.event_counts import event_rows, write_event_files
-from tests.crash import ForkRunner, MatrixRow, record, tree_digest
-from tests.spark_runs import COMPACT_INTERVAL, run_stateless
+from tests.crash import ForkRunner, MatrixRow, race, record, tree_digest
+from tests.helpers import content_snapshot
+from tests.spark_runs import COMPACT_INTERVAL, SparkRun, run_stateless
 from tests.test_sink_spark import sink_run  # noqa: F401  (a fixture)
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, target_before_last_compaction
 
@@ -377,4 +378,243 @@ def test_backup_restore_prune_crash_matrix_local(spark, small_run, runner, tmp_p
     pruned = dest_state()
     matrix(MatrixRow("backup prune", "local"), runner, reset_dest, prune, lambda: _ok(runner.run(*prune)), dest_state,
            pruned)
+    _reset_local(base)
+
+
+# ---- restore and its undo, RocksDB with checkpoint format V2 (local disk) -----------------------------------
+
+
+V2_FILES = 2  # input files (one batch each) and one shuffle partition: few files keep the matrix short
+V2_CONF = {"spark.sql.shuffle.partitions": "1"}
+
+
+@pytest.fixture(scope="module")
+def v2_small(spark, tmp_path_factory):
+    """A small stateful checkpoint (the windowed count) on RocksDB with checkpoint format V2: SST files with
+    unique ids, changelogs and Spark's own CRC32C checksum files, all of which a restore rewrites or copies."""
+    run = SparkRun("rocksdb_v2", str(tmp_path_factory.mktemp("v2-small") / "run"))
+    write_event_files(run.input, 0, V2_FILES)
+    run.progress += run.run_query(spark, conf=V2_CONF)
+    run.files = V2_FILES
+    time.sleep(0.1)
+    shutil.copytree(run.base, run.pristine, symlinks=True)
+    return run
+
+
+def test_restore_and_its_undo_crash_matrix_rocksdb_v2(spark, v2_small, runner, tmp_path):
+    """``backup restore`` killed at every mutating call, recovered both ways (``undo TARGET``: the target is
+    empty again; ``resume TARGET``: the complete restore); ``undo`` of a completed restore killed at every
+    call, recovered by running it again; Spark resumes exactly from a sampled recovered restore."""
+    run = v2_small
+    run.reset()
+    dest = str(tmp_path / "dest")
+    code, o, err = runner.run("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, "--json")
+    assert code == 0, err
+    backup_id = json.loads(o)["backup_id"]
+    target = str(tmp_path / "target")
+    ckpt, out, inp = f"{target}/checkpoint", f"{target}/output", f"{target}/input"
+    shutil.copytree(run.input, inp)
+    restore = ["backup", "restore", dest, backup_id, ckpt, "--sink-target", out, "--relocate", f"{run.input}={inp}",
+               "--yes", "--json"]
+    undo = ["undo", ckpt, "--yes", "--json"]
+
+    def reset_empty():
+        for d in (ckpt, out, f"{target}/.checkpoint-ops"):
+            shutil.rmtree(d, ignore_errors=True)
+
+    def spark_files():
+        return content_snapshot(ckpt, out)
+
+    def recover_by_resume():
+        code, o, err = runner.run("resume", ckpt, "--json")
+        if code != 0 and "completed" not in err and ("nothing to resume" in err or "no such checkpoint" in err
+                                                     or "stopped before changing anything" in err):
+            code, o, err = runner.run(*restore)  # it stopped before changing anything: restore again
+        assert code == 0 or "completed" in err, (o, err)
+
+    def recover_by_undo():
+        code, o, err = runner.run(*undo)
+        nothing = ("nothing to undo", "no such checkpoint", "stopped before changing anything", "not a checkpoint")
+        assert code == 0 or (code in (1, 2) and any(s in err for s in nothing)), (o, err)
+
+    reset_empty()
+    assert runner.run(*restore)[0] == 0
+    restored = tree_digest(ckpt, out)
+    assert any(n.endswith(".crc") and not n.startswith(".") for _, _, fs in os.walk(f"{ckpt}/state") for n in fs), \
+        "the fixture must have Spark's own checksum files (checkpoint format V2)"
+    saved = str(tmp_path / "restored")
+    shutil.copytree(target, saved, symlinks=True)
+
+    def reset_restored():
+        shutil.rmtree(target)
+        shutil.copytree(saved, target, symlinks=True)
+
+    row = matrix(MatrixRow("backup restore, then resume", "rocksdb v2"), runner, reset_empty, restore,
+                 recover_by_resume, lambda: tree_digest(ckpt, out), restored)
+    # the same crash points, recovered the other way: undo leaves nothing Spark would read in the target
+    undone = MatrixRow("backup restore, then undo", "rocksdb v2")
+    for k in range(1, row.points + 1):
+        reset_empty()
+        assert runner.run(*restore, kill_at=k)[0] == -9, k
+        undone.points += 1
+        recover_by_undo()
+        left = spark_files()
+        if left:
+            undone.failures.append(f"k={k}: {sorted(left)[:4]}")
+        else:
+            undone.converged += 1
+    record(undone)
+    assert undone.converged == undone.points, undone.failures
+    matrix(MatrixRow("undo of a restore", "rocksdb v2"), runner, reset_restored, undo,
+           lambda: _ok(runner.run(*undo)), spark_files, {})
+
+    # Spark resumes exactly from a recovered restore, at its new location (the original moved away)
+    k = max(1, row.points // 2)
+    reset_empty()
+    assert runner.run(*restore, kill_at=k)[0] == -9
+    recover_by_resume()
+    os.rename(run.base, run.base + ".away")
+    try:
+        restored_run = SparkRun(run.flavour, target, progress=run.progress, files=run.files)
+        assert finish_and_read(spark, restored_run, conf=V2_CONF) == exact(run)
+    finally:
+        os.rename(run.base + ".away", run.base)
+    record(MatrixRow("backup restore (Spark resumed)", "rocksdb v2", 1, 1, [k]))
+    run.reset()
+
+
+# ---- killed while a second one starts ------------------------------------------------------------------------
+
+
+RACED_KILL_POINTS = (2, 6, 10, 16, 30, 45)  # sampled: leasing, journal, fence, among the changes
+
+
+def raced_kill_matrix(row: MatrixRow, runners, reset, command, second, recover, state) -> MatrixRow:
+    """``command`` killed at each sampled point while ``second`` starts at the same moment: the second is
+    refused (exit 1, saying why: the lease, or the interrupted operation to finish first) or waits its turn
+    (runs entirely before or after; a restore into a target already restored is bad input, exit 2); after the
+    recovery a user would run, the tree is what ``command``
+    alone leaves, or what the two leave run one after the other."""
+    outcomes = []
+    for order in ([command], [second, command], [command, second]):
+        reset()
+        for cmd in order:
+            code, o, err = runners[0].run(*cmd)
+            assert code in (0, 1, 2), (cmd, o, err)
+        outcomes.append(state())
+    for k in RACED_KILL_POINTS:
+        for _attempt in range(3):  # the second may win the lease: the first is refused, and nothing is killed
+            reset()
+            first, other = race(runners, [command, second], kill_at=[k, None])
+            if first.code == -9 or first.code == 0:
+                break
+            assert first.code in (1, 2), (k, first.out, first.err)
+        if first.code != -9:
+            continue  # it finished before its k-th call, or lost the lease every time: no crash point here
+        row.points += 1
+        assert other.code in (0, 1, 2), f"k={k}: the second command failed: {other.out} {other.err}"
+        if other.code != 0:
+            assert other.error.get("problem") and other.error.get("fix"), (k, other.out)
+        try:
+            recover()
+        except AssertionError as e:
+            row.failures.append(f"k={k}: recovery failed: {e}")
+            continue
+        if state() in outcomes:
+            row.converged += 1
+        else:
+            row.failures.append(f"k={k}: the tree is neither what it alone leaves nor what the two leave in turn")
+    record(row)
+    assert row.points > 0 and row.converged == row.points, row.failures
+    return row
+
+
+@pytest.fixture
+def runner_pair():
+    pair = [ForkRunner(), ForkRunner()]
+    yield pair
+    for r in pair:
+        r.close()
+
+
+@HDFS
+def test_killed_while_a_second_one_starts_local(spark, run, sink_run, runner_pair, tmp_path):  # noqa: F811
+    """rollback, undo, prune, sink compact and backup restore, each killed at sampled points while a second
+    mutating command starts on the same roots."""
+    runner = runner_pair[0]
+    roots = (run.checkpoint, run.output)
+    n = target_before_last_compaction(run)
+    ops = os.path.join(run.base, ".checkpoint-ops")
+
+    def state():
+        return content_snapshot(*roots)
+
+    def reset_original():
+        run.reset()
+        shutil.rmtree(ops, ignore_errors=True)
+
+    reset_original()
+    assert runner.run(*_rollback_args(run.checkpoint, run, n))[0] == 0
+    saved = str(tmp_path / "rolled-back")
+    shutil.copytree(run.base, saved, symlinks=True)
+
+    def reset_rolled():
+        shutil.rmtree(run.base)
+        shutil.copytree(saved, run.base, symlinks=True)
+
+    undo = ["undo", run.checkpoint, "--yes", "--json"]
+    prune = ["prune", run.checkpoint, "--keep-last", "0", "--yes", "--json"]
+    raced_kill_matrix(MatrixRow("rollback, raced by a rollback", "local"), runner_pair, reset_original,
+                      _rollback_args(run.checkpoint, run, n), _rollback_args(run.checkpoint, run, n + 1),
+                      lambda: _recover_rollback(runner, run.checkpoint, run, n), state)
+    raced_kill_matrix(MatrixRow("undo, raced by a rollback", "local"), runner_pair, reset_rolled, undo,
+                      _rollback_args(run.checkpoint, run, n - 1), lambda: _ok(runner.run(*undo)), state)
+    raced_kill_matrix(MatrixRow("prune, raced by an undo", "local"), runner_pair, reset_rolled, prune, undo,
+                      lambda: _ok(runner.run(*prune)), state)
+
+    # backup restore, raced by the same restore into the same target
+    dest = str(tmp_path / "dest")
+    code, o, err = runner.run("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS, "--json")
+    assert code == 0, err
+    target = str(tmp_path / "target")
+    tckpt, tout = f"{target}/checkpoint", f"{target}/output"
+    restore = ["backup", "restore", dest, json.loads(o)["backup_id"], tckpt, "--sink-target", tout, "--relocate",
+               f"{run.input}={target}/input", "--yes", "--json"]
+
+    def recover_restore():
+        code, o, err = runner.run("resume", tckpt, "--json")
+        if code != 0 and "completed" not in err and ("nothing to resume" in err or "no such checkpoint" in err
+                                                     or "stopped before changing anything" in err):
+            code, o, err = runner.run(*restore)
+        assert code == 0 or "completed" in err or "not empty" in err, (o, err)
+
+    raced_kill_matrix(MatrixRow("backup restore, raced by a restore into its target", "local"), runner_pair,
+                      lambda: shutil.rmtree(target, ignore_errors=True), restore, restore, recover_restore,
+                      lambda: content_snapshot(tckpt, tout))
+    reset_original()
+
+    # sink compact (with its checkpoint), raced by a rollback of that checkpoint and sink
+    base = sink_run
+    ckpt, out = f"{base}/checkpoint", f"{base}/output"
+    compact = ["sink", "compact", out, "--checkpoint", ckpt, "--sink-compact-interval", str(COMPACT_INTERVAL), "--yes",
+               "--json"]
+    last = max(int(x) for x in os.listdir(f"{base}.pristine/checkpoint/commits") if x.isdigit())
+    rollback = ["rollback", ckpt, "--to-batch", (last + 1) // COMPACT_INTERVAL * COMPACT_INTERVAL - 3, "--sink", out,
+                *INTERVALS, "--yes", "--json"]
+
+    def reset_sink():
+        _reset_local(base)
+        hour_ago = time.time() - 3600
+        for d, _, names in os.walk(out):
+            for name in names:
+                os.utime(os.path.join(d, name), (hour_ago, hour_ago))
+
+    def recover_compact():  # finish it; if it had changed nothing yet (or the rollback ran last), run it again
+        code, o, err = runner.run("resume", ckpt, "--json")
+        if code == 1 and ("nothing to resume" in err or "stopped before changing anything" in err):
+            code, o, err = runner.run(*compact)
+        assert code == 0, (o, err)
+
+    raced_kill_matrix(MatrixRow("sink compact, raced by a rollback", "local"), runner_pair, reset_sink, compact,
+                      rollback, recover_compact, lambda: content_snapshot(ckpt, out))
     _reset_local(base)
