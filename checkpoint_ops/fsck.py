@@ -46,11 +46,19 @@ class Finding:
 
 
 class Fsck:
-    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None):
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
+                 cache=None, sets=None):
+        """``cache`` (a ``verdicts.VerdictCache``): log files an earlier run found sound and Spark can no
+        longer rewrite are not read again, and what this run finds sound is recorded in it (the caller
+        saves it). ``sets``: the ``RestartSets`` the rollback window is judged with (shared with inspect
+        in one pass). Neither changes a finding."""
         self.ckpt = ckpt
         self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
         self.deep = deep
+        self.cache = cache if not deep else None
+        self.sets = sets
+        self._live: set | None = None
         self.findings: list[Finding] = []
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
         self.cmd = f"checkpoint-ops rollback {ckpt.url}"
@@ -80,7 +88,52 @@ class Fsck:
         self._restart_set()
         self._window()
         self._operator_files()
+        self._record_sound()
         return self.findings
+
+    # -- the verdict cache ---------------------------------------------------------------------------
+    def _roots(self):
+        yield "checkpoint", self.ckpt.listing, [s.log for s in self.ckpt.sources.values() if s.log is not None]
+        for i, sink in enumerate(self.sinks):
+            yield f"sink{i}", sink.listing, [sink.log]
+
+    def _live_rels(self) -> set:
+        if self._live is None:
+            from .verdicts import live_rels
+
+            self._live = live_rels(self.ckpt, self.sinks)
+        return self._live
+
+    def _skip(self, log: CompactibleLog) -> set[int]:
+        """Batch ids of ``log`` that an earlier run found sound (parsed, checksum sidecar matching)."""
+        if self.cache is None:
+            return set()
+        from .verdicts import file_stamp
+
+        root, listing = next((r, L) for r, L, logs in self._roots() if any(x is log for x in logs))
+        live = self._live_rels()
+        return {b for b, f in log.files.items() if (root, f.rel) not in live
+                and self.cache.is_sound("log", root, f.rel, file_stamp(listing, f.rel))}
+
+    def _record_sound(self) -> None:
+        """Every log file this run read and found nothing wrong with (nor with its sidecar)."""
+        if self.cache is None or self.ckpt.fence is not None:
+            return
+        from .storage.checksums import hadoop_crc_name
+        from .verdicts import file_stamp
+
+        named = {f.path for f in self.findings}
+        live = self._live_rels()
+        for root, listing, logs in self._roots():
+            for log in logs:
+                for f in log.files.values():
+                    if (root, f.rel) in live or listing.abs(f.rel) not in self._read:
+                        continue
+                    parent, _, name = f.rel.rpartition("/")
+                    crc = f"{parent}/{hadoop_crc_name(name)}" if parent else hadoop_crc_name(name)
+                    if listing.url(f.rel) in named or listing.url(crc) in named:
+                        continue
+                    self.cache.record_sound("log", root, f.rel, file_stamp(listing, f.rel))
 
     def _operator_files(self) -> None:
         """Operator metadata and state schema files: damage the restart set does not need (it named
@@ -123,7 +176,7 @@ class Fsck:
         C = self.ckpt.latest_commit
         if C is None or self.ckpt.fence is not None:
             return
-        w = rollback_window(self.ckpt, self.sinks, self.ledger)
+        w = rollback_window(self.ckpt, self.sinks, self.ledger, sets=self.sets)
         d = w.stop
         if d is None or d.kind == PURGED or w.earliest is None:
             return
@@ -222,7 +275,7 @@ class Fsck:
                          "restore the source log from a backup, or roll back to an earlier batch")
 
     def _parse_compactible(self, log: CompactibleLog) -> bool:
-        raw, errors = log.read_all_lenient()
+        raw, errors = log.read_all_lenient(skip=self._skip(log))
         self._read.update(raw)
         for e in errors:
             self._log_error(e)
@@ -442,8 +495,9 @@ class Fsck:
                      "delete it while the application is stopped")
 
 
-def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None) -> list[Finding]:
-    return Fsck(ckpt, sinks, deep, ledger).run()
+def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
+             cache=None, sets=None) -> list[Finding]:
+    return Fsck(ckpt, sinks, deep, ledger, cache=cache, sets=sets).run()
 
 
 @dataclass(frozen=True)

@@ -291,8 +291,11 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     if ckpt is not None:
         L = ckpt.listing
         raw: dict[str, bytes] = {}
-        offsets = ckpt.load_offsets(raw=raw, errors=damaged)  # one read per file: the parsed and the raw form
-        commits = ckpt.load_commits(raw=raw, errors=damaged)
+        # only what the ledger does not have yet is read: a sync reads what is new, not the whole log
+        offsets = ckpt.load_offsets([b for b in ckpt.offset_files if not ledger.has("offsets", b)], raw=raw,
+                                    errors=damaged)  # one read per file: the parsed and the raw form
+        commits = ckpt.load_commits([b for b in ckpt.commit_files if not ledger.has("commits", b)], raw=raw,
+                                    errors=damaged)
         need = [L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
         need += [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)]
         raw.update(ckpt.fm.read_many([p for p in need if p not in raw]))  # parsed earlier in this process
@@ -310,7 +313,8 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     sink_counts = {}
     for sink in sinks:
         count = 0
-        for b, entries in attribute_sink_batches(sink.log, damaged).items():
+        todo = [b for b in sink.log.files if not ledger.has_sink_entries(sink, b)]
+        for b, entries in attribute_sink_batches(sink.log, damaged, batches=todo).items():
             if ledger.sink_entries(sink, b) is None:
                 rec(b).setdefault("sinks", {})[sink.url] = {"entries": [e.raw for e in entries]}
                 count += 1
@@ -365,11 +369,13 @@ def attribute_batch(log: CompactibleLog, b: int) -> list[LogEntry] | None:
     return tail
 
 
-def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None) -> dict[int, list[LogEntry]]:
-    """Which entries each batch added, for every batch Spark's files still let us tell. Batches whose
-    files cannot be read are left out (and their errors added to ``damaged``, else raised)."""
+def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None,
+                           batches=None) -> dict[int, list[LogEntry]]:
+    """Which entries each batch added (of ``batches``, by default all), for every batch Spark's files still
+    let us tell. Batches whose files cannot be read are left out (and their errors added to ``damaged``,
+    else raised)."""
     out: dict[int, list[LogEntry]] = {}
-    for b in log.files:
+    for b in (log.files if batches is None else batches):
         try:
             got = attribute_batch(log, b)
         except LogFormatError as e:

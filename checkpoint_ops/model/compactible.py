@@ -233,13 +233,14 @@ class CompactibleLog:
             except LogFormatError:
                 pass  # recorded per file in _bad
 
-    def read_all_lenient(self) -> tuple[dict[str, bytes], list[LogFormatError]]:
-        """Read and parse every file once, collecting errors per file instead of stopping.
+    def read_all_lenient(self, skip=()) -> tuple[dict[str, bytes], list[LogFormatError]]:
+        """Read and parse every file once (but those in ``skip``, batch ids a caller already knows to be
+        sound), collecting errors per file instead of stopping.
 
         Returns the raw bytes by absolute path (for checksum checks) and the errors; parsed
         entries land in the cache that ``read``/``entries_after`` use.
         """
-        paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries}
+        paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries and b not in skip}
         raw, errors = {}, [e for b, e in self._bad.items() if self.listing.abs(self.files[b].rel) in paths]
         paths = {p: b for p, b in paths.items() if b not in self._bad}
         failed: dict[str, OSError] = {}
