@@ -46,10 +46,12 @@ demo: check-java $(STAMP)
 ui: check-java $(STAMP)
 	DAGSTER_HOME=$(CURDIR)/dagster_home DAGSTER_DISABLE_TELEMETRY=1 $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# The crash matrix and bad-input corpus (also part of `make test`), recorded into docs/reliability.md.
+# The crash matrix, the bad-input corpus and the long fault matrix (25 % and 50 % failing requests, several
+# seeds, a 30-second outage; `make test` runs a short one), recorded into docs/reliability.md.
 reliability: check-java $(STAMP)
 	rm -f .reliability.jsonl
-	CHECKPOINT_OPS_MATRIX_OUT=$(CURDIR)/.reliability.jsonl $(PY) -m pytest tests/test_crash_matrix.py tests/test_bad_input_corpus.py
+	CHECKPOINT_OPS_MATRIX_OUT=$(CURDIR)/.reliability.jsonl CHECKPOINT_OPS_FAULT_MATRIX=long \
+	  $(PY) -m pytest tests/test_crash_matrix.py tests/test_bad_input_corpus.py tests/test_fault_matrix.py
 	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
 	rm -f .reliability.jsonl
 

@@ -42,6 +42,29 @@ class StorageError(BadInputError):
     """The storage backend failed or is misconfigured."""
 
 
+class StoreUnavailableError(StorageError):
+    """The object store kept failing one request through every attempt the retry policy allows
+    (throttling, 5xx replies, dropped connections, truncated replies): nothing about the input is
+    wrong, and nothing half-done is visible. ``fix`` says how to finish; an operation that stopped
+    after journaling replaces it with the command that finishes it (``finish_with``)."""
+
+    DEFAULT_FIX = "nothing was changed; run the same command again once the store answers"
+
+    def __init__(self, problem: str, *, path: str | None = None, fix: str | None = None,
+                 retries: dict[str, int] | None = None):
+        super().__init__(problem, path=path, fix=fix or self.DEFAULT_FIX)
+        self.retries = dict(retries or {})  # what the failing store's requests were retried, by kind
+
+    def finish_with(self, fix: str) -> "StoreUnavailableError":
+        """The same failure, with what to do now that it stopped an operation part-way."""
+        e = StoreUnavailableError(self.problem, path=self.path, fix=fix, retries=self.retries)
+        e.__cause__ = self.__cause__
+        return e
+
+    def to_dict(self) -> dict:
+        return {**super().to_dict(), "retries": self.retries}
+
+
 class RefusedError(CheckpointOpsError):
     """The operation is possible in principle but refused for safety (exit 1)."""
 

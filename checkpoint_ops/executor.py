@@ -33,15 +33,15 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import BadInputError, RefusedError
-from .fence import Fence, fence_bytes, is_fence, parse_fence
-from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
+from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .fence import Fence, fence_bytes, is_fence, parse_fence, resume_command
+from .journal import Journal, new_op_id, ops_dir, write_journal
 from .ledger import ledger_at
 from .model.listing import Listing
 from .model.logfile import log_files
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, open_file_manager
-from .storage.paths import join
+from .storage.paths import join, parse_url
 
 CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
 _STREAM = 8 * 2**20
@@ -105,7 +105,7 @@ class Executor:
         self.steps = 0
         self._scanned: dict[str, Listing] | None = None
         self._memo: dict[tuple[str, str], bool] = {}  # undo's checks: does a file hold the plan's content?
-        self._sources: dict[str, tuple[CheckpointFileManager, str]] = {}
+        self._sources: dict[tuple, CheckpointFileManager] = {}  # one file manager per store content comes from
         self._bar = None
         if progress:
             self.show_progress()
@@ -168,10 +168,14 @@ class Executor:
 
     # -- content --------------------------------------------------------------------------------------
     def _source(self, sha: str) -> tuple[CheckpointFileManager, str]:
+        """Where the content for ``sha`` is, through one file manager per store (opening one costs a
+        new client: per object, a restore spent most of its time there)."""
         url = self.plan.sources[sha]
-        if url not in self._sources:
-            self._sources[url] = open_file_manager(url, self.storage_options)
-        return self._sources[url]
+        loc = parse_url(url)
+        store = (loc.original_scheme, loc.scheme, "" if loc.is_local else loc.path.split("/", 1)[0])
+        if store not in self._sources:
+            self._sources[store] = open_file_manager(url, self.storage_options)[0]
+        return self._sources[store], loc.path
 
     def _put(self, root: Root, a: FileAction, overwrite: bool) -> None:
         """Publish the action's content at its path, checking it against the plan's hash as it goes
@@ -533,7 +537,9 @@ class JournalHooks:
 
 @dataclass(frozen=True)
 class AppliedOperation:
-    """What the executor did (``--json`` ``result``; keys documented in docs/cli.md)."""
+    """What the executor did (``--json`` ``result``; keys documented in docs/cli.md). ``requests`` and
+    ``retries``: per root, the requests its file manager issued (every attempt) and how many were
+    retries, by kind; ``source`` adds the stores content was streamed from (a restore's backup objects)."""
 
     op_id: str
     operation: str
@@ -543,18 +549,36 @@ class AppliedOperation:
     journal: str
     counts: dict
     requests: dict  # root id -> requests (or file-system calls) by kind
+    retries: dict  # root id -> retried requests by kind
 
     def to_dict(self) -> dict:
         return {"op_id": self.op_id, "operation": self.operation, "status": self.status,
                 "plan_hash": self.plan_hash, "target_batch": self.target_batch, "journal": self.journal,
-                "counts": self.counts, "requests": self.requests}
+                "counts": self.counts, "requests": self.requests, "retries": self.retries}
 
     @classmethod
-    def of(cls, journal: Journal, status: str, roots: dict[str, "Root"]) -> "AppliedOperation":
+    def of(cls, journal: Journal, status: str, roots: dict[str, "Root"],
+           ex: "Executor | None" = None) -> "AppliedOperation":
         plan = journal.record["plan"]
+        counters = {rid: r.fm.counter for rid, r in roots.items()}
+        requests = {rid: c.snapshot() for rid, c in counters.items()}
+        retries = {rid: c.retries() for rid, c in counters.items()}
+        sources = [fm.counter for fm in (ex._sources.values() if ex is not None else ())]
+        if sources:
+            requests["source"], retries["source"] = _summed(sources)
         return cls(journal.op_id, journal.record["operation"], status, plan["plan_hash"], plan["target_batch"],
-                   journal.fm.url(journal.path), plan["counts"],
-                   {rid: r.fm.counter.snapshot() for rid, r in roots.items()})
+                   journal.fm.url(journal.path), plan["counts"], requests, retries)
+
+
+def _summed(counters) -> tuple[dict[str, int], dict[str, int]]:
+    requests: dict[str, int] = {}
+    retries: dict[str, int] = {}
+    for counter in counters:
+        for kind, n in counter.snapshot().items():
+            requests[kind] = requests.get(kind, 0) + n
+        for kind, n in counter.retries().items():
+            retries[kind] = retries.get(kind, 0) + n
+    return dict(sorted(requests.items())), dict(sorted(retries.items()))
 
 
 def checkpoint_roots(ckpt=None, sinks=()) -> dict[str, tuple[CheckpointFileManager, str]]:
@@ -601,16 +625,34 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         "original_metadata": _b64e(anchor.metadata),
         **hooks.record(),
     }
-    journal = write_journal(anchor.fm, anchor.ops, record)
-    if hooks.ledger_truncation is not None:  # records above the target belong to the old timeline
-        ledger_at(anchor.fm, anchor.root).truncate(hooks.ledger_truncation, op_id)
-    ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=anchor.metadata,
-                  storage_options=storage_options, guard=guard)
     try:
-        ex.apply(resuming=False)
-    finally:
-        ex.close()
-    return AppliedOperation.of(journal, "applied", roots)
+        journal = write_journal(anchor.fm, anchor.ops, record)
+    except StoreUnavailableError as e:  # its journal may or may not have been stored: nothing else was
+        raise e.finish_with(f"nothing was changed yet; once the store answers, run "
+                            f"`{resume_command(plan.operation, anchor.url)}` (it drops the journal if one was "
+                            "stored), then the same command again") from e.__cause__
+    try:
+        if hooks.ledger_truncation is not None:  # records above the target belong to the old timeline
+            ledger_at(anchor.fm, anchor.root).truncate(hooks.ledger_truncation, op_id)
+        ex = Executor(journal, roots, keep, progress, plan=plan, current_metadata=anchor.metadata,
+                      storage_options=storage_options, guard=guard)
+        try:
+            ex.apply(resuming=False)
+        finally:
+            ex.close()
+    except StoreUnavailableError as e:
+        raise interrupted(e, anchor, journal) from e.__cause__
+    return AppliedOperation.of(journal, "applied", roots, ex)
+
+
+def interrupted(e: StoreUnavailableError, anchor: Anchor, journal: Journal, undoing: bool = False) -> \
+        StoreUnavailableError:
+    """A journaled operation stopped part-way because the store kept failing: say how to finish it."""
+    operation = journal.record["operation"]
+    command = f"checkpoint-ops undo {anchor.url}" if undoing else resume_command(operation, anchor.url)
+    fenced = " and the checkpoint stays fenced (Spark cannot start on it)" if anchor.checkpoint else ""
+    return e.finish_with(f"the {'undo of ' if undoing else ''}{operation} {journal.op_id} stopped part-way; it is "
+                         f"journaled{fenced}: once the store answers, finish it with `{command}`")
 
 
 def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,

@@ -18,13 +18,14 @@ history only).
 from __future__ import annotations
 
 from .activity import refuse_if_active
-from .errors import RefusedError
+from .errors import RefusedError, StoreUnavailableError
 from .executor import (
     Anchor,
     AppliedOperation,
     Executor,
     UndoRecordLost,
     ensure_ledger_truncation,
+    interrupted,
     reopen,
 )
 from .fence import is_fence, parse_fence
@@ -156,8 +157,9 @@ class _JournalOperation(Operation):
         op, op_id = self.journal.record["operation"], self.journal.op_id
         if stage:
             ex._drop_stray_temps(ex._listings())  # the temp file of the write it was killed in, if any
-            self.journal.mark("abandoned")
+            # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
             ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(op_id)
+            self.journal.mark("abandoned")
             done = "its plan may be stale now and was dropped"
         else:
             done = "its plan may be stale now: running this without --dry-run drops it"
@@ -186,14 +188,17 @@ class ResumeOperation(_JournalOperation):
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         ex = self._executor(ctx)
-        ensure_ledger_truncation(self.anchor, self.journal)
         try:
-            ex.apply(resuming=True)
-        finally:
-            ex.close()
-        if _interrupted_undo(self.state):
-            self.journal.unmark(UNDOING)  # rolled forward: it stands applied, undoable again
-        return AppliedOperation.of(self.journal, "applied", ex.roots)
+            ensure_ledger_truncation(self.anchor, self.journal)
+            try:
+                ex.apply(resuming=True)
+            finally:
+                ex.close()
+            if _interrupted_undo(self.state):
+                self.journal.unmark(UNDOING)  # rolled forward: it stands applied, undoable again
+        except StoreUnavailableError as e:  # every step is idempotent: the same resume finishes it
+            raise interrupted(e, self.anchor, self.journal) from e.__cause__
+        return AppliedOperation.of(self.journal, "applied", ex.roots, ex)
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
         how = "Rolled forward" if _interrupted_undo(self.state) else "Resumed and finished"
@@ -228,12 +233,15 @@ class UndoOperation(_JournalOperation):
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         ex = self._executor(ctx)
         try:
-            ex.undo(applied=self.state == APPLIED)
-        finally:
-            ex.close()
-        if self.journal.record.get("ledger_truncation") is not None:
-            ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(self.journal.op_id)
-        return AppliedOperation.of(self.journal, "undone", ex.roots)
+            try:
+                ex.undo(applied=self.state == APPLIED)
+            finally:
+                ex.close()
+            if self.journal.record.get("ledger_truncation") is not None:
+                ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(self.journal.op_id)
+        except StoreUnavailableError as e:  # undo starts with its "undoing" marker: running it again finishes it
+            raise interrupted(e, self.anchor, self.journal, undoing=True) from e.__cause__
+        return AppliedOperation.of(self.journal, "undone", ex.roots, ex)
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
         return f"Undone {outcome.op_id}: everything it changed is as it was before it."

@@ -18,6 +18,7 @@ there is none), fenced, resumable, undoable. Rewrites stream: memory does not gr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
@@ -26,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BadInputError, RefusedError
+from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .journal import ops_dir
@@ -548,11 +549,13 @@ def sweep_staging(ctx: SinkContext) -> None:
 
 
 def clear_staging(ctx: SinkContext, plan: Plan) -> None:
-    """Delete the staged rewrites a finished plan used (a resume needs them until then)."""
+    """Delete the staged rewrites a finished plan used (a resume needs them until then). Best effort
+    when the store is failing: they are hidden, and ``sweep_staging`` removes them next time."""
     sfm, sdir = _stage_dir(ctx)
     staged = [u for u in plan.sources.values() if u.startswith(sfm.url(sdir))]
     if staged:
-        sfm.delete_many([parse_url(u).path for u in staged])
+        with contextlib.suppress(StoreUnavailableError):  # best effort: the error that stopped it matters
+            sfm.delete_many([parse_url(u).path for u in staged])
 
 
 # ---- the operations ----------------------------------------------------------------------------------------

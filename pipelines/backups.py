@@ -46,6 +46,7 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
         "backup_verified": dg.MetadataValue.bool(v["ok"]),
         "backups_pruned": dg.MetadataValue.int(pruned.outcome.manifests_deleted if pruned.applied else 0),
         "backup_destination": dg.MetadataValue.text(dest),
+        "backup_retries": dg.MetadataValue.json(r["retries"]),  # per store, by kind: how flaky it was
     }
     context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md))
     if not v["ok"]:

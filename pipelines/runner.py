@@ -6,7 +6,6 @@ Plain functions (no Dagster decorators here), called by the assets ``streaming.p
 import json
 import re
 import time
-from datetime import datetime, timezone
 
 import dagster as dg
 
@@ -78,6 +77,8 @@ def rollback(context, query, config, files, leases: LeaseSet) -> dict:
         context.log.info(f"rolled {query.name} back to batch {plan.target_batch} ({op_id}): "
                          f"{plan.counts()['delete']} files moved aside")
         md["rollback_op_id"] = dg.MetadataValue.text(op_id)
+        md["rollback_requests"] = dg.MetadataValue.json(result.outcome.requests)  # per root, by kind
+        md["rollback_retries"] = dg.MetadataValue.json(result.outcome.retries)  # of those, retried after a store failure
     return md
 
 

@@ -158,3 +158,26 @@ def bucket(s3_server, request):
     name = f"{name}-{int(time.time() * 1000) % 100000}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def fault_proxy(s3_server):
+    """The fault-injecting proxy (tests/faulty_s3.py) in front of the S3 server, for the session."""
+    from tests.faulty_s3 import FaultyS3
+
+    proxy = FaultyS3(s3_server)
+    proxy.start()
+    yield proxy
+    proxy.stop()
+
+
+@pytest.fixture
+def faulty_s3(fault_proxy, monkeypatch):
+    """The proxy with no faults yet (each test sets its own ``FaultPlan``) and a quick retry policy
+    (tests wait milliseconds between attempts, not seconds). Clients reach it with
+    ``storage_options(faulty_s3)`` or ``--storage-options``; setup and checks go to the server directly."""
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_BASE_DELAY", "0.01")
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_MAX_DELAY", "0.2")
+    fault_proxy.clear()
+    yield fault_proxy
+    fault_proxy.clear()

@@ -86,6 +86,9 @@ def test_rollback_and_reprocess_in_one_materialization(spark, tmp_path, instance
     assert md["rollback_plan_hash"] != "" and md["rollback_op_id"]
     # the run reprocessed after its rollback, so undo would refuse: the metadata does not offer it
     assert "undo_command" not in md and "not possible any more" in md["undo"]
+    rids = ["checkpoint", *(f"sink{i}" for i in range(len(query.sinks)))]
+    assert sorted(md["rollback_requests"]) == sorted(md["rollback_retries"]) == rids  # local disk: none retried
+    assert md["rollback_requests"]["checkpoint"] and not any(md["rollback_retries"].values())
     assert md["batch_ids"].startswith(f"{good_until + 1}..")
     assert md["input_rows"] == 3 * 5  # the corrected file and the two after it, read again
     assert checks(result)["checkpoint_health_check"]
@@ -190,6 +193,7 @@ def test_backup_and_compaction_jobs(spark, tmp_path, instance):
     (obs,) = [e for e in r.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     md = obs.event_specific_data.asset_observation.metadata
     assert md["backup_verified"].value and md["backup_files"].value > 0
+    assert md["backup_retries"].value == {"destination": {}, "checkpoint": {}, "sink0": {}, "ledger": {}}
     rows = list_backups(Repository.open(os.path.join(home, "backups", "kept")))
     assert [b.id for b in rows] == [md["backup_id"].value]
 

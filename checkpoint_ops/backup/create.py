@@ -22,6 +22,7 @@ it checks that its intent never lapsed (else a garbage collection may have run m
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import re
 import sys
@@ -29,8 +30,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import BadInputError, RefusedError
-from ..ledger import PAIRING_DIR, Ledger, ledger_or_none
+from ..errors import BadInputError, RefusedError, StoreUnavailableError
+from ..ledger import PAIRING_DIR, ledger_or_none
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.listing import Listing
 from ..model.logfile import batch_id_from_name
@@ -40,7 +41,6 @@ from ..pairing import PairingRefused, record_pairing
 from ..restart import RestartSets, state_bytes_problem
 from .claims import HeldClaim
 from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id
-from .transfer import retry
 
 WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network)
 LOCAL_WORKERS = 2  # to local disk the work is system calls under the GIL: more threads only contend
@@ -176,21 +176,30 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     _prefetch(cut, _parent(repo, cut.url) if repo.exists else None)
     repo.create()
     backup_id = new_backup_id()
-    intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
     try:
-        _wait_for_prune(repo)
-        for attempt in range(_ATTEMPTS):
-            try:
-                return _copy(repo, backup_id, cut, intent, progress)
-            except _Vanished as v:
-                if attempt == _ATTEMPTS - 1:
-                    raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes files "
-                                       "a restart needs faster than they can be copied", path=checkpoint_url,
-                                       fix="stop the query for the backup, or back up more often") from None
-                cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval,
-                               sink_compact_interval)
-    finally:
-        intent.release()
+        intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
+        try:
+            _wait_for_prune(repo)
+            for attempt in range(_ATTEMPTS):
+                try:
+                    return _copy(repo, backup_id, cut, intent, progress)
+                except _Vanished as v:
+                    if attempt == _ATTEMPTS - 1:
+                        raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes "
+                                           "files a restart needs faster than they can be copied",
+                                           path=checkpoint_url, fix="stop the query for the backup, or back up more "
+                                           "often") from None
+                    cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval,
+                                   sink_compact_interval)
+        finally:
+            # the store may be down: the error that stopped the backup matters, not this cleanup (an
+            # intent left behind goes stale without its heartbeat and is cleared by the next prune)
+            with contextlib.suppress(StoreUnavailableError):
+                intent.release()
+    except StoreUnavailableError as e:
+        raise e.finish_with(f"backup {backup_id} was not completed: a backup exists only once its manifest is stored "
+                            "(`backup list` shows it), so nothing half-made is visible; once the store answers, run "
+                            "the same command again (what was already uploaded is reused)") from e.__cause__
 
 
 def _wait_for_prune(repo: Repository) -> None:
@@ -308,7 +317,7 @@ def _prefetch(cut: _Cut, parent: Manifest | None) -> None:
     for rid, rels in want.items():
         _, fm, root, _ = cut.roots[rid]
         errors: dict[str, OSError] = {}
-        data = retry(lambda: fm.read_many([f"{root}/{rel}" for rel in rels], errors=errors))
+        data = fm.read_many([f"{root}/{rel}" for rel in rels], errors=errors)
         for rel in rels:
             path = f"{root}/{rel}"
             if path in errors:
@@ -335,10 +344,11 @@ def _unreadable(url: str, e: OSError) -> BadInputError:
 
 
 def _read(fm, path: str, fn):
-    """``fn()`` (a read of the source file ``path``), retried while it fails transiently; a read that
-    cannot succeed is exit 2 naming the file (FileNotFoundError passes: a vanished file is judged apart)."""
+    """``fn()`` (a read of the source file ``path``; the file manager retries what fails transiently); a
+    read that cannot succeed is exit 2 naming the file (FileNotFoundError passes: a vanished file is
+    judged apart; a store that stays unavailable is StoreUnavailableError, not a damaged source)."""
     try:
-        return retry(fn)
+        return fn()
     except FileNotFoundError:
         raise
     except OSError as e:
@@ -366,7 +376,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
         try:
             if size > _BIG:
                 sha = _read(fm, path, lambda: _hash_stream(fm, path))
-                created = sha not in have and retry(lambda: repo.put_object_stream(sha, fm, path))
+                created = sha not in have and repo.put_object_stream(sha, fm, path)
                 nbytes = size
             else:
                 data = cut.prefetched.pop((rid, rel), None)
@@ -377,7 +387,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
                         raise _damaged_state(cut, fm.url(path), problem)
                 sha = hashlib.sha256(data).hexdigest()
                 nbytes = len(data)
-                created = sha not in have and retry(lambda: repo.put_object(sha, data))
+                created = sha not in have and repo.put_object(sha, data)
         except FileNotFoundError:
             if rel in cut.needed.get(rid, ()):
                 raise _Vanished(rel) from None
@@ -423,7 +433,9 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     m = repo.publish(backup_id, doc)
     return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": cut.kind, "checkpoint": cut.url,
             "query_id": cut.query_id, "batch": cut.batch, "parent": doc["parent"], **doc["stats"],
-            "skipped_vanished": stats["skipped_vanished"], "requests": repo.fm.counter.snapshot()}
+            "skipped_vanished": stats["skipped_vanished"], "requests": repo.fm.counter.snapshot(),
+            "retries": {"destination": repo.fm.counter.retries(),
+                        **{rid: fm.counter.retries() for rid, (_, fm, _, _) in cut.roots.items()}}}
 
 
 def _parent(repo: Repository, checkpoint_url: str, refresh: bool = False) -> Manifest | None:

@@ -23,6 +23,7 @@ and sinks are recorded as paired (``pairing.py``), at their new locations.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import json
 import re
@@ -30,7 +31,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from ..errors import BadInputError, RefusedError
+from ..errors import BadInputError, RefusedError, StoreUnavailableError
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..journal import ops_dir, utc_stamp
 from ..lease import is_lease_file
@@ -51,7 +52,6 @@ from ..storage.paths import (
     spark_url_to_location,
 )
 from .repository import Manifest, Repository
-from .transfer import retry
 from .view import BackupView
 
 _SOURCE_LOG = re.compile(r"^sources/[^/]+/\d+(\.compact)?$")
@@ -234,7 +234,7 @@ class _Restore:
         if kind is None:
             return None
         if content is None:
-            content = retry(lambda: self.repo.read_object(data_sha))
+            content = self.repo.read_object(data_sha)
         if kind == "operator":
             new = self._operator_metadata(content)
             return None if new == content else new
@@ -284,7 +284,7 @@ class _Restore:
                 if (rid, rel) in removed or (rid == "ledger" and rel.startswith(PAIRING_DIR + "/")):
                     continue  # (the source's pairing records: the targets get their own, below)
                 if rid == "checkpoint" and rel == "metadata" and m.doc["kind"] == "structured":
-                    metadata = retry(lambda: self.repo.read_object(sha))
+                    metadata = self.repo.read_object(sha)
                     self.objects.add(sha)
                     continue
                 self.objects.add(sha)
@@ -391,7 +391,7 @@ def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets
 def verify_objects(repo: Repository, shas: set[str]) -> None:
     """Read every object and check its hash; any bad one is unusable input (exit 2), named."""
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        got = dict(zip(sorted(shas), pool.map(lambda h: retry(lambda: repo.object_hash(h)), sorted(shas))))
+        got = dict(zip(sorted(shas), pool.map(repo.object_hash, sorted(shas))))
     bad = sorted(h for h, g in got.items() if g != h)
     if bad:
         h = bad[0]
@@ -413,12 +413,18 @@ def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | No
                          extra={"backup": {"destination": repo.url, "id": rp.manifest.id}})
     result = apply_plan(rp.plan, rp.anchor, rp.fms, storage_options, progress, hooks, guard=guard)
     clear_staged(rp)  # a resume would still need them; an applied restore does not
+    # what the checks above read from the backup, beside what the executor did
+    result.requests["backup"] = repo.fm.counter.snapshot()
+    result.retries["backup"] = repo.fm.counter.retries()
     return result
 
 
 def clear_staged(rp: RestorePlan) -> None:
+    """Delete what the plan staged. Best effort when the store is failing: an error on the way out
+    must not hide the one that stopped the restore (staged files are hidden, beside the target)."""
     for fm, path in rp.staged or []:
-        fm.delete_many([path])
+        with contextlib.suppress(StoreUnavailableError):
+            fm.delete_many([path])
 
 
 class RestoreOperation(Operation):

@@ -22,14 +22,16 @@ no object is collected.
 from __future__ import annotations
 
 import calendar
+import contextlib
+import dataclasses
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..errors import BadInputError
+from ..errors import BadInputError, StoreUnavailableError
 from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
 from ..storage import open_file_manager
-from .claims import INTENT, Claim
+from .claims import INTENT, Claim, HeldClaim
 from .leftovers import DEFAULT_MIN_AGE_S, find_leftovers, is_leftover_rel, remove_leftovers
 from .repository import TIME_FORMAT, Repository
 
@@ -45,11 +47,14 @@ class BackupPruneResult:
     claims_removed: int  # stale intents and prune locks
     leftovers_removed: int  # temp files and unfinished uploads
     note: str | None = None  # why objects were deferred
+    requests: dict = field(default_factory=dict)  # what the destination's file manager issued, by kind
+    retries: dict = field(default_factory=dict)  # of them, retries, by kind
 
     def to_dict(self) -> dict:
         return {"manifests_deleted": self.manifests_deleted, "objects_deleted": self.objects_deleted,
                 "bytes_deleted": self.bytes_deleted, "objects_deferred": self.objects_deferred,
-                "claims_removed": self.claims_removed, "leftovers_removed": self.leftovers_removed, "note": self.note}
+                "claims_removed": self.claims_removed, "leftovers_removed": self.leftovers_removed, "note": self.note,
+                "requests": self.requests, "retries": self.retries}
 
 
 def _running(live: list[Claim]) -> str:
@@ -147,33 +152,53 @@ def apply_backup_prune(repo: Repository, plan: Plan) -> BackupPruneResult:
     """Apply a prune plan under a prune lock: delete the planned manifests and the planned claims that
     are still stale; then, only if no backup is being taken (judged again, under the lock), the planned
     leftovers and, unless a manifest is damaged, the planned objects that no manifest references now (a
-    backup may have published since the plan). Never deletes anything the plan does not name."""
+    backup may have published since the plan). Never deletes anything the plan does not name. A store
+    that stays unavailable stops it with a StoreUnavailableError saying how to finish."""
+    try:
+        lock = repo.hold_prune_lock()
+    except StoreUnavailableError as e:
+        raise e.finish_with("nothing was deleted; once the store answers, run the same command again") from e.__cause__
+    try:
+        result = _collect(repo, plan, lock)
+    except StoreUnavailableError as e:
+        with contextlib.suppress(StoreUnavailableError):  # the store may be down: the lock then goes stale
+            lock.release()
+        raise e.finish_with("the prune stopped part-way: every backup not yet deleted is whole (objects go only "
+                            "after no manifest names them); once the store answers, run the same command again to "
+                            "finish it (a prune lock left behind goes stale once its heartbeat stops)") from e.__cause__
+    except BaseException:
+        lock.release()
+        raise
+    lock.release()
+    return dataclasses.replace(result, requests=repo.fm.counter.snapshot(), retries=repo.fm.counter.retries())
+
+
+def _collect(repo: Repository, plan: Plan, lock: HeldClaim) -> BackupPruneResult:
     leftovers = [a.rel for a in plan.actions if is_leftover_rel(a.rel)]
     rels = [a.rel for a in plan.actions if not is_leftover_rel(a.rel)]
-    with repo.hold_prune_lock() as lock:
-        manifests = [r for r in rels if r.startswith("manifests/")]
-        repo.fm.delete_many([repo.path(r) for r in manifests])
-        repo.fm.delete_many([repo.path(r.replace("manifests/", folder)) for r in manifests
-                             for folder in ("verified/", "drills/")])  # their verification and drill records
+    manifests = [r for r in rels if r.startswith("manifests/")]
+    repo.fm.delete_many([repo.path(r) for r in manifests])
+    repo.fm.delete_many([repo.path(r.replace("manifests/", folder)) for r in manifests
+                         for folder in ("verified/", "drills/")])  # their verification and drill records
 
-        claims = {c.rel: c for c in repo.intents() + repo.locks()}
-        stale = [r for r in rels if r in claims and not claims[r].live]
-        repo.fm.delete_many([repo.path(r) for r in stale])
-        live = [c for c in claims.values() if c.live and c.kind == INTENT]
+    claims = {c.rel: c for c in repo.intents() + repo.locks()}
+    stale = [r for r in rels if r in claims and not claims[r].live]
+    repo.fm.delete_many([repo.path(r) for r in stale])
+    live = [c for c in claims.values() if c.live and c.kind == INTENT]
 
-        if live:
-            return BackupPruneResult(len(manifests), 0, 0, True, len(stale), 0, f"{_running(live)}: objects and "
-                                     "leftovers of interrupted writes are left for the next prune")
-        removed = remove_leftovers(repo, leftovers)
-        if repo.damaged_manifests(refresh=True):
-            return BackupPruneResult(len(manifests), 0, 0, True, len(stale), removed, _damaged(repo))
-        needed = set().union(*(m.hashes() for m in repo.manifests()))
-        sizes = {a.rel: a.size or 0 for a in plan.actions}
-        garbage = [r for r in rels if r.startswith("objects/") and r.rsplit("/", 1)[-1] not in needed]
-        lock.check()  # a lock that lapsed let a backup start meanwhile: its objects must not go
-        repo.fm.delete_many([repo.path(r) for r in garbage])
-        return BackupPruneResult(len(manifests), len(garbage), sum(sizes[r] for r in garbage), False, len(stale),
-                                 removed)
+    if live:
+        return BackupPruneResult(len(manifests), 0, 0, True, len(stale), 0, f"{_running(live)}: objects and "
+                                 "leftovers of interrupted writes are left for the next prune")
+    removed = remove_leftovers(repo, leftovers)
+    if repo.damaged_manifests(refresh=True):
+        return BackupPruneResult(len(manifests), 0, 0, True, len(stale), removed, _damaged(repo))
+    needed = set().union(*(m.hashes() for m in repo.manifests()))
+    sizes = {a.rel: a.size or 0 for a in plan.actions}
+    garbage = [r for r in rels if r.startswith("objects/") and r.rsplit("/", 1)[-1] not in needed]
+    lock.check()  # a lock that lapsed let a backup start meanwhile: its objects must not go
+    repo.fm.delete_many([repo.path(r) for r in garbage])
+    return BackupPruneResult(len(manifests), len(garbage), sum(sizes[r] for r in garbage), False, len(stale),
+                             removed)
 
 
 class BackupPruneOperation(Operation):

@@ -13,8 +13,8 @@ import concurrent.futures
 import time
 from dataclasses import dataclass
 
+from ..errors import StoreUnavailableError
 from .repository import TIME_FORMAT, Repository
-from .transfer import retry
 
 WORKERS = 16
 _RECORDED_BAD = 100  # files named in a record (the count covers all)
@@ -53,7 +53,9 @@ class Verification:
 def object_problem(repo: Repository, sha: str) -> str | None:
     """What is wrong with one stored object (None: it holds exactly the bytes its name says)."""
     try:
-        got = retry(lambda: repo.object_hash(sha))
+        got = repo.object_hash(sha)
+    except StoreUnavailableError:
+        raise  # the store, not the object: nothing is judged (or recorded) from a store that does not answer
     except Exception as e:  # noqa: BLE001 - whatever stops the read stops a restore just the same
         return f"cannot be read ({type(e).__name__}: {e})"
     if got is None:

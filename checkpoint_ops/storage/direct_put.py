@@ -8,12 +8,26 @@ completes it). ``cancel()`` simply never uploads. ``overwrite=False`` is a condi
 HTTP 412 and sees ``FileExistsError``. A multipart upload that fails (or loses that race) is
 aborted; one whose process is killed stays open at the store, unlisted: ``pending_uploads`` finds
 it and ``abort_uploads`` drops it.
+
+Every request goes through one retry policy (``retry.py``); on S3 the client libraries' own
+retries are off, so attempts never multiply. What a retry means here:
+
+* a conditional PUT whose reply was lost may have been stored: its retry (ours, or aiohttp's
+  resend on a dead reused connection, which nothing above it sees) gets 412. On any 412 the
+  object is read back: if it holds exactly our bytes the write is done, else the race was lost;
+* a retried delete (one key or a batch) of keys already gone succeeds: S3 deletes are idempotent;
+* a retried copy copies the same source again; a listing page is retried with its own
+  continuation token, so no key is repeated or skipped;
+* a read whose reply is shorter than its ``Content-Length`` fails in the client and is retried:
+  a short object is never parsed. Streams (``open_read``) are ranged GETs, each retried on its own,
+  pinned to the first reply's ETag.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import io
 import tempfile
 from typing import Iterable
 
@@ -21,20 +35,38 @@ from . import killswitch
 from .manager import AtomicWriter, CheckpointFileManager, FileInfo, PendingUpload
 from .paths import Location
 from .rename import _fileinfo
+from .retry import OPTION as RETRY_OPTION
+from .retry import Retrier, RetryPolicy
 
 # Buffer in memory up to this size, then spool to a local temp file.
 _SPOOL_BYTES = 16 * 2**20
 # Larger uploads stream through fsspec's multipart writer instead of one PUT.
 _SINGLE_PUT_MAX = 64 * 2**20
-_CHUNK = 8 * 2**20  # what a multipart upload is fed at a time
+_PART_BYTES = 8 * 2**20  # multipart uploads: part size (S3's minimum is 5 MiB)
+_READ_BLOCK = 64 * 2**20  # streamed reads: bytes per ranged GET (most files take one)
 _S3_DELETE_BATCH = 1000
 _READ_CONCURRENCY = 32
 
 
+def _http_answer(e: BaseException) -> tuple[str, int | None] | None:
+    """(error code, HTTP status) of the S3 reply behind ``e`` (the client error, or what s3fs
+    translated it into), or None if no reply is behind it."""
+    exc, depth = e, 0
+    while exc is not None and depth < 8:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict) and "Error" in response:
+            code = str(response["Error"].get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return code, int(status) if status is not None else (int(code) if code.isdigit() else None)
+        exc, depth = exc.__cause__ or exc.__context__, depth + 1
+    return None
+
+
 def _is_precondition_failed(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}"
-    code = getattr(e, "response", {}).get("Error", {}).get("Code") if hasattr(e, "response") else None
-    return code == "PreconditionFailed" or "PreconditionFailed" in text or "412" in text
+    if isinstance(e, FileExistsError):
+        return True
+    answer = _http_answer(e)
+    return answer is not None and (answer[0] == "PreconditionFailed" or answer[1] == 412)
 
 
 class _DirectPutWriter(AtomicWriter):
@@ -50,33 +82,43 @@ class _DirectPutWriter(AtomicWriter):
 
     def _publish(self) -> None:
         fm = self._fm
-        self._buf.seek(0)
+        url = fm.url(self.path)
         try:
             if self._size <= _SINGLE_PUT_MAX:
+                self._buf.seek(0)
                 data = self._buf.read()
-                fm._count("put")
-                fm.fs.pipe_file(self.path, data, mode="overwrite" if self.overwrite else "create")
+                mode = "overwrite" if self.overwrite else "create"
+
+                def put():
+                    fm._count("put")
+                    fm.fs.pipe_file(self.path, data, mode=mode)
+
+                fm.retrier.call("PutObject", url, put)
             else:
-                fm._count("multipart-put")
-                self._multipart(fm)
+                fm.retrier.call("MultipartUpload", url, self._multipart)
         except Exception as e:
-            if not self.overwrite and (_is_precondition_failed(e) or isinstance(e, FileExistsError)):
+            if self.overwrite or not _is_precondition_failed(e):
+                raise
+            # 412: someone's object is there. Ours, if an earlier attempt was stored after all.
+            if not fm._holds(self.path, self._buf, self._size):
                 raise FileExistsError(errno.EEXIST, "file exists (conditional put lost)", self.path) from e
-            raise
         finally:
             fm.fs.invalidate_cache(self.path)
 
-    def _multipart(self, fm: "DirectPutFileManager") -> None:
-        """Stream the buffer through fsspec's multipart writer. If anything fails (a part, or the
-        conditional completion a racing writer won), the upload is aborted: left open, its parts
-        would stay in the bucket, unlisted and billed. Closing fsspec's file after a failure would
-        instead complete the upload with the parts sent so far."""
-        out = fm.fs.open(self.path, "wb" if self.overwrite else "xb")
+    def _multipart(self) -> None:
+        """One multipart upload of the whole buffer. If anything fails (a part, or the conditional
+        completion a racing writer won), the upload is aborted: left open, its parts would stay in the
+        bucket, unlisted and billed; closing fsspec's file after a failure would instead complete the
+        upload with the parts sent so far."""
+        fm = self._fm
+        fm._count("multipart-put")
+        self._buf.seek(0)
+        out = fm.fs.open(self.path, "wb" if self.overwrite else "xb", block_size=_PART_BYTES)
         try:
-            while chunk := self._buf.read(_CHUNK):
-                killswitch.tick()  # each chunk sent is a change at the store (its parts persist)
+            while chunk := self._buf.read(_PART_BYTES):
+                killswitch.tick()  # each part sent is a change at the store (its parts persist)
                 out.write(chunk)
-            out.close()
+            out.close()  # completes the upload (conditionally, with "xb")
         except BaseException:
             _abandon(out)
             raise
@@ -95,6 +137,72 @@ def _abandon(out) -> None:
         out.closed = True  # so neither close() nor the garbage collector completes it
 
 
+class _RangeReader(io.RawIOBase):
+    """One S3 object as ranged GETs, each retried on its own: a truncated block is fetched again,
+    never returned short. The first reply tells the size and the ETag; later ranges ask for that ETag
+    (If-Match), so an object replaced mid-read is an error, not a mix of two versions. No HEAD."""
+
+    def __init__(self, fm: "DirectPutFileManager", path: str):
+        super().__init__()
+        self._fm, self._path = fm, path
+        self._bucket, _, self._key = path.partition("/")
+        self._pos = 0  # the next byte to fetch
+        self._size: int | None = None
+        self._etag: str | None = None
+        self._block = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if not self._block:
+            if self._size is not None and self._pos >= self._size:
+                return 0
+            data = self._fetch()
+            if not data:
+                return 0
+            self._block = memoryview(data)
+        n = min(len(b), len(self._block))
+        b[:n] = self._block[:n]
+        self._block = self._block[n:]
+        return n
+
+    def _fetch(self) -> bytes:
+        from fsspec.asyn import sync
+
+        fm, start = self._fm, self._pos
+        end = start + _READ_BLOCK if self._size is None else min(start + _READ_BLOCK, self._size)
+        fm._count("get")
+        data, size, etag = fm.retrier.call("GetObject", fm.url(self._path),
+                                           lambda: sync(fm.fs.loop, self._get, start, end - 1))
+        self._size = size
+        self._etag = self._etag or etag
+        self._pos += len(data)
+        return data
+
+    async def _get(self, first: int, last: int) -> tuple[bytes, int, str | None]:
+        kw = {"Range": f"bytes={first}-{last}"}
+        if self._etag:
+            kw["IfMatch"] = self._etag
+        try:
+            resp = await self._fm.fs._call_s3("get_object", Bucket=self._bucket, Key=self._key, **kw)
+        except OSError as e:
+            answer = _http_answer(e)
+            if answer and (answer[0] == "InvalidRange" or answer[1] == 416) and first == 0:
+                return b"", 0, None  # an empty object has no byte 0
+            if answer and (answer[0] == "PreconditionFailed" or answer[1] == 412):
+                raise OSError(errno.ESTALE, "the object was replaced while it was being read",
+                              self._fm.url(self._path)) from e
+            raise
+        try:
+            data = await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+        content_range = resp.get("ContentRange") or ""
+        size = int(content_range.rsplit("/", 1)[1]) if "/" in content_range else len(data) + first
+        return data, size, resp.get("ETag")
+
+
 class DirectPutFileManager(CheckpointFileManager):
     """S3/GCS/Azure through fsspec: direct (conditional) put, batched deletes, one-LIST walks."""
 
@@ -107,10 +215,23 @@ class DirectPutFileManager(CheckpointFileManager):
         import fsspec
 
         opts = dict(storage_options)
+        policy = RetryPolicy.resolve(opts.pop(RETRY_OPTION, None))
         opts.setdefault("skip_instance_cache", True)  # our own counters, our own cache
         if location.scheme == "s3":
             opts.setdefault("use_listings_cache", False)
+            # One retry policy (ours): botocore's attempts off here, s3fs's below.
+            config = dict(opts.get("config_kwargs") or {})
+            config.setdefault("retries", {"mode": "standard", "total_max_attempts": 1})
+            session_cls = _single_attempt_session_cls()
+            if session_cls is not None:
+                config.setdefault("http_session_cls", session_cls)
+            opts["config_kwargs"] = config
         self.fs = fsspec.filesystem(location.scheme, **opts)
+        if location.scheme == "s3":
+            self.fs.retries = 1
+        else:  # gcsfs and adlfs retry inside; ours on top would multiply: report their failures only
+            policy = RetryPolicy(max_attempts=1)
+        self.retrier = Retrier(policy, self.counter)
         self._http_counted = self._hook_s3_request_counter()
         # s3fs HEADs before a GET to decide on ranged reads; checkpoint files are small: one GET.
         self._cat_kwargs = {"max_concurrency": 1} if location.scheme == "s3" else {}
@@ -140,16 +261,40 @@ class DirectPutFileManager(CheckpointFileManager):
         return _DirectPutWriter(self, path, overwrite)
 
     def read_bytes(self, path: str) -> bytes:
-        self._count("get")
-        return self.fs.cat_file(path, **self._cat_kwargs)
+        def get():
+            self._count("get")
+            return self.fs.cat_file(path, **self._cat_kwargs)
+
+        return self.retrier.call("GetObject", self.url(path), get)
 
     def read_prefix(self, path: str, n: int) -> bytes:
-        self._count("get")
-        return self.fs.cat_file(path, start=0, end=n)
+        def get():
+            self._count("get")
+            return self.fs.cat_file(path, start=0, end=n)
+
+        return self.retrier.call("GetObject", self.url(path), get)
 
     def open_read(self, path: str):
+        if self.location.scheme == "s3":
+            return io.BufferedReader(_RangeReader(self, path), buffer_size=2**20)
         self._count("get")
         return self.fs.open(path, "rb", block_size=_SINGLE_PUT_MAX, cache_type="readahead")
+
+    def _holds(self, path: str, buf, size: int) -> bool:
+        """Whether the object at ``path`` holds exactly the ``size`` bytes in ``buf``."""
+        buf.seek(0)
+        try:
+            if size <= _SINGLE_PUT_MAX:
+                return self.read_bytes(path) == buf.read()
+            with self.open_read(path) as f:
+                while True:
+                    mine, theirs = buf.read(_PART_BYTES), f.read(_PART_BYTES)
+                    if mine != theirs:
+                        return False
+                    if not mine:
+                        return True
+        except FileNotFoundError:
+            return False
 
     def read_many(self, paths: Iterable[str], errors: dict | None = None) -> dict[str, bytes | None]:
         paths = list(paths)
@@ -161,11 +306,14 @@ class DirectPutFileManager(CheckpointFileManager):
 
         sem_holder: dict = {}
 
+        async def get(p: str):
+            self._count("get")
+            return await self.fs._cat_file(p, **self._cat_kwargs)
+
         async def one(p: str):
             async with sem_holder["sem"]:
-                self._count("get")
                 try:
-                    return p, await self.fs._cat_file(p, **self._cat_kwargs)
+                    return p, await self.retrier.acall("GetObject", self.url(p), lambda: get(p))
                 except FileNotFoundError:
                     return p, None
                 except OSError as e:
@@ -176,14 +324,17 @@ class DirectPutFileManager(CheckpointFileManager):
 
         async def run():
             sem_holder["sem"] = asyncio.Semaphore(_READ_CONCURRENCY)
-            return await asyncio.gather(*(one(p) for p in paths))
+            return await _gather_or_cancel(one(p) for p in paths)
 
         return dict(sync(self.fs.loop, run))
 
     def info(self, path: str) -> FileInfo | None:
-        self._count("head")
+        def head():
+            self._count("head")
+            return self.fs.info(path)
+
         try:
-            d = self.fs.info(path)
+            d = self.retrier.call("HeadObject", self.url(path), head)
         except FileNotFoundError:
             return None
         if d.get("type") == "directory":
@@ -194,29 +345,39 @@ class DirectPutFileManager(CheckpointFileManager):
         return self.info(path) is not None
 
     def list(self, path: str) -> list[FileInfo]:
-        self._count("list")
+        def ls():  # a failed page starts the listing over: nothing repeated, nothing skipped
+            self._count("list")
+            return self.fs.ls(path, detail=True, refresh=True)
+
         try:
-            return [_fileinfo(d) for d in self.fs.ls(path, detail=True, refresh=True)]
+            return [_fileinfo(d) for d in self.retrier.call("ListObjectsV2", self.url(path), ls)]
         except FileNotFoundError:
             return []
 
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         if self.location.scheme == "s3":
             return self._s3_walk(path)
-        self._count("list")
+
+        def find():
+            self._count("list")
+            return self.fs.find(path.rstrip("/") + "/", detail=True)
+
         try:
-            found = self.fs.find(path.rstrip("/") + "/", detail=True)
+            found = self.retrier.call("ListObjectsV2", self.url(path), find)
         except FileNotFoundError:
             return []
         return [_fileinfo(d) for d in found.values() if d.get("type") != "directory"]
 
     def _s3_walk(self, path: str) -> list[FileInfo]:
-        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes)."""
+        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes). A page
+        that fails is asked for again with the same continuation token."""
         bucket, _, key = path.strip("/").partition("/")
         kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
         out = []
         while True:
-            resp = self.fs.call_s3("list_objects_v2", **kwargs)
+            page = dict(kwargs)
+            resp = self.retrier.call("ListObjectsV2", self.url(path),
+                                     lambda: self.fs.call_s3("list_objects_v2", **page))
             for o in resp.get("Contents", []):
                 mtime = o.get("LastModified")
                 out.append(FileInfo(f"{bucket}/{o['Key']}", int(o.get("Size", 0)),
@@ -231,9 +392,12 @@ class DirectPutFileManager(CheckpointFileManager):
             return
         if self.location.scheme != "s3":
             for p in paths:
-                self._count("delete")
-                try:
+                def rm(p=p):
+                    self._count("delete")
                     self.fs.rm_file(p)
+
+                try:
+                    self.retrier.call("DeleteObject", self.url(p), rm)
                 except FileNotFoundError:
                     pass
             return
@@ -245,11 +409,9 @@ class DirectPutFileManager(CheckpointFileManager):
             for i in range(0, len(keys), _S3_DELETE_BATCH):
                 batch = keys[i : i + _S3_DELETE_BATCH]
                 self._count("delete-batch")
-                resp = self.fs.call_s3(
-                    "delete_objects",
-                    Bucket=bucket,
-                    Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-                )
+                delete = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
+                resp = self.retrier.call("DeleteObjects", self.url(f"{bucket}/{batch[0]}"),
+                                         lambda: self.fs.call_s3("delete_objects", Bucket=bucket, Delete=delete))
                 errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
                 if errors:
                     e = errors[0]
@@ -264,8 +426,11 @@ class DirectPutFileManager(CheckpointFileManager):
         self.delete_many([src])
 
     def copy(self, src: str, dst: str) -> None:
-        self._count("copy")
-        self.fs.copy(src, dst)
+        def cp():
+            self._count("copy")
+            self.fs.copy(src, dst)
+
+        self.retrier.call("CopyObject", self.url(src), cp)
         self.fs.invalidate_cache(dst)
 
     def mkdirs(self, path: str) -> None:
@@ -280,25 +445,33 @@ class DirectPutFileManager(CheckpointFileManager):
         missing: list[str] = []
         sem_holder: dict = {}
 
+        async def basic(src: str, dst: str):
+            self._count("copy")
+            await self.fs._copy_basic(src, dst)  # one CopyObject, no HEAD
+
+        async def managed(src: str, dst: str):
+            self._count("copy")
+            await self.fs._cp_file(src, dst)
+
         async def one(src: str, dst: str):
             async with sem_holder["sem"]:
-                self._count("copy")
+                url = self.url(src)
                 try:
                     if self.location.scheme == "s3":
                         try:
-                            await self.fs._copy_basic(src, dst)  # one CopyObject, no HEAD
+                            await self.retrier.acall("CopyObject", url, lambda: basic(src, dst))
                         except FileNotFoundError:
                             raise
-                        except (ValueError, OSError):
-                            await self.fs._cp_file(src, dst)  # over 5 GB: multipart copy
+                        except (ValueError, OSError):  # over 5 GB: multipart copy
+                            await self.retrier.acall("CopyObject", url, lambda: managed(src, dst))
                     else:
-                        await self.fs._cp_file(src, dst)
+                        await self.retrier.acall("CopyObject", url, lambda: managed(src, dst))
                 except FileNotFoundError:
                     missing.append(src)
 
         async def run():
             sem_holder["sem"] = asyncio.Semaphore(_READ_CONCURRENCY)
-            await asyncio.gather(*(one(s, d) for s, d in pairs))
+            await _gather_or_cancel(one(s, d) for s, d in pairs)
 
         sync(self.fs.loop, run)
         gone = set(missing)
@@ -340,8 +513,13 @@ class DirectPutFileManager(CheckpointFileManager):
     def versioning_enabled(self, path: str) -> bool:
         if self.location.scheme != "s3":
             return False
-        self._count("get-versioning")
-        resp = self.fs.call_s3("get_bucket_versioning", Bucket=path.split("/", 1)[0])
+        bucket = path.split("/", 1)[0]
+
+        def get():
+            self._count("get-versioning")
+            return self.fs.call_s3("get_bucket_versioning", Bucket=bucket)
+
+        resp = self.retrier.call("GetBucketVersioning", f"s3://{bucket}", get)
         return resp.get("Status") == "Enabled"
 
     def undelete_many(self, paths: list[str]) -> list[str]:
@@ -359,7 +537,9 @@ class DirectPutFileManager(CheckpointFileManager):
             kwargs = {"Bucket": bucket, "Prefix": prefix}
             while True:
                 self._count("list-versions")
-                resp = self.fs.call_s3("list_object_versions", **kwargs)
+                page = dict(kwargs)
+                resp = self.retrier.call("ListObjectVersions", f"s3://{bucket}/{prefix}",
+                                         lambda: self.fs.call_s3("list_object_versions", **page))
                 for m in resp.get("DeleteMarkers", []):
                     if m.get("IsLatest") and m["Key"] in keys:
                         markers[m["Key"]] = m["VersionId"]
@@ -371,14 +551,57 @@ class DirectPutFileManager(CheckpointFileManager):
             for i in range(0, len(items), _S3_DELETE_BATCH):
                 batch = items[i : i + _S3_DELETE_BATCH]
                 self._count("delete-batch")
-                resp = self.fs.call_s3("delete_objects", Bucket=bucket, Delete={
-                    "Objects": [{"Key": k, "VersionId": v} for k, v in batch], "Quiet": True})
-                if resp.get("Errors"):
-                    e = resp["Errors"][0]
+                delete = {"Objects": [{"Key": k, "VersionId": v} for k, v in batch], "Quiet": True}
+                resp = self.retrier.call("DeleteObjects", f"s3://{bucket}/{batch[0][0]}",
+                                         lambda: self.fs.call_s3("delete_objects", Bucket=bucket, Delete=delete))
+                # a retried batch finds the markers its lost first attempt removed already gone
+                errors = [e for e in resp.get("Errors", []) if e.get("Code") not in ("NoSuchVersion", "NoSuchKey")]
+                if errors:
+                    e = errors[0]
                     raise OSError(f"undelete failed for s3://{bucket}/{e.get('Key')}: {e.get('Code')} {e.get('Message')}")
             for k in markers:
                 self.fs.invalidate_cache(f"{bucket}/{k}")
         return not_restored
+
+
+_SESSION_CLS: list = []
+
+
+def _single_attempt_session_cls():
+    """aiobotocore's HTTP session with aiohttp's own resend turned off: aiohttp sends an idempotent
+    request (GET, HEAD, PUT, DELETE) again, once, when the reused connection it went out on turns out
+    dead. RFC 9112 allows it, but it is a retry nothing above it sees or counts (and a conditional PUT
+    resent that way comes back 412). None if this aiobotocore has no hook for it: then that one resend
+    stays, and the 412 check still holds."""
+    if not _SESSION_CLS:
+        try:
+            from aiobotocore.httpsession import AIOHTTPSession
+        except ImportError:  # pragma: no cover - s3fs always brings aiobotocore
+            AIOHTTPSession = None
+        cls = None
+        if AIOHTTPSession is not None and hasattr(AIOHTTPSession, "_get_session"):
+            class SingleAttemptSession(AIOHTTPSession):
+                async def _get_session(self, proxy_url):
+                    session = await super()._get_session(proxy_url)
+                    session._retry_connection = False
+                    return session
+
+            cls = SingleAttemptSession
+        _SESSION_CLS.append(cls)
+    return _SESSION_CLS[0]
+
+
+async def _gather_or_cancel(coros) -> list:
+    """``asyncio.gather`` that cancels the others when one fails (an exhausted retry stops the batch
+    instead of leaving requests running behind the error)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _common_prefix(keys: list[str]) -> str:

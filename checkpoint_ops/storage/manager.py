@@ -68,26 +68,43 @@ class FileInfo:
 
 @dataclass
 class OpCounter:
-    """Requests (object stores) or file-system calls (local) a manager has issued, by kind."""
+    """Requests (object stores) or file-system calls (local) a manager has issued, by kind; and how
+    many of them were retries of an attempt that failed for a moment (``storage/retry.py``), by kind.
+    Every attempt is a request: ``snapshot()`` includes the retried ones."""
 
     counts: collections.Counter = field(default_factory=collections.Counter)
+    retry_counts: collections.Counter = field(default_factory=collections.Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, kind: str, n: int = 1) -> None:
         with self._lock:
             self.counts[kind] += n
 
+    def add_retry(self, kind: str, n: int = 1) -> None:
+        with self._lock:
+            self.retry_counts[kind] += n
+
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+    @property
+    def total_retries(self) -> int:
+        return sum(self.retry_counts.values())
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return dict(sorted(self.counts.items()))
 
+    def retries(self) -> dict[str, int]:
+        """Retried requests by kind (empty when every request succeeded at once)."""
+        with self._lock:
+            return dict(sorted(self.retry_counts.items()))
+
     def reset(self) -> None:
         with self._lock:
             self.counts.clear()
+            self.retry_counts.clear()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,322 @@
+"""One retry policy for every object-store request (checkpoint_ops/storage/retry.py), and what a retried
+request means to the direct-put file manager, against the S3 server behind the fault proxy.
+
+The traps: a conditional PUT whose first attempt was stored comes back 412 (our own write, by content,
+not a lost race); a retried delete of keys already gone; a retried copy; a retried listing page (no key
+twice, none missing); not-found never retried; a truncated read retried, never parsed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+import botocore.exceptions
+import pytest
+
+from checkpoint_ops.errors import StorageError, StoreUnavailableError
+from checkpoint_ops.storage import OpCounter, open_file_manager
+from checkpoint_ops.storage import direct_put
+from checkpoint_ops.storage.retry import Retrier, RetryPolicy, transient_reason
+from tests.faulty_s3 import FAULTS, FaultPlan
+
+FAILING = tuple(f for f in FAULTS if f != "slow")  # the faults that fail a request (a slow reply only delays it)
+
+
+def _fm(proxy, bucket, **retry):
+    opts = {"endpoint_url": proxy.endpoint}
+    if retry:
+        opts["retry"] = retry
+    return open_file_manager(f"s3://{bucket}/root", opts)
+
+
+def _direct(s3_server):
+    return boto3.client("s3", endpoint_url=s3_server)
+
+
+def _keys(s3_server, bucket, prefix="root/") -> list[str]:
+    s3, out, token = _direct(s3_server), [], None
+    while True:
+        resp = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, **({"ContinuationToken": token} if token else {}))
+        out += [o["Key"] for o in resp.get("Contents", [])]
+        if not resp.get("IsTruncated"):
+            return out
+        token = resp["NextContinuationToken"]
+
+
+# ---- the policy, without a server ------------------------------------------------------------------------
+
+
+def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
+    return botocore.exceptions.ClientError({"Error": {"Code": code, "Message": "m"},
+                                            "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject")
+
+
+def test_which_failures_are_worth_another_attempt():
+    assert transient_reason(_client_error(503, "SlowDown")) == "503 SlowDown"
+    assert transient_reason(_client_error(500, "InternalError")) == "500 InternalError"
+    assert transient_reason(_client_error(503, "503")) == "503"  # a HEAD's error has no body
+    translated = OSError(16, "Please reduce your request rate")  # how s3fs hands it on
+    translated.__cause__ = _client_error(503, "SlowDown")
+    assert transient_reason(translated) == "503 SlowDown"
+    assert "truncated" in transient_reason(botocore.exceptions.IncompleteReadError(actual_bytes=1, expected_bytes=2))
+    assert transient_reason(botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"))
+    assert transient_reason(ConnectionResetError(104, "reset"))
+    # answers: retrying would not change them
+    for status, code in ((404, "NoSuchKey"), (403, "AccessDenied"), (412, "PreconditionFailed"), (400, "Bad")):
+        assert transient_reason(_client_error(status, code)) is None
+    for answer in (FileNotFoundError("k"), FileExistsError("k"), PermissionError("k"), ValueError("x")):
+        assert transient_reason(answer) is None
+
+
+def test_backoff_is_exponential_capped_and_jittered():
+    policy = RetryPolicy(max_attempts=10, base_delay_s=0.1, max_delay_s=1.0)
+    assert [policy.delay_s(n, rand=lambda: 1.0) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert policy.delay_s(3, rand=lambda: 0.5) == 0.2  # full jitter: anywhere in [0, cap]
+    assert policy.delay_s(3, rand=lambda: 0.0) == 0.0
+
+
+def test_attempts_are_bounded_counted_and_answers_are_never_retried():
+    counter, waits = OpCounter(), []
+    retrier = Retrier(RetryPolicy(max_attempts=4, base_delay_s=0.1, max_delay_s=1.0), counter, sleep=waits.append,
+                      rand=lambda: 1.0)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        raise _client_error(503, "SlowDown")
+
+    with pytest.raises(StoreUnavailableError) as err:
+        retrier.call("GetObject", "s3://b/k", flaky)
+    assert len(calls) == 4 and waits == [0.1, 0.2, 0.4] and counter.retries() == {"GetObject": 3}
+    assert "GetObject failed 4 time(s)" in err.value.problem and "503 SlowDown" in err.value.problem
+    assert err.value.path == "s3://b/k" and "run the same command again" in err.value.fix
+    assert err.value.to_dict()["retries"] == {"GetObject": 3}
+    assert not isinstance(err.value, OSError)  # never mistaken for a damaged file
+
+    calls.clear()
+
+    def missing():
+        calls.append(1)
+        raise FileNotFoundError("s3://b/k")
+
+    with pytest.raises(FileNotFoundError):
+        retrier.call("GetObject", "s3://b/k", missing)
+    assert len(calls) == 1 and counter.retries() == {"GetObject": 3}
+
+    outcomes = iter([_client_error(500, "InternalError"), ConnectionResetError(104, "reset")])
+
+    def recovers():
+        e = next(outcomes, None)
+        if e is not None:
+            raise e
+        return "done"
+
+    assert retrier.call("PutObject", "s3://b/k", recovers) == "done"
+    assert counter.retries() == {"GetObject": 3, "PutObject": 2}
+
+
+def test_policy_from_environment_and_storage_options(monkeypatch, s3_server, bucket):
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "3")
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_MAX_DELAY", "2.5")
+    assert RetryPolicy.resolve() == RetryPolicy(max_attempts=3, base_delay_s=0.1, max_delay_s=2.5)
+    assert RetryPolicy.resolve({"max_attempts": 7}) == RetryPolicy(max_attempts=7, max_delay_s=2.5)
+    fm, _ = open_file_manager(f"s3://{bucket}/x", {"retry": {"max_attempts": 2, "base_delay_s": 0}})
+    assert fm.retrier.policy == RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=2.5)
+    # botocore's and s3fs's own retries are off: ours is the only layer that retries
+    assert fm.fs.retries == 1 and fm.fs.s3.meta.config.retries["total_max_attempts"] == 1
+    for bad in ({"retry": {"attempts": 2}}, {"retry": {"max_attempts": 0}}, {"retry": 3}):
+        with pytest.raises(StorageError, match="retry"):
+            open_file_manager(f"s3://{bucket}/x", bad)
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "many")
+    with pytest.raises(StorageError, match="CHECKPOINT_OPS_RETRY_ATTEMPTS"):
+        open_file_manager(f"s3://{bucket}/x")
+
+
+# ---- the file manager behind the fault proxy ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fault", FAILING)
+def test_every_request_kind_survives_each_fault(faulty_s3, s3_server, bucket, fault):
+    """Every request fails once with the fault (reset, lost reply, 500, 503 SlowDown, truncated): every
+    call still does exactly its job, and each retry is counted, by kind. aiohttp's own resend of a
+    request on a dead reused connection is off, so no retry happens out of sight."""
+    direct = _direct(s3_server)
+    for i in range(5):
+        direct.put_object(Bucket=bucket, Key=f"root/dir/{i}", Body=f"file {i}".encode() * 100)
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, limit=1, faults=(fault,)))
+
+    assert fm.read_bytes(f"{root}/dir/0") == b"file 0" * 100
+    assert fm.read_prefix(f"{root}/dir/1", 6) == b"file 1"
+    assert fm.read_many([f"{root}/dir/{i}" for i in range(5)] + [f"{root}/none"]) == \
+        {**{f"{root}/dir/{i}": f"file {i}".encode() * 100 for i in range(5)}, f"{root}/none": None}
+    with fm.open_read(f"{root}/dir/2") as f:
+        assert f.read() == b"file 2" * 100
+    assert fm.info(f"{root}/dir/3").size == 600 and fm.info(f"{root}/none") is None
+    assert sorted(f.name for f in fm.walk(root)) == ["0", "1", "2", "3", "4"]
+    assert sorted(f.name for f in fm.list(f"{root}/dir")) == ["0", "1", "2", "3", "4"]
+    fm.write_bytes(f"{root}/new/created", b"conditional", overwrite=False)
+    fm.write_bytes(f"{root}/dir/0", b"replaced", overwrite=True)
+    fm.copy(f"{root}/dir/1", f"{root}/copied/1")
+    assert fm.move_many([(f"{root}/dir/2", f"{root}/moved/2"), (f"{root}/none", f"{root}/moved/none")]) == \
+        [f"{root}/none"]
+    fm.delete_many([f"{root}/dir/3", f"{root}/dir/4", f"{root}/none"])
+    assert fm.versioning_enabled(root) is False
+
+    got = {k: direct.get_object(Bucket=bucket, Key=k)["Body"].read() for k in _keys(s3_server, bucket)}
+    assert got == {"root/dir/0": b"replaced", "root/dir/1": b"file 1" * 100, "root/new/created": b"conditional",
+                   "root/copied/1": b"file 1" * 100, "root/moved/2": b"file 2" * 100}
+    stats = faulty_s3.reset_stats()
+    assert stats.faulted_kinds() >= {"GET", "HEAD", "LIST", "PUT", "PUT-IF-NONE-MATCH", "COPY", "DELETE-MULTI",
+                                     "VERSIONING"}
+    assert stats.fault_kinds() == {fault}
+    # one retry per request the proxy broke, and every attempt is a request
+    assert fm.counter.total_retries == stats.total_faults
+    assert fm.counter.total == sum(stats.requests.values())
+    assert set(fm.counter.retries()) == {"GetObject", "HeadObject", "ListObjectsV2", "PutObject", "CopyObject",
+                                         "DeleteObjects", "GetBucketVersioning"}
+
+
+def test_a_conditional_put_whose_reply_was_lost_is_our_own_write(faulty_s3, s3_server, bucket):
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), limit=1, requests=frozenset({"PUT-IF-NONE-MATCH"})))
+    fm.write_bytes(f"{root}/journal/plan.json", b'{"plan": 1}', overwrite=False)  # stored; the retry gets 412
+    assert _direct(s3_server).get_object(Bucket=bucket, Key="root/journal/plan.json")["Body"].read() == b'{"plan": 1}'
+    assert faulty_s3.stats.faults == {("PUT-IF-NONE-MATCH", "lost-reply"): 1}
+    assert fm.counter.retries() == {"PutObject": 1}
+    assert fm.counter.snapshot() == {"PutObject": 2, "GetObject": 1}  # the retry's 412, then the content check
+
+    # a real lost race stays one, lost replies or not: someone else's content is there
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), limit=1))
+    _direct(s3_server).put_object(Bucket=bucket, Key="root/lease", Body=b"holder A")
+    with pytest.raises(FileExistsError):
+        fm.write_bytes(f"{root}/lease", b"holder B", overwrite=False)
+    assert _direct(s3_server).get_object(Bucket=bucket, Key="root/lease")["Body"].read() == b"holder A"
+
+
+def test_retried_deletes_and_copies_of_what_is_already_done(faulty_s3, s3_server, bucket):
+    direct = _direct(s3_server)
+    for i in range(3):
+        direct.put_object(Bucket=bucket, Key=f"root/a/{i}", Body=str(i).encode())
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), limit=1))
+    # each copy is done, its reply lost, done again; then the batch delete, the same
+    assert fm.move_many([(f"{root}/a/{i}", f"{root}/b/{i}") for i in range(3)]) == []
+    fm.delete_many([f"{root}/b/0"])  # gone on the first attempt; the retry deletes nothing, fine
+    assert sorted(_keys(s3_server, bucket)) == ["root/b/1", "root/b/2"]
+    assert faulty_s3.stats.faults == {("COPY", "lost-reply"): 3, ("DELETE-MULTI", "lost-reply"): 2}
+    assert fm.counter.retries() == {"CopyObject": 3, "DeleteObjects": 2}
+
+
+def test_a_retried_undelete_on_a_versioned_bucket(faulty_s3, s3_server, bucket):
+    direct = _direct(s3_server)
+    direct.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    for i in range(3):
+        direct.put_object(Bucket=bucket, Key=f"root/v/{i}", Body=str(i).encode())
+    fm, root = _fm(faulty_s3, bucket)
+    paths = [f"{root}/v/{i}" for i in range(3)]
+    fm.delete_many(paths)
+    assert _keys(s3_server, bucket) == []
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), limit=1))
+    assert fm.undelete_many(paths) == []  # the markers went on the first attempt; the retry finds them gone
+    assert sorted(_keys(s3_server, bucket)) == [f"root/v/{i}" for i in range(3)]
+    assert faulty_s3.stats.faulted_kinds() == {"LIST-VERSIONS", "DELETE-MULTI"}
+
+
+def test_a_retried_listing_page_repeats_and_skips_nothing(faulty_s3, s3_server, bucket):
+    from concurrent.futures import ThreadPoolExecutor
+
+    direct = _direct(s3_server)
+    keys = [f"root/state/{i // 100}/{i:05d}.delta" for i in range(2500)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: direct.put_object(Bucket=bucket, Key=k, Body=b""), keys))
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, limit=2, faults=FAILING, requests=frozenset({"LIST"})))  # each page twice
+    listed = [f.path for f in fm.walk(root)]
+    assert len(listed) == len(set(listed)) == 2500 and sorted(listed) == sorted(f"{bucket}/{k}" for k in keys)
+    assert fm.counter.retries() == {"ListObjectsV2": 6} and fm.counter.snapshot() == {"ListObjectsV2": 9}  # 3 pages
+
+
+def test_not_found_is_never_retried(faulty_s3, bucket):
+    fm, root = _fm(faulty_s3, bucket)
+    with pytest.raises(FileNotFoundError):
+        fm.read_bytes(f"{root}/missing")
+    assert fm.info(f"{root}/missing") is None
+    with pytest.raises(FileNotFoundError):
+        with fm.open_read(f"{root}/missing") as f:
+            f.read()
+    assert fm.counter.retries() == {}
+    assert fm.counter.snapshot()["GetObject"] == 2
+
+
+def test_a_truncated_read_is_retried_never_parsed(faulty_s3, s3_server, bucket, monkeypatch):
+    body = os.urandom(300_000)
+    _direct(s3_server).put_object(Bucket=bucket, Key="root/big", Body=body)
+    _direct(s3_server).put_object(Bucket=bucket, Key="root/empty", Body=b"")
+    truncate_every_get = FaultPlan(rate=1.0, faults=("truncate",), requests=frozenset({"GET"}))
+    # no retries: the short reply is an error, not a short file
+    fm, root = _fm(faulty_s3, bucket, max_attempts=1)
+    faulty_s3.set_plan(truncate_every_get)
+    with pytest.raises(StoreUnavailableError, match="truncated"):
+        fm.read_bytes(f"{root}/big")
+    with pytest.raises(StoreUnavailableError, match="GetObject"):
+        with fm.open_read(f"{root}/big") as f:
+            f.read()
+    # with retries, each cut reply is fetched again: whole objects, streamed ones in ranges too
+    monkeypatch.setattr(direct_put, "_READ_BLOCK", 64 * 1024)  # five ranged GETs
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("truncate",), requests=frozenset({"GET"}), limit=2))
+    assert fm.read_bytes(f"{root}/big") == body
+    with fm.open_read(f"{root}/big") as f:
+        assert f.read(100) + f.read() == body
+    with fm.open_read(f"{root}/empty") as f:
+        assert f.read() == b""
+    assert fm.counter.retries()["GetObject"] == 2 + 5 * 2 + 2  # whole, five ranges, the empty one: twice each
+    assert "HeadObject" not in fm.counter.snapshot()  # streams read without a HEAD first
+
+
+def test_a_streamed_read_never_mixes_two_versions(s3_server, bucket, monkeypatch):
+    monkeypatch.setattr(direct_put, "_READ_BLOCK", 1000)
+    direct = _direct(s3_server)
+    direct.put_object(Bucket=bucket, Key="root/f", Body=b"a" * 3000)
+    fm, root = open_file_manager(f"s3://{bucket}/root")
+    with fm.open_read(f"{root}/f") as f:
+        assert f.read(1000) == b"a" * 1000
+        direct.put_object(Bucket=bucket, Key="root/f", Body=b"b" * 3000)
+        with pytest.raises(OSError, match="replaced while it was being read"):
+            f.read()
+
+
+def test_an_outage_stops_a_request_with_a_clear_error(faulty_s3, bucket):
+    fm, root = _fm(faulty_s3, bucket, max_attempts=4)
+    faulty_s3.outage(30)
+    try:
+        with pytest.raises(StoreUnavailableError) as err:
+            fm.write_bytes(f"{root}/offsets/412", b"v1", overwrite=False)
+    finally:
+        faulty_s3.clear()
+    assert err.value.path == f"s3://{bucket}/root/offsets/412"
+    assert "PutObject failed 4 time(s)" in err.value.problem
+    assert "503 SlowDown" in err.value.problem or "connection" in err.value.problem
+    assert fm.counter.retries() == {"PutObject": 3}
+
+
+def test_a_multipart_upload_is_retried_whole_and_never_published_in_part(faulty_s3, s3_server, bucket, monkeypatch):
+    monkeypatch.setattr(direct_put, "_SINGLE_PUT_MAX", 2**20)  # 12 MiB: two 8 MiB parts
+    data = os.urandom(12 * 2**20)
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply", "503"), limit=1, requests=frozenset({"MULTIPART"})))
+    fm.write_bytes(f"{root}/state/1.zip", data, overwrite=False)
+    assert _direct(s3_server).get_object(Bucket=bucket, Key="root/state/1.zip")["Body"].read() == data
+    assert fm.counter.retries().get("MultipartUpload")
+    # the store goes down between the parts: nothing becomes visible, not even the first part
+    fm, root = _fm(faulty_s3, bucket, max_attempts=2)
+    faulty_s3.set_plan(FaultPlan())
+    faulty_s3.outage(30, after_requests=2)  # the upload starts, one part goes, then nothing
+    try:
+        with pytest.raises(StoreUnavailableError):
+            fm.write_bytes(f"{root}/state/2.zip", data, overwrite=True)
+    finally:
+        faulty_s3.clear()
+    assert "root/state/2.zip" not in _keys(s3_server, bucket)
