@@ -275,8 +275,16 @@ class Fsck:
                          "restore the source log from a backup, or roll back to an earlier batch")
 
     def _parse_compactible(self, log: CompactibleLog) -> bool:
-        raw, errors = log.read_all_lenient(skip=self._skip(log))
+        skip = self._skip(log)
+        raw, errors = log.read_all_lenient(skip=skip)
         self._read.update(raw)
+        # files parsed before this check (the pairing, or the window in a shared pass) came from the
+        # model without their bytes: read those too, so their checksum sidecars are checked like the rest
+        bad = {e.path for e in errors}
+        again = [p for b, f in log.files.items() if b not in skip
+                 and (p := log.listing.abs(f.rel)) not in self._read and log.listing.url(f.rel) not in bad]
+        if again:
+            self._read.update({p: d for p, d in log.listing.fm.read_many(again, errors={}).items() if d is not None})
         for e in errors:
             self._log_error(e)
         return not errors
