@@ -172,7 +172,7 @@ class RestartSets:
         self._live: set | None = None
         self._seal_ok: dict[str, bool] = {}
         self._sound: dict[tuple[str, str, str], bool] = {}  # what the cache said, asked once per file
-        self._sets: dict[int, RestartSet] = {}  # inspect and fsck in one pass ask for the same window
+        self.window = None  # the rollback window judged with these sets (window.py), once per pass
         self._verdicts: dict[tuple[str, str], Damage | None] = {}
         self._sink_missing: dict[tuple[int, int], list[Damage]] = {}
         self._state_done: dict[int, list] = {}
@@ -180,12 +180,6 @@ class RestartSets:
 
     # -- public -------------------------------------------------------------------------------
     def of(self, batch: int) -> RestartSet:
-        """The restart set of ``batch`` (judged once: treat it as read-only)."""
-        if batch not in self._sets:
-            self._sets[batch] = self._judge(batch)
-        return self._sets[batch]
-
-    def _judge(self, batch: int) -> RestartSet:
         rs = RestartSet(batch)
         # the small files of the set in two concurrent reads (a round trip each on object stores)
         self.ckpt.load_offsets([batch, batch - 1], errors=[])

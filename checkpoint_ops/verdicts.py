@@ -158,6 +158,7 @@ class VerdictCache:
         self._old_findings = old_findings  # (fingerprint, findings as dicts) of the last whole fsck
         self._new_findings: tuple[str, list] | None = None
         self.hits = 0
+        self.save_error: str | None = None
         self.misses = 0
 
     @classmethod
@@ -243,6 +244,12 @@ class VerdictCache:
         return json.dumps(doc,
                           separators=(",", ":"), sort_keys=True).encode()
 
-    def save(self) -> None:
-        """Write what this run confirmed (atomically, whole; last writer wins)."""
-        self.fm.write_bytes(self.path, self.to_bytes(), overwrite=True)
+    def save(self) -> bool:
+        """Write what this run confirmed (atomically, whole; last writer wins). A cache that cannot be
+        written is only slower next time: False (and ``save_error``), never an exception."""
+        try:
+            self.fm.write_bytes(self.path, self.to_bytes(), overwrite=True)
+        except OSError as e:
+            self.save_error = str(e)
+            return False
+        return True
