@@ -276,7 +276,10 @@ class Fsck:
 
     def _parse_compactible(self, log: CompactibleLog) -> bool:
         skip = self._skip(log)
-        raw, errors = log.read_all_lenient(skip=skip)
+        if log.kind == "source log":  # only whether each file reads: checked streaming, entries not kept
+            raw, errors = self._check_lenient(log, skip)
+        else:
+            raw, errors = log.read_all_lenient(skip=skip)
         self._read.update(raw)
         # files parsed before this check (the pairing, or the window in a shared pass) came from the
         # model without their bytes: read those too, so their checksum sidecars are checked like the rest
@@ -288,6 +291,32 @@ class Fsck:
         for e in errors:
             self._log_error(e)
         return not errors
+
+    @staticmethod
+    def _check_lenient(log: CompactibleLog, skip) -> tuple[dict[str, bytes], list[LogFormatError]]:
+        """``read_all_lenient`` without keeping the entries (a compact file of a long-running source
+        holds every file it ever read): the bytes (for the checksum check) and the errors."""
+        import io
+
+        from .model.compactible import check_log_stream
+
+        raw: dict[str, bytes] = {}
+        errors: list[LogFormatError] = []
+        paths = {log.listing.abs(f.rel): b for b, f in log.files.items() if b not in skip}
+        failed: dict[str, OSError] = {}
+        for path, blob in log.listing.fm.read_many(paths, errors=failed).items():
+            url = log.listing.fm.url(path)
+            try:
+                if path in failed:
+                    raise unreadable(url, failed[path])
+                if blob is None:
+                    continue
+                raw[path] = blob
+                if paths[path] not in log._entries:
+                    check_log_stream(io.BytesIO(blob), url, log.kind)
+            except LogFormatError as e:
+                errors.append(e)
+        return raw, errors
 
     # -- state -----------------------------------------------------------------------------------
     def _state(self, commits: dict) -> None:

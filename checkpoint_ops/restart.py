@@ -312,8 +312,9 @@ class RestartSets:
         None if any is unusable."""
         ok = []
         lowest = min(log.files) if log.files else None
-        log.prefetch([b for b in all_valid_batches(upto, log.interval)
-                      if b not in log.files or not self._cached_sound("window", root, listing, log.files[b].rel)])
+        if role != "source log":  # source log files are only checked, streamed (see _log_verdict)
+            log.prefetch([b for b in all_valid_batches(upto, log.interval)
+                          if b not in log.files or not self._cached_sound("window", root, listing, log.files[b].rel)])
         for b in all_valid_batches(upto, log.interval):
             rel = log.rel(b)
             f = log.files.get(b)
@@ -364,7 +365,10 @@ class RestartSets:
                 self._verdicts[key] = None
                 return None
             try:
-                log.read([b])
+                if role == "source log":
+                    log.check(b)  # whether it reads; its entries are not needed (and can be many)
+                else:
+                    log.read([b])
                 verdict = self._hadoop_crc(root, listing, rel, role, None)
             except LogFormatError as e:
                 verdict = _log_damage(root, rel, role, e)
