@@ -35,9 +35,9 @@ atomic write: two writers at once leave one of the two whole caches (last writer
 one, and a torn one would be ignored anyway.
 
 **Who writes it.** The read-only commands ``inspect`` and ``fsck`` never write (their contract is that
-they change nothing anywhere): they are given no cache. The Dagster path (``check_pass.py``: the
-materialization's one pass, then its health check) and ``ledger sync`` (which writes beside the ledger
-anyway) read and write it.
+they change nothing anywhere): the CLI gives them no cache. Only the Dagster path reads and writes it
+(``check_pass.py``: the materialization's one pass, then its health check), beside the ledger it
+writes anyway. A cache that cannot be written only makes the next run slower (``save`` returns False).
 """
 
 from __future__ import annotations
