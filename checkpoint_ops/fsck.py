@@ -283,9 +283,12 @@ class Fsck:
         self._read.update(raw)
         # files parsed before this check (the pairing, or the window in a shared pass) came from the
         # model without their bytes: read those too, so their checksum sidecars are checked like the rest
+        from .storage.checksums import hadoop_crc_name
+
         bad = {e.path for e in errors}
-        again = [p for b, f in log.files.items() if b not in skip
-                 and (p := log.listing.abs(f.rel)) not in self._read and log.listing.url(f.rel) not in bad]
+        L = log.listing
+        again = [p for b, f in log.files.items() if b not in skip and (p := L.abs(f.rel)) not in self._read
+                 and L.url(f.rel) not in bad and f"{log.rel_dir}/{hadoop_crc_name(f.name)}" in L]
         if again:
             self._read.update({p: d for p, d in log.listing.fm.read_many(again, errors={}).items() if d is not None})
         for e in errors:

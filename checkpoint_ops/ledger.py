@@ -137,6 +137,7 @@ class Ledger:
     _records: LedgerRecords | None = None
     segments: list[str] = field(default_factory=list)
     _pairings: list[PairingRecord] = field(default_factory=list)
+    _handle: tuple | None = field(default=None, repr=False)  # (segment index, open reader) of _read_line
 
     @classmethod
     def for_checkpoint(cls, ckpt: Checkpoint) -> "Ledger":
@@ -190,10 +191,16 @@ class Ledger:
                                     "records)", path=self.fm.url(join(self.path, n)),
                                     fix="restore the ledger from a backup, or move this segment away (the ledger "
                                     "then forgets what it recorded)") from None
+        self._close()
         self._records = LedgerRecords(self, index, more)
 
     def _segment_names(self) -> list[str]:
         return sorted(f.name for f in self.fm.list(self.path) if not f.is_dir and not f.name.startswith("."))
+
+    def _close(self) -> None:
+        if self._handle is not None:
+            self._handle[1].close()
+            self._handle = None
 
     def _lines(self, name: str):
         """(byte offset, line) of each non-empty line of a segment, streamed."""
@@ -206,9 +213,16 @@ class Ledger:
                 offset += n
 
     def _read_line(self, seg: int, offset: int) -> dict:
-        with self.fm.open_read(join(self.path, self.segments[seg])) as f:
-            f.seek(offset)
-            return json.loads(f.readline())
+        """The record line at ``offset`` of segment ``seg``. The last segment read stays open: records
+        asked for in batch order are neighbours, and a buffered reader seeks within what it holds."""
+        handle = self._handle
+        if handle is None or handle[0] != seg:
+            if handle is not None:
+                handle[1].close()
+            self._handle = handle = (seg, self.fm.open_read(join(self.path, self.segments[seg])))
+        f = handle[1]
+        f.seek(offset)
+        return json.loads(f.readline())
 
     @property
     def pairings(self) -> list[PairingRecord]:
@@ -281,6 +295,7 @@ class Ledger:
         name = f"{utc_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self.segments.append(name)
+        self._close()
         self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
 
@@ -336,6 +351,7 @@ class Ledger:
                     first = False
             self.fm.delete_many([join(self.path, n) for n in run])
             self.segments = sorted([n for n in self.segments if n not in run] + [name])
+            self._close()
             self._records = None
             written.append(name)
         return written
