@@ -63,17 +63,36 @@ def write_ledger(ledger_dir: str, batches: int, partitions: int, segments: int) 
     return total
 
 
+# The child reports its own high-water mark (VmHWM) as it exits: a forked child's ru_maxrss would
+# count the parent's memory it was forked from.
+_HWM = ("import atexit, runpy, sys\n"
+        "def _hwm():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            sys.stderr.write('\\nVMHWM ' + line.split()[1] + '\\n')\n"
+        "atexit.register(_hwm)\n"
+        "sys.argv = sys.argv[1:]\n"
+        "runpy.run_module(sys.argv[0], run_name='__main__', alter_sys=True)\n")
+
+
 def measure(argv: list[str]) -> dict:
-    """Run a child; its own peak RSS (MiB), CPU seconds, wall seconds and exit code."""
+    """Run a child (``python -m MODULE ARGS`` or ``python -c CODE``); its own peak RSS (MiB), CPU seconds,
+    wall seconds and exit code."""
+    if argv[1] == "-m":
+        argv = [argv[0], "-c", _HWM, *argv[2:]]
+    else:
+        argv = [argv[0], "-c", argv[2] + "\n" + _HWM.replace("runpy.run_module(sys.argv[0], run_name='__main__', "
+                                                               "alter_sys=True)\n", ""), "x"]
     t = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    err = p.stderr.read().decode(errors="replace")
     _, status, ru = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
-    err = p.stderr.read().decode(errors="replace")
     p.stderr.close()
     p.returncode = os.waitstatus_to_exitcode(status)
-    return {"rss_mb": ru.ru_maxrss / 1024, "cpu_s": ru.ru_utime + ru.ru_stime, "wall_s": wall,
-            "code": p.returncode, "stderr": err[-400:]}
+    hwm = [int(x.split()[1]) for x in err.splitlines() if x.startswith("VMHWM ")]
+    return {"rss_mb": (hwm[-1] if hwm else ru.ru_maxrss) / 1024, "cpu_s": ru.ru_utime + ru.ru_stime,
+            "wall_s": wall, "code": p.returncode, "stderr": err[-400:]}
 
 
 def main(argv=None) -> int:
@@ -88,10 +107,12 @@ def main(argv=None) -> int:
     ckpt = os.path.join(work, "queries", "events")
     try:
         t = time.perf_counter()
+        ledger_dir = os.path.join(work, "queries", ".checkpoint-ops", "events", "ledger")
+        if os.path.exists(ckpt):  # a --dir kept from an earlier run of the same shape: start clean
+            shutil.rmtree(os.path.join(work, "queries"))
         synthetic.write_local(ckpt, batches=args.batches, partitions=args.partitions, retain_state=args.retain,
                               retain_log=args.retain, retain_offsets=args.retain)
         os.remove(os.path.join(ckpt, "state/0/0/_metadata/schema"))  # the synthetic one is a placeholder
-        ledger_dir = os.path.join(work, "queries", ".checkpoint-ops", "events", "ledger")
         size = write_ledger(ledger_dir, args.batches, args.partitions, args.segments)
         print(f"built in {time.perf_counter() - t:.0f} s: ledger of {args.batches:,} batches, "
               f"{size / 2**20:.0f} MiB in {args.segments} segments", file=sys.stderr, flush=True)
