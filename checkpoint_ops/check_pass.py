@@ -75,6 +75,8 @@ def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Verdic
         return [Finding(**f) for f in got]
     ledger = Ledger.for_checkpoint(ckpt)
     findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache).run()
+    # fsck alone does not judge the window: keep what the pass found for it
+    cache.keep_unjudged({f"sink{i}": s.listing for i, s in enumerate(sinks)})
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:
         cache.save()

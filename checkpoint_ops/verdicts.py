@@ -216,6 +216,18 @@ class VerdictCache:
         if stamp is not None:
             self._new[self._key(scope, root, rel)] = stamp
 
+    def keep_unjudged(self, listings: dict[str, Listing]) -> None:
+        """Keep the stored verdicts this run did not judge again (a caller that judged only part of what
+        the cache holds, like a health check's fsck, must not drop the window's verdicts); but not the
+        sink-data verdicts of an output (``listings``: root -> its listing now) whose seal no longer
+        holds, since the next seal is taken from what is there now."""
+        broken = {root for root, listing in listings.items() if not self.seal_holds(root, listing)}
+        for key, stamp in self._old.items():
+            scope, root, _ = key.split("\t", 2)
+            if scope == "sink data" and root in broken:
+                continue
+            self._new.setdefault(key, stamp)
+
     # -- sink data -----------------------------------------------------------------------------
     def seal_holds(self, root: str, listing: Listing) -> bool:
         """Whether every file of this output the stored verdicts relied on is still there."""

@@ -199,6 +199,10 @@ def test_health_check_reuses_the_pass_only_while_nothing_changed(hdfs_run):
     got = [f.to_dict() for f in shared_fsck(ckpt, sinks)]
     assert got == _without_cache(run)[0]
     assert "sink-file-missing" in {f["code"] for f in got}
+    # the health check saved the cache after that: the next pass must not trust the sink-data verdicts
+    # found before the file went (their seal no longer holds)
+    _, findings, _ = _pass(run)
+    assert findings == _without_cache(run)[0] == got
 
 
 def test_two_writers_at_once_leave_a_whole_cache(tmp_path):
