@@ -290,7 +290,8 @@ class Fsck:
         bad = {e.path for e in errors}
         L = log.listing
         again = [p for b, f in log.files.items() if b not in skip and (p := L.abs(f.rel)) not in self._read
-                 and L.url(f.rel) not in bad and f"{log.rel_dir}/{hadoop_crc_name(f.name)}" in L]
+                 and p not in self._crc_known and L.url(f.rel) not in bad
+                 and f"{log.rel_dir}/{hadoop_crc_name(f.name)}" in L]
         if again:
             self._read.update({p: d for p, d in log.listing.fm.read_many(again, errors={}).items() if d is not None})
         for e in errors:
