@@ -361,3 +361,14 @@ def test_relocate_takes_hive_style_paths(run, tmp_path):
     code, r = cli_json("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
                        "--relocate", f"{hive_in}={other}", "--dry-run")
     assert code == 0 and r["plan"]["summary"]["relocate"] == [f"{hive_in} -> {other}"], r
+
+
+def test_lease_show_of_a_missing_path_or_a_file_is_unusable_input(tmp_path):
+    """A typo must not read as "lease free", nor a file as a storage error."""
+    code, out, err = cli("lease", "show", str(tmp_path / "no-such-checkpoint"))
+    assert code == 2 and "nothing at this location" in err and "lease free" not in out, (out, err)
+    afile = tmp_path / "metadata"
+    afile.write_text("{}")
+    code, out, err = cli("lease", "show", str(afile))
+    assert code == 2 and "this is a file, not a directory" in err, (out, err)
+    assert not os.path.exists(str(afile) + "/.checkpoint-ops.lease")

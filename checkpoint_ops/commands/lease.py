@@ -9,9 +9,11 @@ from ..errors import EXIT_OK
 
 def cmd_lease_show(args) -> int:
     from ..lease import read_lease
+    from ..operation import Site, require_directory
     from ..storage import open_file_manager
 
     fm, root = open_file_manager(args.url, storage_options(args))
+    require_directory(Site(fm, root, args.url))  # a typo is not "lease free"; a file has no lease
     state = read_lease(fm, root)
     emit(args, state.to_dict(), f"{fm.url(root)}: lease {state.describe()}")
     return EXIT_OK
