@@ -208,7 +208,9 @@ def generate_pair_runs(spark, root: str) -> dict[str, QueryRun]:
         ckpt = os.path.join(base, "output", "checkpoint") if name == "inside" else os.path.join(base, "checkpoint")
         run = QueryRun(base, ckpt)
         run.run(spark, PAIR_FILES)
-        time.sleep(0.1)
+        # the next query runs well after this one: its batches must not fall inside this one's batch times
+        # plus the 2 s the line-up allows (a fast machine runs all of "a" in about that)
+        time.sleep(5)
         shutil.copytree(base, run.pristine, symlinks=True)
         runs[name] = run
     return runs

@@ -486,8 +486,11 @@ class DirectPutFileManager(CheckpointFileManager):
         kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
         out = []
         while True:
-            self._count("list-uploads")
-            resp = self.fs.call_s3("list_multipart_uploads", **kwargs)
+            def page(kw=dict(kwargs)):
+                self._count("list-uploads")
+                return self.fs.call_s3("list_multipart_uploads", **kw)
+
+            resp = self.retrier.call("ListMultipartUploads", self.url(path), page)
             for u in resp.get("Uploads", []):
                 started = u.get("Initiated")
                 out.append(PendingUpload(f"{bucket}/{u['Key']}", u["UploadId"],
