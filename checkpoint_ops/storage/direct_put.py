@@ -26,6 +26,7 @@ retries are off, so attempts never multiply. What a retry means here:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import io
 import tempfile
@@ -132,7 +133,10 @@ def _abandon(out) -> None:
     try:
         discard = getattr(out, "discard", None)
         if discard is not None:
-            discard()
+            # best effort: the failure that stopped the upload is the one to report (and to retry); an
+            # upload the abort missed is found and aborted by `backup prune` (pending_uploads)
+            with contextlib.suppress(Exception):
+                discard()
     finally:
         out.closed = True  # so neither close() nor the garbage collector completes it
 
