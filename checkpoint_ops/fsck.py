@@ -12,13 +12,14 @@ from .fence import recovery_advice
 from .lease import LeaseState, lease_of
 from .lag import sink_lag
 from .model.checkpoint import Checkpoint
-from .model.compactible import CompactibleLog
+from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
 from .model.sink import SinkOutput
 from .model.logfile import unreadable
 from .pairing import check_pairing
+from .recorded_sinks import left_out
 from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
 from .window import rollback_window
 from .storage.checksums import (
@@ -46,10 +47,12 @@ class Finding:
 
 
 class Fsck:
-    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None):
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
+                 storage_options: dict | None = None, sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL):
         self.ckpt = ckpt
         self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
+        self.storage_options, self.sink_compact_interval = storage_options, sink_compact_interval
         self.deep = deep
         self.findings: list[Finding] = []
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
@@ -73,6 +76,7 @@ class Fsck:
         self._state(commits)
         self._temp_files()
         self._checksums(self.ckpt.listing)
+        self._recorded_sinks()
         for sink, verdict in zip(self.sinks, check_pairing(self.ckpt, self.sinks, self.ledger)):
             if not verdict.ok:
                 self.add(ERROR, "sink-not-paired", sink.url, verdict.problem, verdict.fix)
@@ -349,6 +353,27 @@ class Fsck:
                              "restore the state file from a backup; if the file is right, delete its checksum file")
 
     # -- sinks -------------------------------------------------------------------------------------
+    def _recorded_sinks(self) -> None:
+        """The outputs the ledger records for this checkpoint and fsck was not given: judged as if given
+        with --sink; one with no sink log any more, or that cannot be read, is a warning (recorded_sinks.py)."""
+        for m in left_out(self.ckpt, self.sinks, self.ledger, storage_options=self.storage_options,
+                          compact_interval=self.sink_compact_interval, data=True):
+            if m.output is not None:
+                self.sinks.append(m.output)
+            elif m.gone is not None:
+                self.add(WARNING, "recorded-sink-missing", m.url,
+                         f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "
+                         f"{m.recorded.recorded_by}), but {m.gone}",
+                         "if the output moved, give its new location with --sink (`checkpoint-ops ledger sync "
+                         f"{self.ckpt.url} --sink NEW` records it); if it was abandoned on purpose, nothing is at risk: "
+                         "a rollback says so in its plan")
+            else:
+                self.add(WARNING, "recorded-sink-unreadable", m.url,
+                         f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "
+                         f"{m.recorded.recorded_by}), but it cannot be read to check it: {m.unreadable}",
+                         "check the location and --storage-options, then run fsck again (a rollback is refused "
+                         "until it can be read, or given --without-recorded-sinks)")
+
     def _sink(self, sink: SinkOutput, paired: bool = True) -> None:
         """The sink's own log and files; and, when it belongs to the checkpoint, how the two compare."""
         log = sink.log
@@ -442,8 +467,12 @@ class Fsck:
                      "delete it while the application is stopped")
 
 
-def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None) -> list[Finding]:
-    return Fsck(ckpt, sinks, deep, ledger).run()
+def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
+             storage_options: dict | None = None,
+             sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> list[Finding]:
+    """Every finding for ``ckpt`` and ``sinks``, and for the outputs its ledger records besides them."""
+    return Fsck(ckpt, sinks, deep, ledger, storage_options=storage_options,
+                sink_compact_interval=sink_compact_interval).run()
 
 
 @dataclass(frozen=True)

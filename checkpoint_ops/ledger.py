@@ -137,6 +137,17 @@ class Ledger:
             self.load()
         return list(self._pairings)
 
+    def pairing_records(self) -> list[PairingRecord]:
+        """``pairings`` without reading the segments when they are not read yet: one listing of
+        ``pairing/`` and its few small files (what a rollback without ``--sink`` asks)."""
+        if self._records is not None:
+            return list(self._pairings)
+        base = join(self.path, PAIRING_DIR)
+        names = sorted(f.name for f in self.fm.list(base) if not f.is_dir and not f.name.startswith("."))
+        data = self.fm.read_many([join(base, n) for n in names])
+        return [PairingRecord.parse(data[join(base, n)], self.fm.url(join(base, n)))
+                for n in names if data.get(join(base, n)) is not None]
+
     def has(self, kind: str, batch: int) -> bool:
         rec = self.records.get(batch)
         return bool(rec) and rec.get(kind) is not None

@@ -11,7 +11,7 @@ def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -
     """fsck of a query's checkpoint and file sinks: (error findings, metadata)."""
     ckpt = files.checkpoint(query.checkpoint)
     sinks = [files.sink(s) for s in query.sinks]
-    findings = run_fsck(ckpt, sinks, ledger=files.ledger(ckpt))
+    findings = run_fsck(ckpt, sinks, ledger=files.ledger(ckpt), storage_options=files.options())
     errors = [f for f in findings if f.severity == "error"]
     return errors, {
         "errors": dg.MetadataValue.int(len(errors)),

@@ -21,7 +21,8 @@ def cmd_rollback(args) -> int:
         raise BadInputError("give --to-batch N or --to-time ISO8601 (or --resume)")
     to_time = parse_time(args.to_time, "--to-time") if args.to_time else None
     op = RollbackOperation(args.checkpoint, args.to_batch, to_time, args.sink, args.keep_files, opts,
-                           args.source_compact_interval, args.sink_compact_interval, force=args.force)
+                           args.source_compact_interval, args.sink_compact_interval, force=args.force,
+                           without_recorded_sinks=args.without_recorded_sinks)
     return run_operation(args, op)
 
 
@@ -78,6 +79,9 @@ def register(sub, parents: Parents) -> None:
                         help="roll back to the last batch planned at or before this time (batchTimestampMs)")
     p.add_argument("--keep-files", metavar="DIR", help="move the sink data files of rolled-back batches here instead "
                    "of deleting them")
+    p.add_argument("--without-recorded-sinks", action="store_true",
+                   help="roll back although the batch ledger records file sinks of this query not given with --sink "
+                   "(outputs abandoned on purpose; they are left as they are and the plan warns)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted rollback (the same as `resume`)")
     p.set_defaults(func=cmd_rollback)
 
