@@ -386,7 +386,8 @@ class Executor:
             missing += [kfm.url(join(kpath, a.dest)) for a in kept if a.dest not in have]
         return missing
 
-    def undo(self, applied: bool) -> None:
+    def undo(self, applied: bool, by: str | None = None) -> None:
+        """Revert the operation (module docstring); ``by`` (who undoes it) goes into its ``undone`` marker."""
         plan = self.plan
         self.preview_undo(applied)  # every check, before anything changes (cached: no second listing)
         listings = self._listings()
@@ -437,7 +438,7 @@ class Executor:
                 _transfer(kfm, root.fm, pairs)
             self._step(len(kept))
         self._unfence(self.original_metadata)
-        self.journal.mark("undone")
+        self.journal.mark("undone", by=by)
         self._step()
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:

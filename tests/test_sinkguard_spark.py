@@ -14,8 +14,14 @@ import json
 import os
 import shutil
 
+import pytest
+
+from checkpoint_ops.errors import RefusedError
+from checkpoint_ops.operation import RunOptions
+from checkpoint_ops.operation import run as run_operation
+from checkpoint_ops.recovery import NOTHING, UndoOperation
 from pipelines.event_counts import event_rows
-from tests.helpers import cli, cli_json, tree_snapshot
+from tests.helpers import cli, cli_json, content_snapshot, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL, SESSION_CONF
 from tests.test_sink_spark import SINK, Run, rows, sink_run  # noqa: F401  (a fixture)
 
@@ -109,4 +115,59 @@ def test_a_recorded_sink_that_is_gone_is_a_warning_and_does_not_block_a_rollback
     assert code == 0, r
     assert any(run.out in w and "nothing there any more" in w for w in r["plan"]["warnings"]), r["plan"]["warnings"]
     assert tree_snapshot(run.ckpt) == before
+
+
+# ---- undo: the operation it was started for, or nothing ---------------------------------------------------------
+
+
+def _history(ckpt: str) -> list[tuple[str, int | None, str]]:
+    code, h = cli_json("history", ckpt)
+    assert code == 0, h
+    return [(e["operation"], e["target_batch"], e["status"]) for e in h["operations"]]
+
+
+def test_two_undos_started_together_undo_only_the_operation_they_were_started_for(spark, sink_run):
+    """Two stacked rollbacks; two undos resolve what to undo before either applies (the library calls a command
+    makes, in order: no timing). The first undoes the newer rollback; the second finds it undone under the lease
+    and refuses, changing nothing, instead of undoing the older rollback nobody asked it to."""
+    run = Run(sink_run)
+    last = run.batches() - 1
+    late = UndoOperation(run.ckpt)
+    assert late.resolve() == NOTHING  # nothing journaled yet
+    ops, states = [], []
+    for n in (last - 3, last - 5):
+        code, r = cli_json("rollback", run.ckpt, "--to-batch", n, "--sink", run.out, *INTERVALS, "--yes")
+        assert code == 0, r
+        ops.append(r["result"]["op_id"])
+        states.append(content_snapshot(run.ckpt, run.out))
+    before = tree_snapshot(run.base)
+    with pytest.raises(RefusedError) as refused:  # started before any rollback: it undoes none of them
+        run_operation(late, RunOptions(yes=True))
+    assert "nothing was left to undo when this undo started" in refused.value.problem and ops[1] in refused.value.problem
+    code, out, err = cli("undo", run.ckpt, "--op", ops[0], "--yes")  # not the newest: undo walks back in order
+    assert code == 1 and f"the one to undo now is {ops[1]}" in err, err
+    code, out, err = cli("undo", run.ckpt, "--op", "20260101T000000.000000Z-rollback-00000000", "--yes")
+    assert code == 2 and "history" in err, err
+    assert tree_snapshot(run.base) == before
+
+    first, second = UndoOperation(run.ckpt), UndoOperation(run.ckpt)
+    assert first.resolve() == second.resolve() == ops[1]
+    result = run_operation(first, RunOptions(yes=True, owner="first undo"))
+    assert result.applied and result.outcome.op_id == ops[1]
+    assert content_snapshot(run.ckpt, run.out) == states[0]
+    after_first = tree_snapshot(run.base)
+    with pytest.raises(RefusedError) as refused:
+        run_operation(second, RunOptions(yes=True, owner="second undo"))
+    problem = refused.value.problem
+    assert f"operation {ops[1]} (rollback to batch {last - 5}) was already undone by first undo" in problem, problem
+    assert f"the one to undo now is {ops[0]}" in problem, problem
+    assert "run `checkpoint-ops undo" in refused.value.fix and "again to see what is newest now" in refused.value.fix
+    assert tree_snapshot(run.base) == after_first, "the refused undo changed something"
+    assert _history(run.ckpt) == [("rollback", last - 3, "applied"), ("rollback", last - 5, "undone")]
+    code, out, err = cli("undo", run.ckpt, "--op", ops[1], "--yes")
+    assert code == 1 and "already undone by first undo" in err, err
+
+    # what the first undo left is the first rollback's result: Spark reprocesses from it exactly once
+    _run_changed(spark, run)
+    assert rows(spark, run.out) == _expected(_files(run), last - 2)
 

@@ -29,7 +29,8 @@ def cmd_rollback(args) -> int:
 def cmd_undo(args) -> int:
     from ..recovery import UndoOperation
 
-    return run_operation(args, UndoOperation(args.checkpoint, storage_options(args), args.source_compact_interval))
+    return run_operation(args, UndoOperation(args.checkpoint, storage_options(args), args.source_compact_interval,
+                                             op_id=args.op))
 
 
 def cmd_resume(args) -> int:
@@ -88,6 +89,8 @@ def register(sub, parents: Parents) -> None:
     p = sub.add_parser("undo", parents=mutating,
                        help="revert the last operation (or finish an interrupted undo) byte for byte")
     p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("--op", metavar="OP_ID", help="undo this operation (an id from `history`), and only if it is "
+                   "still the one to undo when the lease is held; without it, the newest when the command starts")
     p.set_defaults(func=cmd_undo)
 
     p = sub.add_parser("resume", parents=mutating,
