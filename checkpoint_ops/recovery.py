@@ -314,11 +314,9 @@ class UndoOperation(_JournalOperation):
         ex = self._executor(ctx)
         try:
             try:
-                ex.undo(applied=self.state == APPLIED, by=ctx.holder)
+                ex.undo(applied=self.state == APPLIED, by=ctx.holder)  # the ledger's truncation goes before its mark
             finally:
                 ex.close()
-            if self.journal.record.get("ledger_truncation") is not None:
-                ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(self.journal.op_id)
         except StoreUnavailableError as e:  # undo starts with its "undoing" marker: running it again finishes it
             raise interrupted(e, self.anchor, self.journal, undoing=True) from e.__cause__
         return AppliedOperation.of(self.journal, "undone", ex.roots, ex)

@@ -21,6 +21,7 @@ from checkpoint_ops.operation import RunOptions
 from checkpoint_ops.operation import run as run_operation
 from checkpoint_ops.recovery import NOTHING, UndoOperation
 from pipelines.event_counts import event_rows
+from tests.crash import ForkRunner, tree_digest
 from tests.helpers import cli, cli_json, content_snapshot, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL, SESSION_CONF
 from tests.test_sink_spark import SINK, Run, rows, sink_run  # noqa: F401  (a fixture)
@@ -171,3 +172,55 @@ def test_two_undos_started_together_undo_only_the_operation_they_were_started_fo
     _run_changed(spark, run)
     assert rows(spark, run.out) == _expected(_files(run), last - 2)
 
+
+# ---- undo killed between its ledger step and its mark -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def runner():
+    r = ForkRunner()
+    yield r
+    r.close()
+
+
+def test_undo_killed_at_every_call_leaves_the_ledger_whole(sink_run, runner, tmp_path):
+    """A rollback's truncation of the batch ledger is undone inside the journaled undo, before the undo is
+    marked done: killed at any mutating call (the ledger step and the mark included), `undo` run again leaves
+    `ledger show` exactly as before the rollback, and the tree byte for byte."""
+    run = Run(sink_run)
+    last = run.batches() - 1
+    roots = (run.ckpt, run.out)
+    code, shown = cli_json("ledger", "show", run.ckpt)
+    assert code == 0 and shown["batches"] == {"first": 0, "last": last, "count": last + 1}, shown
+    original = tree_digest(*roots)
+    code, out, err = runner.run("rollback", run.ckpt, "--to-batch", last - 2, "--sink", run.out, *INTERVALS, "--yes",
+                                "--json")
+    assert code == 0, err
+    op_id = json.loads(out)["result"]["op_id"]
+    assert cli_json("ledger", "show", run.ckpt)[1]["batches"]["last"] == last - 2
+    saved = str(tmp_path / "rolled-back")
+    shutil.copytree(run.base, saved, symlinks=True)
+    ops = os.path.join(run.base, ".checkpoint-ops", "checkpoint")
+
+    def truncation_left() -> bool:
+        return any(f"-truncate-{op_id}" in n for n in os.listdir(os.path.join(ops, "ledger")))
+
+    k, between = 1, []
+    while True:
+        shutil.rmtree(run.base)
+        shutil.copytree(saved, run.base, symlinks=True)
+        code, out, err = runner.run("undo", run.ckpt, "--yes", "--json", kill_at=k)
+        if code != -9:
+            assert code == 0, (k, out, err)
+            assert cli_json("ledger", "show", run.ckpt)[1] == shown and tree_digest(*roots) == original
+            break
+        undone = os.path.exists(os.path.join(ops, "journal", op_id, "undone"))
+        assert not (undone and truncation_left()), f"k={k}: marked undone with the ledger still truncated"
+        if not undone and not truncation_left():
+            between.append(k)
+        code, out, err = runner.run("undo", run.ckpt, "--yes", "--json")
+        assert code == 0 or (code == 1 and "nothing to undo" in err), (k, out, err)
+        assert cli_json("ledger", "show", run.ckpt)[1] == shown, f"k={k}: the ledger lost batches"
+        assert tree_digest(*roots) == original, f"k={k}: the tree is not what it was"
+        k += 1
+    assert between, "no kill landed between the ledger step and the undone mark"
