@@ -364,9 +364,10 @@ class Fsck:
                 self.add(WARNING, "recorded-sink-missing", m.url,
                          f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "
                          f"{m.recorded.recorded_by}), but {m.gone}",
-                         "if the output moved, give its new location with --sink (`checkpoint-ops ledger sync "
-                         f"{self.ckpt.url} --sink NEW` records it); if it was abandoned on purpose, nothing is at risk: "
-                         "a rollback says so in its plan")
+                         "nothing is at risk (a rollback goes ahead and says so in its plan). If the output moved or "
+                         "was abandoned for good, move the record naming it out of "
+                         f"{self.ledger.fm.url(self.ledger.path)}/pairing/ (keep a copy); record a moved output with "
+                         f"`checkpoint-ops ledger sync {self.ckpt.url} --sink NEW`")
             else:
                 self.add(WARNING, "recorded-sink-unreadable", m.url,
                          f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "

@@ -143,7 +143,8 @@ class Ledger:
         if self._records is not None:
             return list(self._pairings)
         base = join(self.path, PAIRING_DIR)
-        names = sorted(f.name for f in self.fm.list(base) if not f.is_dir and not f.name.startswith("."))
+        found = [f.path[len(base) + 1:] for f in self.fm.walk(base)]  # one LIST on object stores, even when absent
+        names = sorted(r for r in found if "/" not in r and not r.startswith("."))
         data = self.fm.read_many([join(base, n) for n in names])
         return [PairingRecord.parse(data[join(base, n)], self.fm.url(join(base, n)))
                 for n in names if data.get(join(base, n)) is not None]

@@ -183,8 +183,9 @@ class _JournalOperation(Operation):
         now = (f"; the one to {self.want} now is {_describe(newest)}" if newest is not None else
                f"; nothing is left to {self.want}")
         if self.target == NOTHING:
-            return RefusedError(f"nothing was left to {self.want} when this {self.want} started, and {_describe(newest)} "
-                                f"was journaled since (by another command, which held the lease first)",
+            return RefusedError(f"nothing was left to {self.want} when this {self.want} started, and "
+                                f"{_describe(newest)} was journaled since (by another command, which held the lease "
+                                "first)",
                                 path=self.anchor.url, fix=again)
         mine = load_journal(self.anchor.fm, join(self.anchor.ops, "journal", self.target))
         for marker, done in (("undone", "undone"), ("abandoned", "dropped as stale"), ("applied", "finished")):

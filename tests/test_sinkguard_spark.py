@@ -48,7 +48,8 @@ def _run_changed(spark, run: Run) -> None:
 
 def _expected(files: int, rerun_from: int) -> list:
     """Every input file's rows exactly once: as first written up to the target, with the new logic after."""
-    return sorted((e["key"], e["value"] * (SCALE if i >= rerun_from else 1)) for i in range(files) for e in event_rows(i))
+    return sorted((e["key"], e["value"] * (SCALE if i >= rerun_from else 1))
+                  for i in range(files) for e in event_rows(i))
 
 
 def _files(run: Run) -> int:
@@ -110,6 +111,7 @@ def test_a_recorded_sink_that_is_gone_is_a_warning_and_does_not_block_a_rollback
     assert code == 1 and [(x["code"], x["severity"], x["path"]) for x in f["findings"]] == [
         ("recorded-sink-missing", "warning", run.out)], f
     assert "nothing there any more" in f["findings"][0]["problem"]
+    assert "/ledger/pairing/" in f["findings"][0]["fix"] and "--sink NEW" in f["findings"][0]["fix"]
 
     before = tree_snapshot(run.ckpt)
     code, r = cli_json("rollback", run.ckpt, "--to-batch", n, *INTERVALS, "--dry-run")
@@ -144,7 +146,8 @@ def test_two_undos_started_together_undo_only_the_operation_they_were_started_fo
     before = tree_snapshot(run.base)
     with pytest.raises(RefusedError) as refused:  # started before any rollback: it undoes none of them
         run_operation(late, RunOptions(yes=True))
-    assert "nothing was left to undo when this undo started" in refused.value.problem and ops[1] in refused.value.problem
+    problem = refused.value.problem
+    assert "nothing was left to undo when this undo started" in problem and ops[1] in problem, problem
     code, out, err = cli("undo", run.ckpt, "--op", ops[0], "--yes")  # not the newest: undo walks back in order
     assert code == 1 and f"the one to undo now is {ops[1]}" in err, err
     code, out, err = cli("undo", run.ckpt, "--op", "20260101T000000.000000Z-rollback-00000000", "--yes")
