@@ -64,8 +64,8 @@ def write_ledger(ledger_dir: str, batches: int, partitions: int, segments: int) 
 
 
 # The child reports its own high-water mark (VmHWM) as it exits: a forked child's ru_maxrss would
-# count the parent's memory it was forked from.
-_HWM = ("import atexit, runpy, sys\n"
+# count the parent's memory it was forked from. ``python -c HWM_WRAPPER MODULE ARGS`` runs ``python -m MODULE ARGS``.
+HWM_WRAPPER = ("import atexit, runpy, sys\n"
         "def _hwm():\n"
         "    for line in open('/proc/self/status'):\n"
         "        if line.startswith('VmHWM:'):\n"
@@ -79,9 +79,9 @@ def measure(argv: list[str]) -> dict:
     """Run a child (``python -m MODULE ARGS`` or ``python -c CODE``); its own peak RSS (MiB), CPU seconds,
     wall seconds and exit code."""
     if argv[1] == "-m":
-        argv = [argv[0], "-c", _HWM, *argv[2:]]
+        argv = [argv[0], "-c", HWM_WRAPPER, *argv[2:]]
     else:
-        argv = [argv[0], "-c", argv[2] + "\n" + _HWM.replace("runpy.run_module(sys.argv[0], run_name='__main__', "
+        argv = [argv[0], "-c", argv[2] + "\n" + HWM_WRAPPER.replace("runpy.run_module(sys.argv[0], run_name='__main__', "
                                                                "alter_sys=True)\n", ""), "x"]
     t = time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

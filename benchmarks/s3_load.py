@@ -33,6 +33,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 from benchmarks.backup import CountingS3  # noqa: E402
+from benchmarks.memory import HWM_WRAPPER  # noqa: E402
 from benchmarks.synthetic import files  # noqa: E402
 
 BUCKET = "load"
@@ -47,8 +48,10 @@ def cli(env: dict, *args: str) -> tuple[dict, float, float, int]:
 
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t = time.perf_counter()
-        p = subprocess.Popen([sys.executable, "-m", "checkpoint_ops.cli", *args], stdout=out, stderr=err, env=env,
-                             cwd=ROOT)
+        # the child reports its own peak RSS (VmHWM) as it exits: ru_maxrss of a forked child counts the
+        # memory of this process (which holds the S3 server's whole bucket)
+        p = subprocess.Popen([sys.executable, "-c", HWM_WRAPPER, "checkpoint_ops.cli", *args], stdout=out,
+                             stderr=err, env=env, cwd=ROOT)
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = code = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t
@@ -61,7 +64,10 @@ def cli(env: dict, *args: str) -> tuple[dict, float, float, int]:
         doc = {"stdout": text.decode(errors="replace")[-500:]}
     if code != 0:
         print(f"{' '.join(args)} exited {code}: {problem.decode(errors='replace')[-2000:]}", file=sys.stderr)
-    return doc, wall, ru.ru_maxrss / 1024, code
+    hwm = [int(x.split()[1]) for x in problem.decode(errors="replace").splitlines() if x.startswith("VMHWM ")]
+    if not hwm:
+        raise RuntimeError(f"{' '.join(args)}: the child reported no peak RSS")
+    return doc, wall, hwm[-1] / 1024, code
 
 
 def put_all(s3, items, threads: int = 16) -> None:
