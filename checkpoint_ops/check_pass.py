@@ -4,7 +4,8 @@ A materialization records the new batches in the ledger, describes the checkpoin
 judges it (fsck, the health check). Done separately, each lists and reads every retained log file;
 ``run_check_pass`` does them on one listing and one model, judges the rollback window once for both
 (one ``RestartSets``), and takes what earlier runs found sound from the verdict cache
-(``verdicts.py``), so it reads what is new. It remembers the fsck findings with a fingerprint of what
+(``verdicts.py``) and the batches of the rollback window from the window memo (``window_memo.py``), so it
+reads what is new. It remembers the fsck findings with a fingerprint of what
 they judged, so the health check that follows (``shared_fsck``) reuses them while nothing changed
 and runs fsck (with the cache) when anything did.
 
@@ -38,10 +39,12 @@ class CheckPass:
     cache_hits: int
     cache_misses: int
     cache_ignored: str | None
+    window_hits: int = 0  # batches of the rollback window taken from the window memo (window_memo.py)
 
     def to_dict(self) -> dict:
         return {"ledger_sync": self.synced, "inspect": self.report, "findings": [f.to_dict() for f in self.findings],
-                "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "ignored": self.cache_ignored}}
+                "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "ignored": self.cache_ignored,
+                          "window_hits": self.window_hits}}
 
 
 def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
@@ -59,7 +62,7 @@ def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Ver
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:
         cache.save()
-    return CheckPass(synced, report, findings, cache.hits, cache.misses, cache.ignored)
+    return CheckPass(synced, report, findings, cache.hits, cache.misses, cache.ignored, cache.window_hits)
 
 
 def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
