@@ -99,9 +99,8 @@ def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
     roots = [("checkpoint", ckpt.listing)] + [(f"sink{i}", s.listing) for i, s in enumerate(sinks)]
     for root, listing in roots:
         h.update(f"\0{root}\0{listing.url('')}\0".encode())
-        for rel in sorted(listing.files):
-            info = listing.files[rel]
-            h.update(f"{rel}\t{info.size}\t{info.mtime!r}\n".encode())
+        h.update("".join(sorted([f"{rel}\t{info.size}\t{info.mtime!r}\n" for rel, info in listing.files.items()]))
+                 .encode())
         for rel in sorted(listing.own):  # the lease: fsck reports who holds it
             info = listing.own[rel]
             h.update(f"own:{rel}\t{info.size}\t{info.mtime!r}\n".encode())

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass
 
 from .journal import ops_dir
@@ -111,9 +112,24 @@ def file_stamp(listing: Listing, rel: str) -> str | None:
     return f"{info.size}:{info.mtime!r}|{crc_part}"
 
 
+_LIVE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> [(sinks, live_rels)]
+
+
 def live_rels(ckpt, sinks) -> set[tuple[str, str]]:
     """``(root, rel)`` of every log file Spark may still rewrite (module docstring), with the roots
-    ``restart.py`` uses: ``checkpoint`` and ``sink<i>``."""
+    ``restart.py`` uses: ``checkpoint`` and ``sink<i>``. Found once per model (a model is a snapshot of
+    one listing; the window, fsck and the fingerprint of one pass all ask): a copy each time."""
+    sinks = tuple(sinks)
+    known = _LIVE.setdefault(ckpt, [])
+    for got_sinks, got in known:
+        if len(got_sinks) == len(sinks) and all(a is b for a, b in zip(got_sinks, sinks)):
+            return set(got)
+    live = _live_rels(ckpt, sinks)
+    known.append((sinks, frozenset(live)))
+    return live
+
+
+def _live_rels(ckpt, sinks) -> set[tuple[str, str]]:
     live: set[tuple[str, str]] = set()
     if ckpt.kind != "structured":
         return live

@@ -66,7 +66,8 @@ def _mix(acc: int, value: int) -> int:
 
 
 def _stamp(info) -> str:
-    return f"{info.size}:{info.mtime!r}" if info.error is None else f"error:{info.error}"
+    error = info.error
+    return f"{info.size}:{info.mtime!r}" if error is None else f"error:{error}"
 
 
 class _IdHashes:
@@ -74,12 +75,13 @@ class _IdHashes:
     sidecar, ``n`` and ``n.compact`` share an id), with prefix XORs for ranges."""
 
     def __init__(self, listing: Listing, rel_dir: str):
-        by_id: dict[int, int] = {}
+        parts: dict[int, list[str]] = {}
+        match = _LOG_NAME.match
         for name, info in listing.files_in(rel_dir).items():
-            m = _LOG_NAME.match(name)
+            m = match(name)
             if m:
-                b = int(m.group(1))
-                by_id[b] = by_id.get(b, 0) ^ _h(rel_dir, name, _stamp(info))
+                parts.setdefault(int(m.group(1)), []).append(f"{name}\t{_stamp(info)}")
+        by_id = {b: _h(rel_dir, *sorted(names)) for b, names in parts.items()}
         self.by_id = by_id
         self.low = min(by_id) if by_id else 0
         high = max(by_id) if by_id else -1
@@ -129,7 +131,7 @@ class WindowMemo:
         self.commits = _IdHashes(L, "commits")
         self.source_logs = [(sid, src.log, _IdHashes(L, src.log.rel_dir))
                             for sid, src in sorted(ck.sources.items()) if src.log is not None]
-        self.sink_logs = [(s.log, _IdHashes(s.listing, s.log.rel_dir)) for s in self.sinks]
+        self.sink_logs = [(s.log.latest, s.log.interval, _IdHashes(s.listing, s.log.rel_dir)) for s in self.sinks]
         stores = ck.state.stores()
         store_dirs = {s.rel_dir for s in stores}
         state_files = {f.rel for s in stores for f in s.files} | {r for s in stores for f in s.files for r in f.sidecars}
@@ -202,12 +204,12 @@ class WindowMemo:
             acc = _mix(acc, _h("k", sid, k))
             if k is not None:
                 acc = _mix(acc, ids.range(k - log.interval - 1, k))
-        for log, ids in self.sink_logs:
-            if log.latest is None:
+        for latest, interval, ids in self.sink_logs:
+            if latest is None:
                 continue
-            upto = min(batch, log.latest)
+            upto = min(batch, latest)
             acc = _mix(acc, upto)
-            acc = _mix(acc, ids.range(upto - log.interval - 1, upto))
+            acc = _mix(acc, ids.range(upto - interval - 1, upto))
         if self.snapshots:
             v = batch + 1
             acc = _mix(acc, self._state_range(self._base(v), v))
