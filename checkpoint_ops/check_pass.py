@@ -23,6 +23,8 @@ from .ledger import Ledger, ledger_at
 from .ledger import sync as sync_ledger
 from .model.checkpoint import Checkpoint
 from .model.sink import SinkOutput
+from .pairing import PAIRING_FILE
+from .storage.checksums import hadoop_crc_name
 from .restart import RestartSets
 from .verdicts import VerdictCache, live_rels
 
@@ -77,8 +79,10 @@ def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Verdic
     if got is not None:
         return [Finding(**f) for f in got]
     ledger = Ledger.for_checkpoint(ckpt)
-    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache).run()
-    # fsck alone does not judge the window: keep what the pass found for it
+    # the window with the cache too (the window memo: only batches changed since the pass are judged)
+    sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
+    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+    # keep what the pass found and this fsck did not judge again (the window's file verdicts)
     cache.keep_unjudged({f"sink{i}": s.listing for i, s in enumerate(sinks)})
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:
@@ -94,16 +98,23 @@ def _seal_and_remember(ckpt: Checkpoint, sinks: list[SinkOutput], cache: Verdict
 
 def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
     """A digest of everything fsck's findings depend on: each listing (name, size, mtime), the ledger's
-    files, and the content of the files Spark may still rewrite (``verdicts.live_rels``), read now."""
+    files, the content of the files Spark may still rewrite (``verdicts.live_rels``) and of each sink's
+    pairing record, read now. Not the lease (``listing.own``): no finding depends on it (fsck's report
+    shows it beside the findings), and the materialization's own lease is gone by its health check. The
+    pairing record by content, not by its listing entry: the pass's ledger sync rewrites it after the
+    pass's listing was taken."""
     h = hashlib.sha256()
     roots = [("checkpoint", ckpt.listing)] + [(f"sink{i}", s.listing) for i, s in enumerate(sinks)]
     for root, listing in roots:
         h.update(f"\0{root}\0{listing.url('')}\0".encode())
-        h.update("".join(sorted([f"{rel}\t{info.size}\t{info.mtime!r}\n" for rel, info in listing.files.items()]))
-                 .encode())
-        for rel in sorted(listing.own):  # the lease: fsck reports who holds it
-            info = listing.own[rel]
-            h.update(f"own:{rel}\t{info.size}\t{info.mtime!r}\n".encode())
+        skip = _PAIRING if root != "checkpoint" else ()
+        h.update("".join(sorted([f"{rel}\t{info.size}\t{info.mtime!r}\n" for rel, info in listing.files.items()
+                                 if rel not in skip])).encode())
+        if skip:
+            got = listing.fm.read_many([listing.abs(rel) for rel in sorted(skip)], errors={})
+            for rel in sorted(skip):
+                h.update(f"pairing:{rel}\0".encode())
+                h.update(hashlib.sha256(got.get(listing.abs(rel)) or b"").digest())
     ledger = ledger_at(ckpt.fm, ckpt.root)
     for f in sorted(ckpt.fm.walk(ledger.path), key=lambda f: f.path):
         h.update(f"ledger:{f.path}\t{f.size}\t{f.mtime!r}\n".encode())
@@ -116,5 +127,7 @@ def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
             h.update(hashlib.sha256(data.get(p) or b"").digest())
     return h.hexdigest()
 
+
+_PAIRING = (PAIRING_FILE, hadoop_crc_name(PAIRING_FILE))  # in each sink's root
 
 __all__ = ["CheckPass", "run_check_pass", "shared_fsck", "fingerprint"]
