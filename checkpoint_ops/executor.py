@@ -15,8 +15,9 @@ operation has no checkpoint; the journal and the undo records (trash) live besid
    with versioning the delete itself is reversible and nothing is copied;
 5. **unfence**: put ``metadata`` back (or the new one a restore brings); 6. mark the journal ``applied``.
 
-Undo deletes what was written, puts back what was rewritten or moved, and restores ``metadata``: the
-tree is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it), and
+Undo deletes what was written, puts back what was rewritten or moved, removes the ledger truncation the
+operation wrote, and restores ``metadata``, all before its ``undone`` marker: the tree (and the batch ledger)
+is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it), and
 it checks its whole undo record before it changes anything.
 
 What differs between operations is data in the journal, never a branch on the operation's name:
@@ -386,7 +387,8 @@ class Executor:
             missing += [kfm.url(join(kpath, a.dest)) for a in kept if a.dest not in have]
         return missing
 
-    def undo(self, applied: bool) -> None:
+    def undo(self, applied: bool, by: str | None = None) -> None:
+        """Revert the operation (module docstring); ``by`` (who undoes it) goes into its ``undone`` marker."""
         plan = self.plan
         self.preview_undo(applied)  # every check, before anything changes (cached: no second listing)
         listings = self._listings()
@@ -436,8 +438,13 @@ class Executor:
                          if a.root == rid and a.rel not in listings[rid]]
                 _transfer(kfm, root.fm, pairs)
             self._step(len(kept))
+        # the ledger forgets the truncation before the undo is marked done: killed in between, running undo
+        # again (or resume) still sees an unfinished undo and finishes it (or rolls it forward)
+        trunc = self.journal.record.get("ledger_truncation")
+        if trunc is not None and "checkpoint" in self.roots:
+            ledger_at(self.ckpt.fm, self.ckpt.path).remove_truncation(self.journal.op_id)
         self._unfence(self.original_metadata)
-        self.journal.mark("undone")
+        self.journal.mark("undone", by=by)
         self._step()
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:

@@ -12,13 +12,14 @@ from .fence import recovery_advice
 from .lease import LeaseState, lease_of
 from .lag import sink_lag
 from .model.checkpoint import Checkpoint
-from .model.compactible import CompactibleLog
+from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
 from .model.sink import SinkOutput
 from .model.logfile import unreadable
 from .pairing import check_pairing
+from .recorded_sinks import left_out
 from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
 from .window import rollback_window
 from .storage.checksums import (
@@ -47,14 +48,17 @@ class Finding:
 
 class Fsck:
     def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
-                 cache=None, sets=None):
+                 cache=None, sets=None, storage_options: dict | None = None,
+                 sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL):
         """``cache`` (a ``verdicts.VerdictCache``): log files an earlier run found sound and Spark can no
         longer rewrite are not read again, and what this run finds sound is recorded in it (the caller
         saves it). ``sets``: the ``RestartSets`` the rollback window is judged with (shared with inspect
-        in one pass). Neither changes a finding."""
+        in one pass). Neither changes a finding. ``storage_options``, ``sink_compact_interval``: how to open
+        the outputs the ledger records besides ``sinks`` (judged as if given, ``recorded_sinks.py``)."""
         self.ckpt = ckpt
         self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
+        self.storage_options, self.sink_compact_interval = storage_options, sink_compact_interval
         self.deep = deep
         self.cache = cache if not deep else None
         self.sets = sets
@@ -71,6 +75,7 @@ class Fsck:
         if self.ckpt.kind == "dstream":
             self._dstream()
             return self.findings
+        self._recorded_sinks()  # first: every sink the run judges is known before anything is read (the cache)
         self._metadata()
         errors: list[LogFormatError] = []
         offsets = self.ckpt.load_offsets(errors=errors, raw=self._read)
@@ -495,6 +500,28 @@ class Fsck:
                              "restore the state file from a backup; if the file is right, delete its checksum file")
 
     # -- sinks -------------------------------------------------------------------------------------
+    def _recorded_sinks(self) -> None:
+        """The outputs the ledger records for this checkpoint and fsck was not given: judged as if given
+        with --sink; one with no sink log any more, or that cannot be read, is a warning (recorded_sinks.py)."""
+        for m in left_out(self.ckpt, self.sinks, self.ledger, storage_options=self.storage_options,
+                          compact_interval=self.sink_compact_interval, data=True):
+            if m.output is not None:
+                self.sinks.append(m.output)
+            elif m.gone is not None:
+                self.add(WARNING, "recorded-sink-missing", m.url,
+                         f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "
+                         f"{m.recorded.recorded_by}), but {m.gone}",
+                         "nothing is at risk (a rollback goes ahead and says so in its plan). If the output moved or "
+                         "was abandoned for good, move the record naming it out of "
+                         f"{self.ledger.fm.url(self.ledger.path)}/pairing/ (keep a copy); record a moved output with "
+                         f"`checkpoint-ops ledger sync {self.ckpt.url} --sink NEW`")
+            else:
+                self.add(WARNING, "recorded-sink-unreadable", m.url,
+                         f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "
+                         f"{m.recorded.recorded_by}), but it cannot be read to check it: {m.unreadable}",
+                         "check the location and --storage-options, then run fsck again (a rollback is refused "
+                         "until it can be read, or given --without-recorded-sinks)")
+
     def _sink(self, sink: SinkOutput, paired: bool = True) -> None:
         """The sink's own log and files; and, when it belongs to the checkpoint, how the two compare."""
         log = sink.log
@@ -589,8 +616,11 @@ class Fsck:
 
 
 def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
-             cache=None, sets=None) -> list[Finding]:
-    return Fsck(ckpt, sinks, deep, ledger, cache=cache, sets=sets).run()
+             cache=None, sets=None, storage_options: dict | None = None,
+             sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> list[Finding]:
+    """Every finding for ``ckpt`` and ``sinks``, and for the outputs its ledger records besides them."""
+    return Fsck(ckpt, sinks, deep, ledger, cache=cache, sets=sets, storage_options=storage_options,
+                sink_compact_interval=sink_compact_interval).run()
 
 
 @dataclass(frozen=True)

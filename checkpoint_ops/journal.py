@@ -72,12 +72,22 @@ class Journal:
     def has_marker(self, name: str) -> bool:
         return self.fm.exists(self.marker(name))
 
-    def mark(self, name: str) -> None:
-        stamp = json.dumps({"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode()
+    def mark(self, name: str, by: str | None = None) -> None:
+        """Add a marker (idempotent): when, and who (``by``: the holder of the leases, when known)."""
+        info = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **({"by": by} if by else {})}
+        stamp = json.dumps(info).encode()
         try:
             self.fm.write_bytes(self.marker(name), stamp, overwrite=False)
         except FileExistsError:
             pass  # already marked (a resumed run)
+
+    def marker_info(self, name: str) -> dict:
+        """What a marker says (``at``, and ``by`` when it was recorded); empty if it is missing or unreadable."""
+        try:
+            doc = json.loads(self.fm.read_bytes(self.marker(name)))
+        except (FileNotFoundError, ValueError):
+            return {}
+        return doc if isinstance(doc, dict) else {}
 
     def unmark(self, name: str) -> None:
         """Remove a marker (a rolled-forward undo is no longer "undoing")."""

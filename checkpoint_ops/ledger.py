@@ -231,6 +231,18 @@ class Ledger:
             self.load()
         return list(self._pairings)
 
+    def pairing_records(self) -> list[PairingRecord]:
+        """``pairings`` without reading the segments when they are not read yet: one listing of
+        ``pairing/`` and its few small files (what a rollback without ``--sink`` asks)."""
+        if self._records is not None:
+            return list(self._pairings)
+        base = join(self.path, PAIRING_DIR)
+        found = [f.path[len(base) + 1:] for f in self.fm.walk(base)]  # one LIST on object stores, even when absent
+        names = sorted(r for r in found if "/" not in r and not r.startswith("."))
+        data = self.fm.read_many([join(base, n) for n in names])
+        return [PairingRecord.parse(data[join(base, n)], self.fm.url(join(base, n)))
+                for n in names if data.get(join(base, n)) is not None]
+
     def has(self, kind: str, batch: int) -> bool:
         return bool(self.records.kinds(batch) & _KINDS[kind])
 

@@ -66,6 +66,12 @@ class ApplyContext:
         """Between steps: stop if a lease was lost (our heartbeat lapsed and someone took over)."""
         self.leases.check()
 
+    @property
+    def holder(self) -> str | None:
+        """Who applies (the holder of the leases taken for it), for the journal; None under leases a
+        caller already held (a Dagster run's)."""
+        return self.leases.leases[0].holder.describe() if self.leases.leases else None
+
 
 class Operation(abc.ABC):
     """One mutating command (module docstring)."""

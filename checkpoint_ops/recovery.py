@@ -18,7 +18,7 @@ history only).
 from __future__ import annotations
 
 from .activity import refuse_if_active
-from .errors import RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .executor import (
     Anchor,
     AppliedOperation,
@@ -89,26 +89,75 @@ def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
     raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))
 
 
+def _describe(journal: Journal) -> str:
+    rec = journal.record
+    target = rec["plan"].get("target_batch")
+    return f"{journal.op_id} ({rec['operation']}" + (f" to batch {target})" if target is not None else ")")
+
+
 def _interrupted_undo(state: str) -> bool:
     return state in (FENCED_UNDO, UNDOING)
 
 
-class _JournalOperation(Operation):
-    """An operation on a journaled one: its anchor, its journal, the roots that journal names."""
+NOTHING = "nothing"  # what ``_JournalOperation.target`` holds when there was nothing to act on
 
-    def __init__(self, url: str, storage_options: dict | None = None, source_compact_interval: int = 10):
+
+class _JournalOperation(Operation):
+    """An operation on a journaled one: its anchor, its journal, the roots that journal names.
+
+    Which operation it acts on is decided when the command starts (``precheck``: the newest, or the one
+    ``op_id`` names) and checked again under the lease (``open``): another command that held the lease first
+    may have undone, finished or added one since, and acting on whatever is newest *then* would undo (or
+    finish) an operation nobody asked for. A mismatch is refused (exit 1, nothing changed)."""
+
+    def __init__(self, url: str, storage_options: dict | None = None, source_compact_interval: int = 10,
+                 op_id: str | None = None):
         self.url = url
         self.storage_options = storage_options
         self.source_compact_interval = source_compact_interval
+        self.op_id = op_id  # the operation asked for by id (``undo --op``), else None: the newest
         self.fm, self.root = open_file_manager(url, storage_options)
         self.anchor: Anchor | None = None
         self.ckpt: Checkpoint | None = None
         self.journal: Journal | None = None
         self.state = ""
         self.ex: Executor | None = None
+        self.target: str | None = None  # the op id resolved when the command started (NOTHING: none)
 
     def sites(self) -> list[Site]:
         return [Site(self.fm, self.root, self.url)]
+
+    def precheck(self) -> None:
+        super().precheck()
+        if self.target is None:
+            self.resolve()
+
+    def resolve(self) -> str:
+        """Decide now which operation this acts on (read-only, no lease): the one ``op_id`` names, which must
+        be journaled here, else the newest one ``find_journal`` picks (``NOTHING`` if none). ``run`` does it
+        first thing; a caller that shows the user what will be undone before running it calls it then."""
+        anchor = self._glance()
+        if self.op_id is not None:
+            ids = [path.rsplit("/", 1)[-1] for path in scan_journals(anchor.fm, anchor.ops)]
+            if self.op_id not in ids:
+                raise BadInputError(f"no operation {self.op_id} is journaled for this location", path=anchor.url,
+                                    fix=f"`checkpoint-ops history {anchor.url}` lists the operations and their ids")
+            self.target = self.op_id
+            return self.target
+        try:
+            self.target = find_journal(anchor, self.want)[0].op_id
+        except RefusedError:
+            self.target = NOTHING
+        return self.target
+
+    def _glance(self) -> Anchor:
+        """The anchor as far as choosing a journal needs it (its ``metadata``, which may be a fence), without
+        listing the checkpoint: ``open`` reads it whole under the lease."""
+        try:
+            metadata = self.fm.read_bytes(join(self.root, "metadata"))
+        except OSError:  # missing (a sink output, a restore target) or unreadable: ``open`` says which
+            metadata = None
+        return Anchor(self.fm, self.root, self.fm.url(self.root), metadata, checkpoint=True)
 
     def open(self) -> None:
         self.anchor, self.ckpt = open_anchor(self.url, self.storage_options, self.source_compact_interval)
@@ -118,9 +167,41 @@ class _JournalOperation(Operation):
         except RefusedError as e:
             # Nothing to do. Still lease what the newest operation changed before saying so: a holder
             # killed while releasing its leases leaves some behind, and this takes them over and clears them.
-            self._refusal = e
+            self._refusal = e if self.target in (None, NOTHING) else self._moved_on(None, e)
             newest = list(scan_journals(self.anchor.fm, self.anchor.ops))
             self.journal = load_journal(self.anchor.fm, newest[-1]) if newest else None
+            return
+        if self.target is not None and self.journal.op_id != self.target:
+            self._refusal = self._moved_on(self.journal)
+
+    def _moved_on(self, newest: Journal | None, otherwise: RefusedError | None = None) -> RefusedError:
+        """The refusal when the operation resolved at the start is not the one to act on under the lease
+        (``newest``: the one that is; None: none is, and ``otherwise`` says why unless the start's one was
+        undone, dropped or finished meanwhile)."""
+        again = f"run `checkpoint-ops {self.want} {self.anchor.url}` again to see what is newest now"
+        asked = "asked for" if self.op_id is not None else f"newest when this {self.want} started"
+        now = (f"; the one to {self.want} now is {_describe(newest)}" if newest is not None else
+               f"; nothing is left to {self.want}")
+        if self.target == NOTHING:
+            return RefusedError(f"nothing was left to {self.want} when this {self.want} started, and "
+                                f"{_describe(newest)} was journaled since (by another command, which held the lease "
+                                "first)",
+                                path=self.anchor.url, fix=again)
+        mine = load_journal(self.anchor.fm, join(self.anchor.ops, "journal", self.target))
+        for marker, done in (("undone", "undone"), ("abandoned", "dropped as stale"), ("applied", "finished")):
+            if marker == "applied" and self.want != "resume":
+                continue
+            if mine.has_marker(marker):
+                info = mine.marker_info(marker)
+                by = f" by {info['by']}" if info.get("by") else " by another command"
+                return RefusedError(f"operation {_describe(mine)} was already {done}{by}"
+                                    + (f" at {info['at']}" if info.get("at") else "") + now,
+                                    path=self.anchor.url, fix=again)
+        if otherwise is not None:
+            return otherwise
+        return RefusedError(f"operation {_describe(mine)} ({asked}) is not the one to {self.want}{now} (journaled "
+                            f"after it, or it was not the newest {self.want}able one)", path=self.anchor.url,
+                            fix=again)
 
     def more_sites(self) -> list[Site]:
         """The checkpoint and sinks the journaled plan changes (never its ledger or trash)."""
@@ -234,11 +315,9 @@ class UndoOperation(_JournalOperation):
         ex = self._executor(ctx)
         try:
             try:
-                ex.undo(applied=self.state == APPLIED)
+                ex.undo(applied=self.state == APPLIED, by=ctx.holder)  # the ledger's truncation goes before its mark
             finally:
                 ex.close()
-            if self.journal.record.get("ledger_truncation") is not None:
-                ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(self.journal.op_id)
         except StoreUnavailableError as e:  # undo starts with its "undoing" marker: running it again finishes it
             raise interrupted(e, self.anchor, self.journal, undoing=True) from e.__cause__
         return AppliedOperation.of(self.journal, "undone", ex.roots, ex)

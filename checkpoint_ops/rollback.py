@@ -27,6 +27,7 @@ from .journal import load_journal, ops_dir, scan_journals
 from .ledger import ledger_or_none
 from .lag import SinkLag, sink_lag
 from .pairing import record_pairing, require_pairing
+from .recorded_sinks import RecordedSinksCheck
 from .restart import Damage, RestartSets, damage_in_removed
 from .activity import refuse_if_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, checkpoint_roots
@@ -376,8 +377,11 @@ def plan_rollback(
     keep_files: str | None = None,
     ledger=None,
     force: bool = False,
+    recorded_sinks: RecordedSinksCheck | None = None,
 ) -> Plan:
-    """The complete plan for rolling ``ckpt`` (and its file sinks) back to one batch."""
+    """The complete plan for rolling ``ckpt`` (and its file sinks) back to one batch. With
+    ``recorded_sinks``, an output the checkpoint's ledger records and ``sinks`` leave out is refused
+    (``recorded_sinks.py``; a backup being restored, whose records name the original locations, has none)."""
     if ckpt.kind != "structured":
         raise BadInputError("rollback works on Structured Streaming checkpoints; this is a DStream checkpoint",
                             path=ckpt.url)
@@ -397,6 +401,7 @@ def plan_rollback(
         raise RefusedError(f"batch {target} was never committed (the last committed batch is {C}"
                            f"{_last_operation(ckpt)})", path=ckpt.url, fix=f"choose a batch up to {C}")
     require_pairing(ckpt, sinks, ledger)
+    left_out_warnings = recorded_sinks.check(ckpt, sinks, ledger, target) if recorded_sinks is not None else []
     lags = [sink_lag(ckpt, s) for s in sinks]  # against the checkpoint's own commits (the ledger stays unread)
     for s, lag in zip(sinks, lags):
         if s.log.latest is not None and target > s.log.latest:
@@ -411,7 +416,7 @@ def plan_rollback(
             )
     warnings = check_restart_set(ckpt, target, sinks, ledger, force=force, what="roll back to")
     b = _Builder(ckpt, sinks, target, keep_files, ledger)
-    b.plan.warnings += warnings
+    b.plan.warnings += warnings + left_out_warnings
     b.logs()
     b.sources()
     b.state()
@@ -496,9 +501,11 @@ class RollbackOperation(Operation):
     def __init__(self, checkpoint_url: str, to_batch: int | None = None, to_time: datetime | None = None,
                  sink_urls: list[str] = (), keep_files: str | None = None, storage_options: dict | None = None,
                  source_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL,
-                 sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL, force: bool = False):
+                 sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL, force: bool = False,
+                 without_recorded_sinks: bool = False):
         self.url = checkpoint_url
         self.to_batch, self.to_time, self.keep_files, self.force = to_batch, to_time, keep_files, force
+        self.without_recorded_sinks = without_recorded_sinks
         self.sink_urls = list(sink_urls)
         self.storage_options = storage_options
         self.source_compact_interval, self.sink_compact_interval = source_compact_interval, sink_compact_interval
@@ -523,8 +530,9 @@ class RollbackOperation(Operation):
         refuse_if_active(self.ckpt, force)
 
     def plan(self, stage: bool) -> Plan:
+        recorded = RecordedSinksCheck(self.storage_options, self.sink_compact_interval, self.without_recorded_sinks)
         return plan_rollback(self.ckpt, self.to_batch, self.to_time, self.sinks, keep_files=self.keep_files,
-                             ledger=self.ledger, force=self.force)
+                             ledger=self.ledger, force=self.force, recorded_sinks=recorded)
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         hooks = JournalHooks(ledger_truncation=plan.target_batch, undo_guard={"checkpoint": ["offsets", "commits"]})

@@ -32,6 +32,9 @@ class UndoConfig(dg.Config):
 
     query: str = Field(description="The streaming query (asset name) whose checkpoint's newest operation to undo.")
     dry_run: bool = Field(default=False, description="Only record the undo plan as metadata: nothing changes.")
+    op_id: Optional[str] = Field(default=None, description="Undo this operation (its op_id metadata), and only if it "
+                                 "is still the newest when the run holds the lease; default: the newest when the run "
+                                 "starts.")
 
 
 class RestoreConfig(dg.Config):
@@ -86,7 +89,7 @@ def undo_job(queries: list[StreamingQuery], name: str = UNDO_JOB) -> dg.JobDefin
         opts = checkpoint_files.options()
         with parameter_names(UNDO_NAMES):
             try:
-                result = run(UndoOperation(query.checkpoint, opts),
+                result = run(UndoOperation(query.checkpoint, opts, op_id=config.op_id),
                              RunOptions(dry_run=config.dry_run, yes=True, storage_options=opts,
                                         owner=f"dagster run {context.run.run_id} (undo {query.name})",
                                         warn=context.log.warning))

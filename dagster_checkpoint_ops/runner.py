@@ -29,7 +29,8 @@ MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
 # How the library's messages name parameters here: run-config keys, not CLI flags (errors.param).
 RUN_CONFIG_NAMES = {"to_batch": "rollback_to_batch", "to_time": "rollback_to_time", "dry_run": "dry_run",
                     "force": None, "checkpoint": None, "source_compact_interval": "the query's Spark settings",
-                    "sink_compact_interval": "the query's Spark settings"}
+                    "sink_compact_interval": "the query's Spark settings", "sink": None,
+                    "without_recorded_sinks": None}
 
 
 def failure(e: CheckpointOpsError, what: str) -> dg.Failure:

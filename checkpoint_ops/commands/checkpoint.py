@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..cli import Parents, emit, open_checkpoint
+from ..cli import Parents, emit, open_checkpoint, storage_options
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..ledger import ledger_or_none
 
@@ -29,7 +29,8 @@ def cmd_fsck(args) -> int:
     from ..fsck import FsckReport, run_fsck
 
     ckpt, sinks = open_checkpoint(args)
-    findings = run_fsck(ckpt, sinks, deep=args.deep, ledger=ledger_or_none(ckpt) if ckpt.kind == "structured" else None)
+    findings = run_fsck(ckpt, sinks, deep=args.deep, ledger=ledger_or_none(ckpt) if ckpt.kind == "structured" else None,
+                        storage_options=storage_options(args), sink_compact_interval=args.sink_compact_interval)
     report = FsckReport.of(ckpt, findings)
     emit(args, report.to_dict(), report.render())
     return EXIT_FINDINGS if findings else EXIT_OK

@@ -21,14 +21,16 @@ def cmd_rollback(args) -> int:
         raise BadInputError("give --to-batch N or --to-time ISO8601 (or --resume)")
     to_time = parse_time(args.to_time, "--to-time") if args.to_time else None
     op = RollbackOperation(args.checkpoint, args.to_batch, to_time, args.sink, args.keep_files, opts,
-                           args.source_compact_interval, args.sink_compact_interval, force=args.force)
+                           args.source_compact_interval, args.sink_compact_interval, force=args.force,
+                           without_recorded_sinks=args.without_recorded_sinks)
     return run_operation(args, op)
 
 
 def cmd_undo(args) -> int:
     from ..recovery import UndoOperation
 
-    return run_operation(args, UndoOperation(args.checkpoint, storage_options(args), args.source_compact_interval))
+    return run_operation(args, UndoOperation(args.checkpoint, storage_options(args), args.source_compact_interval,
+                                             op_id=args.op))
 
 
 def cmd_resume(args) -> int:
@@ -78,12 +80,17 @@ def register(sub, parents: Parents) -> None:
                         help="roll back to the last batch planned at or before this time (batchTimestampMs)")
     p.add_argument("--keep-files", metavar="DIR", help="move the sink data files of rolled-back batches here instead "
                    "of deleting them")
+    p.add_argument("--without-recorded-sinks", action="store_true",
+                   help="roll back although the batch ledger records file sinks of this query not given with --sink "
+                   "(outputs abandoned on purpose; they are left as they are and the plan warns)")
     p.add_argument("--resume", action="store_true", help="finish an interrupted rollback (the same as `resume`)")
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("undo", parents=mutating,
                        help="revert the last operation (or finish an interrupted undo) byte for byte")
     p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("--op", metavar="OP_ID", help="undo this operation (an id from `history`), and only if it is "
+                   "still the one to undo when the lease is held; without it, the newest when the command starts")
     p.set_defaults(func=cmd_undo)
 
     p = sub.add_parser("resume", parents=mutating,
