@@ -48,6 +48,9 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     last = ckpt.latest_commit
     if last is None:
         return RollbackWindow(None, None, "no batch has been committed yet")
+    if sets is not None and [id(s) for s in sets.sinks] != [id(s) for s in sinks]:
+        # asked for other sinks than ``sets`` has (fsck adds the outputs the ledger records): their own sets
+        sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=sets.cache)
     sets = sets or RestartSets(ckpt, sinks, ledger, deep=False)
     # batches an earlier pass found sound on exactly these files are not judged again (with a cache only)
     memo = WindowMemo(ckpt, sinks, sets.cache) if sets.cache is not None else None
