@@ -252,8 +252,8 @@ def _window_batch_files(run, role: str) -> dict[int, list[str]]:
 def _delete_state_delta(run) -> None:
     """State maintenance gone wrong: a delta an old batch's restart needs is deleted."""
     sets = _window_batch_files(run, "state")
-    oldest = min(sets)
-    rel = next(r for r in sets[oldest] if r.endswith(".delta"))
+    # the oldest batch whose load reads a delta (Spark's maintenance may have left a snapshot exactly at one)
+    rel = next(r for t in sorted(sets) for r in sets[t] if r.endswith(".delta"))
     os.remove(os.path.join(run.checkpoint, rel))
 
 
