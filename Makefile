@@ -60,6 +60,7 @@ bench: check-java $(STAMP)
 	$(PY) benchmarks/rollback.py
 	$(PY) benchmarks/sink_compaction.py
 	$(PY) benchmarks/backup.py
+	$(PY) benchmarks/check_pass.py --sizes 10,1000,10000
 	$(PY) benchmarks/asset_overhead.py --sizes 10,1000,10000
 	$(PY) benchmarks/memory.py --batches 500000
 	$(PY) benchmarks/s3_load.py --batches 100000 --partitions 1000

@@ -10,11 +10,20 @@ micro-batch) over the same amount of new input (``--new`` files, so ``--new`` mi
   for the metadata, and the asset's checks (``checkpoint_health_check``: fsck; ``backup_freshness_check``).
 
 Both run in one process on one Spark session and on the same checkpoint, taking turns (the order alternates
-each round), so each measures the same checkpoint size. Spark wrote the checkpoints: one retaining 10
-batches and one retaining 1,000 (``minBatchesToRetain``, which also keeps that many source- and sink-log
-files: 100 compact files each), so the overhead can be seen to stay flat as the checkpoint grows, or not.
+each round), so each measures the same checkpoint size. One checkpoint per size, retaining that many
+batches (``minBatchesToRetain``, which also keeps that many source- and sink-log files), so the overhead
+can be seen to stay flat as the checkpoint grows, or not.
 
-Usage: ``python benchmarks/asset_overhead.py [--sizes 10,1000] [--new 10] [--rounds 5] [--dir D]``
+**How the big checkpoints are made.** Spark writes the first ``--spark-batches`` batches (default 3;
+``--spark-batches 0`` lets Spark write every batch, one at a time, which takes hours at 10,000 here).
+``spark_extend.extend`` then appends the rest in exactly Spark's formats: ``offsets/`` and ``commits/``,
+the file-source log and the sink log with a compact file every 10, ``.crc`` sidecars, a real input file
+and a real (copied) parquet data file per batch. The plain PySpark run that follows resumes from that
+checkpoint and processes the next input files: that is Spark accepting it (a run that failed would stop
+the benchmark).
+
+Usage: ``python benchmarks/asset_overhead.py [--sizes 10,1000,10000] [--new 10] [--rounds 5]
+[--spark-batches 3] [--dir D]``
 Prints a markdown report (recorded in docs/benchmarks.md).
 """
 
@@ -36,6 +45,7 @@ import dagster as dg  # noqa: E402
 from pipelines.event_counts import events_writer, write_event_files  # noqa: E402
 from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions  # noqa: E402
 from dagster_checkpoint_ops.resources.spark import LOCAL_SPARK  # noqa: E402
+from benchmarks.spark_extend import extend  # noqa: E402
 
 QUIET = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
 RETAIN = "spark.sql.streaming.minBatchesToRetain"
@@ -49,6 +59,7 @@ class Stream:
         self.input, self.output = os.path.join(root, "input"), os.path.join(root, "output")
         self.checkpoint = os.path.join(root, "checkpoint")
         self.next_file = 0
+        self.pending = 0  # input files landed and not yet run
         self.conf = {**LOCAL_SPARK, RETAIN: str(size)}
         query = StreamingQuery(name=f"events_{size}", checkpoint=self.checkpoint, sinks=[self.output],
                                build=lambda s: events_writer(s, self.input, self.output))
@@ -59,8 +70,24 @@ class Stream:
     def land(self, n: int) -> None:
         write_event_files(self.input, self.next_file, self.next_file + n)
         self.next_file += n
+        self.pending += n
+
+    def _ran_all(self, before: int | None, way: str) -> None:
+        """Spark ran one batch per landed file (after an extension: Spark resumed from it)."""
+        after = self.last_commit()
+        ran = after - (-1 if before is None else before)
+        if ran != self.pending:
+            raise RuntimeError(f"the {way} run committed {ran} batches for {self.pending} new files "
+                               f"(checkpoint {self.checkpoint}): Spark did not resume as expected")
+        self.pending = 0
+
+    def last_commit(self) -> int | None:
+        d = os.path.join(self.checkpoint, "commits")
+        ids = [int(n) for n in os.listdir(d) if n.isdigit()] if os.path.isdir(d) else []
+        return max(ids) if ids else None
 
     def plain(self) -> float:
+        before = self.last_commit()
         t = time.perf_counter()
         for k, v in self.conf.items():
             if k.startswith("spark.sql."):
@@ -68,13 +95,17 @@ class Stream:
         q = events_writer(self.spark, self.input, self.output).option("checkpointLocation", self.checkpoint) \
             .trigger(availableNow=True).start()
         q.awaitTermination()
-        return time.perf_counter() - t
+        took = time.perf_counter() - t
+        self._ran_all(before, "plain")
+        return took
 
     def asset_run(self) -> tuple[float, float]:
+        before = self.last_commit()
         t = time.perf_counter()
         r = self.job.execute_in_process(instance=self.instance, run_config=QUIET)
         wall = time.perf_counter() - t
         assert r.success
+        self._ran_all(before, "asset")
         (mat,) = r.asset_materializations_for_node(self.asset)
         return wall, mat.metadata["duration_s"].value
 
@@ -84,7 +115,9 @@ class Stream:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="10,1000", help="retained batches of each checkpoint")
+    ap.add_argument("--sizes", default="10,1000,10000", help="retained batches of each checkpoint")
+    ap.add_argument("--spark-batches", type=int, default=3,
+                    help="batches Spark writes before the checkpoint is extended in its formats (0: Spark writes all)")
     ap.add_argument("--new", type=int, default=10, help="new input files (micro-batches) per run")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
@@ -107,10 +140,13 @@ def main(argv=None) -> int:
             for size in sizes:
                 s = Stream(spark, os.path.join(work, f"retain-{size}"), size, instance)
                 t = time.perf_counter()
-                s.land(size)  # Spark writes the checkpoint: one batch per file
+                first = size if args.spark_batches <= 0 else min(size, args.spark_batches)
+                s.land(first)  # Spark writes the checkpoint: one batch per file
                 s.plain()
-                print(f"[{size}] Spark wrote {s.retained()} batches in {time.perf_counter() - t:.0f} s",
-                      file=sys.stderr, flush=True)
+                added = extend(s.checkpoint, s.output, s.input, size)  # then in its formats (module docstring)
+                s.next_file += added  # extend wrote input files first..size-1 and ran them as batches
+                print(f"[{size}] Spark wrote {first} batches, extended by {added}, in "
+                      f"{time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
                 s.land(args.new)  # warm-up of both paths (JIT, Dagster's first-run costs), not measured
                 s.asset_run()
                 s.land(args.new)
@@ -134,7 +170,8 @@ def main(argv=None) -> int:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)
 
-    print(f"`python benchmarks/asset_overhead.py --sizes {args.sizes} --new {args.new} --rounds {args.rounds}` "
+    print(f"`python benchmarks/asset_overhead.py --sizes {args.sizes} --new {args.new} --rounds {args.rounds} "
+          f"--spark-batches {args.spark_batches}` "
           f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}); medians of "
           f"{args.rounds} runs of each, {args.new} new micro-batches per run:\n")
     print("| retained batches | (a) plain PySpark script, s | (b) asset materialization (job), s | (b) / (a) "

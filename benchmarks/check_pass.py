@@ -8,8 +8,8 @@ new log files, new data files), measured side by side in this process, in CPU se
 
 * (before) what a materialization did: ``ledger sync``, then ``inspect`` on a new model, then the health
   check's ``fsck`` on another, each reading every retained log file;
-* (now) ``check_pass.run_check_pass`` (one model, one window, the verdict cache) then the health check's
-  ``shared_fsck``.
+* (now) ``check_pass.run_check_pass`` (one model, one window, the verdict cache and its window memo)
+  then the health check's ``shared_fsck``.
 
 Usage: ``python benchmarks/check_pass.py [--sizes 10,1000,10000] [--new 10] [--rounds 3]``
 """
@@ -122,13 +122,13 @@ def before(s: Stream) -> float:
     return time.process_time() - t
 
 
-def now(s: Stream) -> tuple[float, int]:
+def now(s: Stream) -> tuple[float, int, int]:
     t = time.process_time()
     ckpt, sinks = s.model()
     p = run_check_pass(ckpt, sinks)
     ckpt, sinks = s.model()
     shared_fsck(ckpt, sinks)
-    return time.process_time() - t, p.cache_hits
+    return time.process_time() - t, p.cache_hits, p.window_hits
 
 
 def main(argv=None) -> int:
@@ -145,18 +145,19 @@ def main(argv=None) -> int:
             for _ in range(size):
                 s.batch()
             now(s)  # the first pass fills the cache (a checkpoint's first materialization)
-            b, n, hits = [], [], []
+            b, n, hits, memo = [], [], [], []
             for r in range(args.rounds):
                 for _ in range(args.new):
                     s.batch()
                 # both on the same state: "before" first writes only the ledger (the pass then has
                 # nothing new to sync either way)
                 b.append(before(s))
-                cpu, h = now(s)
+                cpu, h, w = now(s)
                 n.append(cpu)
                 hits.append(h)
+                memo.append(w)
             rows.append((size, statistics.median(b), statistics.median(n), statistics.median(hits),
-                         os.getloadavg()[0]))
+                         statistics.median(memo), os.getloadavg()[0]))
             print(f"[{size}] before {b} now {n}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -164,10 +165,11 @@ def main(argv=None) -> int:
           f"({platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}); medians, CPU "
           f"seconds:\n")
     print("| retained batches | before: sync + inspect + fsck, each reading everything | now: one pass + the "
-          "health check | now / before | log files the cache answered | load average |")
-    print("|---|---|---|---|---|---|")
-    for size, b, n, hits, load in rows:
-        print(f"| {size:,} | {b:.2f} | {n:.2f} | **{n / b:.2f}x** | {hits:,} | {load:.1f} |")
+          "health check | now / before | log files the cache answered | batches the window memo answered "
+          "| load average |")
+    print("|---|---|---|---|---|---|---|")
+    for size, b, n, hits, memo, load in rows:
+        print(f"| {size:,} | {b:.3f} | {n:.3f} | **{n / b:.2f}x** | {hits:,} | {memo:,} | {load:.1f} |")
     return 0
 
 

@@ -4,7 +4,8 @@ A materialization records the new batches in the ledger, describes the checkpoin
 judges it (fsck, the health check). Done separately, each lists and reads every retained log file;
 ``run_check_pass`` does them on one listing and one model, judges the rollback window once for both
 (one ``RestartSets``), and takes what earlier runs found sound from the verdict cache
-(``verdicts.py``), so it reads what is new. It remembers the fsck findings with a fingerprint of what
+(``verdicts.py``) and the batches of the rollback window from the window memo (``window_memo.py``), so it
+reads what is new. It remembers the fsck findings with a fingerprint of what
 they judged, so the health check that follows (``shared_fsck``) reuses them while nothing changed
 and runs fsck (with the cache) when anything did.
 
@@ -22,6 +23,8 @@ from .ledger import Ledger, ledger_at
 from .ledger import sync as sync_ledger
 from .model.checkpoint import Checkpoint
 from .model.sink import SinkOutput
+from .pairing import PAIRING_FILE
+from .storage.checksums import hadoop_crc_name
 from .restart import RestartSets
 from .verdicts import VerdictCache, live_rels
 
@@ -38,10 +41,12 @@ class CheckPass:
     cache_hits: int
     cache_misses: int
     cache_ignored: str | None
+    window_hits: int = 0  # batches of the rollback window taken from the window memo (window_memo.py)
 
     def to_dict(self) -> dict:
         return {"ledger_sync": self.synced, "inspect": self.report, "findings": [f.to_dict() for f in self.findings],
-                "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "ignored": self.cache_ignored}}
+                "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "ignored": self.cache_ignored,
+                          "window_hits": self.window_hits}}
 
 
 def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
@@ -59,7 +64,7 @@ def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Ver
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:
         cache.save()
-    return CheckPass(synced, report, findings, cache.hits, cache.misses, cache.ignored)
+    return CheckPass(synced, report, findings, cache.hits, cache.misses, cache.ignored, cache.window_hits)
 
 
 def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
@@ -74,8 +79,10 @@ def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Verdic
     if got is not None:
         return [Finding(**f) for f in got]
     ledger = Ledger.for_checkpoint(ckpt)
-    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache).run()
-    # fsck alone does not judge the window: keep what the pass found for it
+    # the window with the cache too (the window memo: only batches changed since the pass are judged)
+    sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
+    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+    # keep what the pass found and this fsck did not judge again (the window's file verdicts)
     cache.keep_unjudged({f"sink{i}": s.listing for i, s in enumerate(sinks)})
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:
@@ -91,17 +98,23 @@ def _seal_and_remember(ckpt: Checkpoint, sinks: list[SinkOutput], cache: Verdict
 
 def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
     """A digest of everything fsck's findings depend on: each listing (name, size, mtime), the ledger's
-    files, and the content of the files Spark may still rewrite (``verdicts.live_rels``), read now."""
+    files, the content of the files Spark may still rewrite (``verdicts.live_rels``) and of each sink's
+    pairing record, read now. Not the lease (``listing.own``): no finding depends on it (fsck's report
+    shows it beside the findings), and the materialization's own lease is gone by its health check. The
+    pairing record by content, not by its listing entry: the pass's ledger sync rewrites it after the
+    pass's listing was taken."""
     h = hashlib.sha256()
     roots = [("checkpoint", ckpt.listing)] + [(f"sink{i}", s.listing) for i, s in enumerate(sinks)]
     for root, listing in roots:
         h.update(f"\0{root}\0{listing.url('')}\0".encode())
-        for rel in sorted(listing.files):
-            info = listing.files[rel]
-            h.update(f"{rel}\t{info.size}\t{info.mtime!r}\n".encode())
-        for rel in sorted(listing.own):  # the lease: fsck reports who holds it
-            info = listing.own[rel]
-            h.update(f"own:{rel}\t{info.size}\t{info.mtime!r}\n".encode())
+        skip = _PAIRING if root != "checkpoint" else ()
+        h.update("".join(sorted([f"{rel}\t{info.size}\t{info.mtime!r}\n" for rel, info in listing.files.items()
+                                 if rel not in skip])).encode())
+        if skip:
+            got = listing.fm.read_many([listing.abs(rel) for rel in sorted(skip)], errors={})
+            for rel in sorted(skip):
+                h.update(f"pairing:{rel}\0".encode())
+                h.update(hashlib.sha256(got.get(listing.abs(rel)) or b"").digest())
     ledger = ledger_at(ckpt.fm, ckpt.root)
     for f in sorted(ckpt.fm.walk(ledger.path), key=lambda f: f.path):
         h.update(f"ledger:{f.path}\t{f.size}\t{f.mtime!r}\n".encode())
@@ -114,5 +127,7 @@ def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
             h.update(hashlib.sha256(data.get(p) or b"").digest())
     return h.hexdigest()
 
+
+_PAIRING = (PAIRING_FILE, hadoop_crc_name(PAIRING_FILE))  # in each sink's root
 
 __all__ = ["CheckPass", "run_check_pass", "shared_fsck", "fingerprint"]

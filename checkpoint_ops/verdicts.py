@@ -27,6 +27,10 @@ output that existed when it was judged has gone (``DataSeal``).
 * state files are not cached at all (their verdicts are judged from the listing and what a restart
   reads, each run).
 
+**The window memo** (``window_memo.py``) is kept here too: for each batch whose restart set a pass found
+sound, a digest of every file that set could read; a batch whose digest is unchanged is not judged
+again. Its own rules say what it never remembers.
+
 **An optimisation only.** Deleting the cache, or a damaged one (torn, not JSON, another format, a newer
 format, entries of the wrong shape), changes no verdict: it is ignored (and replaced by the next save),
 never trusted. The cache lives beside the ledger, never inside the checkpoint
@@ -44,10 +48,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from dataclasses import dataclass
 
 from .journal import ops_dir
 from .model.listing import Listing
+from .pairing import PAIRING_FILE
 from .storage import CheckpointFileManager
 from .storage.checksums import hadoop_crc_name
 from .storage.paths import join
@@ -55,6 +61,7 @@ from .storage.paths import join
 FORMAT = 1
 CACHE_NAME = "verdicts.json"
 MTIME_SLACK = 2.0  # seconds: files this close to the newest of their log are judged again every run
+_NOT_DATA = {PAIRING_FILE, hadoop_crc_name(PAIRING_FILE)}  # in a sink's root, never named by its log
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,9 @@ class DataSeal:
     """What a sink's output held when its verdicts were found: every file outside the log modified up to
     ``horizon``, by count and digest of names. While the files modified up to ``horizon`` are still
     exactly these, no file the verdicts relied on has gone (a file deleted and written again has a newer
-    mtime, and breaks the seal; so does one restored with an old mtime that was not there)."""
+    mtime, and breaks the seal; so does one restored with an old mtime that was not there). Our own
+    pairing record (``pairing.PAIRING_FILE`` and its sidecar), rewritten by every ledger sync and named
+    by no sink-log entry, is not part of the seal."""
 
     horizon: float
     count: int
@@ -73,7 +82,7 @@ class DataSeal:
         names = []
         top = 0.0
         for rel, info in listing.files.items():
-            if rel.startswith("_spark_metadata/"):
+            if rel.startswith("_spark_metadata/") or rel in _NOT_DATA:
                 continue
             mtime = info.mtime or 0.0
             if horizon is None or mtime <= horizon:
@@ -103,9 +112,24 @@ def file_stamp(listing: Listing, rel: str) -> str | None:
     return f"{info.size}:{info.mtime!r}|{crc_part}"
 
 
+_LIVE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> [(sinks, live_rels)]
+
+
 def live_rels(ckpt, sinks) -> set[tuple[str, str]]:
     """``(root, rel)`` of every log file Spark may still rewrite (module docstring), with the roots
-    ``restart.py`` uses: ``checkpoint`` and ``sink<i>``."""
+    ``restart.py`` uses: ``checkpoint`` and ``sink<i>``. Found once per model (a model is a snapshot of
+    one listing; the window, fsck and the fingerprint of one pass all ask): a copy each time."""
+    sinks = tuple(sinks)
+    known = _LIVE.setdefault(ckpt, [])
+    for got_sinks, got in known:
+        if len(got_sinks) == len(sinks) and all(a is b for a, b in zip(got_sinks, sinks)):
+            return set(got)
+    live = _live_rels(ckpt, sinks)
+    known.append((sinks, frozenset(live)))
+    return live
+
+
+def _live_rels(ckpt, sinks) -> set[tuple[str, str]]:
     live: set[tuple[str, str]] = set()
     if ckpt.kind != "structured":
         return live
@@ -147,7 +171,7 @@ class VerdictCache:
 
     def __init__(self, fm: CheckpointFileManager, path: str, sound: dict[str, str] | None = None,
                  seals: dict[str, DataSeal] | None = None, ignored: str | None = None,
-                 old_findings: tuple[str, list] | None = None):
+                 old_findings: tuple[str, list] | None = None, window: dict[str, str] | None = None):
         self.fm = fm
         self.path = path
         self._old = dict(sound or {})
@@ -157,6 +181,9 @@ class VerdictCache:
         self.ignored = ignored  # why the stored cache was not used (None: it was, or there was none)
         self._old_findings = old_findings  # (fingerprint, findings as dicts) of the last whole fsck
         self._new_findings: tuple[str, list] | None = None
+        self._old_window = dict(window or {})  # batch id (str) -> dependency digest (window_memo.py)
+        self._new_window: dict[str, str] = {}
+        self.window_hits = 0  # batches the window took from the memo
         self.hits = 0
         self.save_error: str | None = None
         self.misses = 0
@@ -191,9 +218,13 @@ class VerdictCache:
                         not all(isinstance(f, dict) for f in last["findings"]):
                     raise TypeError
                 old_findings = (last["fingerprint"], last["findings"])
+            window = doc.get("window", {})
+            if not isinstance(window, dict) or not all(isinstance(k, str) and k.isdigit() and isinstance(v, str)
+                                                       for k, v in window.items()):
+                raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls(fm, path, ignored="not a verdict cache this tool writes (torn or damaged)")
-        return cls(fm, path, sound, seals, old_findings=old_findings)
+        return cls(fm, path, sound, seals, old_findings=old_findings, window=window)
 
     # -- verdicts ------------------------------------------------------------------------------
     @staticmethod
@@ -227,6 +258,17 @@ class VerdictCache:
             if scope == "sink data" and root in broken:
                 continue
             self._new.setdefault(key, stamp)
+        if not broken:  # the memo's batches relied on every sink's data files as sealed
+            for batch, digest in self._old_window.items():
+                self._new_window.setdefault(batch, digest)
+
+    # -- the window memo -------------------------------------------------------------------------
+    def window_digest(self, batch: int) -> str | None:
+        """The dependency digest an earlier pass remembered for ``batch`` (``window_memo.py``)."""
+        return self._old_window.get(str(batch))
+
+    def remember_window(self, batch: int, digest: str) -> None:
+        self._new_window[str(batch)] = digest
 
     # -- sink data -----------------------------------------------------------------------------
     def seal_holds(self, root: str, listing: Listing) -> bool:
@@ -250,7 +292,8 @@ class VerdictCache:
 
     # -- storage -------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        doc = {"format": FORMAT, "sound": self._new, "seals": {k: v.to_dict() for k, v in self._new_seals.items()}}
+        doc = {"format": FORMAT, "sound": self._new, "seals": {k: v.to_dict() for k, v in self._new_seals.items()},
+               "window": self._new_window}
         if self._new_findings is not None:
             doc["fsck"] = {"fingerprint": self._new_findings[0], "findings": self._new_findings[1]}
         return json.dumps(doc,

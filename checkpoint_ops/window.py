@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from .model.checkpoint import Checkpoint
 from .model.sink import SinkOutput
 from .restart import Damage, RestartSets
+from .window_memo import WindowMemo
 
 
 @dataclass
@@ -47,7 +48,12 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     last = ckpt.latest_commit
     if last is None:
         return RollbackWindow(None, None, "no batch has been committed yet")
+    if sets is not None and [id(s) for s in sets.sinks] != [id(s) for s in sinks]:
+        # asked for other sinks than ``sets`` has (fsck adds the outputs the ledger records): their own sets
+        sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=sets.cache)
     sets = sets or RestartSets(ckpt, sinks, ledger, deep=False)
+    # batches an earlier pass found sound on exactly these files are not judged again (with a cache only)
+    memo = WindowMemo(ckpt, sinks, sets.cache) if sets.cache is not None else None
     ckpt.load_offsets(errors=[])  # every retained file in one concurrent read; bad ones are judged below
     ckpt.load_commits(errors=[])
     known = set(ckpt.commit_files) | (set(ledger.batches("commits")) if ledger else set())
@@ -56,10 +62,20 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     earliest = latest = None
     reason = latest_reason = None
     stop = None
+    judged = False
     for t in candidates:
         if t > last:
             continue
+        # (only once a batch was judged: the newest, never remembered, judges ``metadata`` for all)
+        if memo is not None and judged and memo.is_sound(t):
+            if latest is None:
+                latest = t
+            earliest = t
+            continue
         rs = sets.of(t)
+        judged = True
+        if memo is not None:
+            memo.remember(t, rs)
         if rs.damage:
             d = rs.damage[0]
             why = f"batch {t}: {d.text()}"

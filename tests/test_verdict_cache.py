@@ -226,3 +226,90 @@ def test_two_writers_at_once_leave_a_whole_cache(tmp_path):
     got = VerdictCache.load(fm, path)
     assert got.ignored is None
     assert got._old in ({k: v for k, v in c._new.items()} for c in caches)  # one writer's whole cache
+
+
+# -- the window memo (window_memo.py): a batch taken from it must be exactly what judging it finds --------
+
+def _warm(run):
+    """Two passes: the first remembers the window's batches, the second takes them from the memo."""
+    _pass(run)
+    warm, findings, report = _pass(run)
+    assert warm.window_hits > 0  # the memo answered for old batches
+    assert (findings, report) == _without_cache(run)
+    return report["rollback_window"]
+
+
+def _window_batch_files(run, role: str) -> dict[int, list[str]]:
+    """For each batch of the window now, the files of ``role`` its restart set reads (from Spark's files)."""
+    from checkpoint_ops.restart import restart_set
+
+    ckpt, sinks = _model(run)
+    w = inspect_checkpoint(ckpt, sinks)["rollback_window"]
+    return {t: [f.rel for f in restart_set(ckpt, t, sinks, deep=False).files if f.role == role]
+            for t in range(w["earliest"], w["latest"] + 1)}
+
+
+def _delete_state_delta(run) -> None:
+    """State maintenance gone wrong: a delta an old batch's restart needs is deleted."""
+    sets = _window_batch_files(run, "state")
+    # the oldest batch whose load reads a delta (Spark's maintenance may have left a snapshot exactly at one)
+    rel = next(r for t in sorted(sets) for r in sets[t] if r.endswith(".delta"))
+    os.remove(os.path.join(run.checkpoint, rel))
+
+
+def _truncate_sink_log_file(run) -> None:
+    """A bad copy: a plain sink-log file of an old batch cut short, its mtime kept."""
+    sets = _window_batch_files(run, "sink log")
+    rels = sorted({r for t in sorted(sets)[:3] for r in sets[t] if not r.endswith(".compact")})
+    path = os.path.join(run.output, rels[0])
+    st = os.stat(path)
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _purge_by_retention(run) -> None:
+    """Spark's retention after a later run: the oldest offsets and commits files (and sidecars) go."""
+    for d in ("offsets", "commits"):
+        top = os.path.join(run.checkpoint, d)
+        ids = sorted(int(n) for n in os.listdir(top) if n.isdigit())
+        for b in ids[:3]:
+            for name in (str(b), f".{b}.crc"):
+                if os.path.exists(os.path.join(top, name)):
+                    os.remove(os.path.join(top, name))
+
+
+@pytest.mark.parametrize("damage", [_delete_state_delta, _truncate_sink_log_file, _purge_by_retention],
+                         ids=["state delta deleted", "sink-log file truncated", "purged by retention"])
+def test_window_memo_sees_a_change_to_an_old_batch(hdfs_run, damage):
+    run = hdfs_run
+    window_before = _warm(run)
+    damage(run)
+    want_findings, want_report = _without_cache(run)
+    assert want_report["rollback_window"] != window_before  # the change moves the window: it must be seen
+    p, findings, report = _pass(run)
+    assert (findings, report) == (want_findings, want_report)
+    # and the pass after it (the memo now holds what this one confirmed) still agrees
+    p, findings, report = _pass(run)
+    assert (findings, report) == (want_findings, want_report)
+    ckpt, sinks = _model(run)
+    assert [f.to_dict() for f in shared_fsck(ckpt, sinks)] == want_findings
+
+
+def test_window_memo_damaged_or_tampered_changes_no_verdict(hdfs_run):
+    run = hdfs_run
+    want = _without_cache(run)
+    _warm(run)
+    good = json.loads(open(_cache_path(run), "rb").read())
+    assert good["window"]  # the memo is stored, one short entry per remembered batch
+    tampered = {
+        # a digest that no longer matches (as if the files had changed): judged again, not trusted
+        "wrong digests": {**good, "window": {b: "0" * 16 for b in good["window"]}},
+        "wrong shape": {**good, "window": {"x": 1}},
+        "not a map": {**good, "window": [1, 2]},
+    }
+    for what, doc in tampered.items():
+        open(_cache_path(run), "wb").write(json.dumps(doc).encode())
+        p, findings, report = _pass(run)
+        assert p.window_hits == 0, what
+        assert (findings, report) == want, what

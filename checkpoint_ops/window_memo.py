@@ -1,0 +1,248 @@
+"""The window memo: which batches an earlier pass found restartable, and on exactly which files.
+
+The rollback window (``window.py``) asks, for every retained batch from the newest down, whether its
+restart set (``restart.py``) is all there and readable. Assembling a set reads and parses its offsets,
+its source-log and sink-log files and the data files those name, so a window of N batches costs O(N)
+even when every file verdict comes from the verdict cache. The memo makes it O(new batches): an earlier
+pass remembers, for each batch whose set it found sound, a 64-bit **dependency digest**, and a later
+pass takes the batch as sound without assembling its set while the digest it computes now is the same.
+
+**The digest of batch t** covers a superset of the files the shallow restart set of t reads (and of the
+files whose arrival could change which files it reads), each by name, size and mtime, and for log files
+with their Hadoop ``.crc`` sidecar:
+
+* the *context*, shared by every batch: ``metadata``; the state provider, checkpoint format and every
+  state store directory; every file under ``state/`` that is not a state file of a store (operator
+  metadata, state schema files); each source log's directory and compact interval; each sink's
+  location and compact interval;
+* ``offsets/t-1``, ``offsets/t`` and ``commits/t``;
+* for each source with a log, its log offset k in ``offsets/t`` and every log file with an id in
+  ``[k - interval - 1, k]`` (the latest compact file at or below k and the plain files after it are in
+  that range);
+* for each file sink, u = min(t, the sink log's latest batch) and every sink-log file with an id in
+  ``[u - interval - 1, u]``;
+* the state files of every store with a version in ``[base(t + 1), t + 1]``, where base(v) is the
+  lowest, over the stores, of the newest snapshot (HDFS ``.snapshot``, RocksDB ``.zip``) at or below v
+  (a load of version v reads no state file below its snapshot).
+
+A file changed, gone or added anywhere in those ranges changes the digest, and the batch is judged
+again: a state delta deleted by maintenance, a sink-log file truncated, a purge by retention all
+invalidate exactly the batches whose sets could use the file.
+
+**Not remembered** (judged on every pass, as without a memo): a batch whose set was not sound (damage
+must be named as it is now); a set with a log file Spark may still rewrite (``verdicts.live_rels``,
+``metadata`` apart: the window judges the newest batch, which always has such files, first, and with
+it ``metadata``); a set that used a file the batch ledger supplied or a source-log file
+rebuilt from a later compact file (those reach past the ranges above); anything when the checkpoint is
+fenced, uses state unique ids (checkpoint format V2: the lineage runs through ``commits/``), or when a
+sink's data files do not match the seal the last pass left (``verdicts.DataSeal``: a data file that a
+sound batch's sink-log entries name may be gone). Batches are remembered only with the verdict cache's
+rules: the memo lives in it (``verdicts.py``), is an optimisation only, and a damaged one is ignored.
+A stamp is enough for the other files: what the shallow set judges of a state file or a sink data file
+(there, size, readable, sidecar size) is what the listing says, and the stamp is that.
+
+**Size.** One entry per remembered batch: its id and a 16-hex-digit digest, about 27 bytes in the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .model.listing import Listing
+
+_LOG_NAME = re.compile(r"^\.?(\d+)(?:\.compact)?(?:\.crc)?$")
+_MASK = (1 << 64) - 1
+_MIX = 0x9E3779B97F4A7C15  # odd: multiplying by it mod 2**64 is a bijection
+
+
+def _h(*parts) -> int:
+    """A stable 64-bit hash (Python's ``hash`` of a str differs between processes)."""
+    return int.from_bytes(hashlib.blake2b("\0".join(map(str, parts)).encode(), digest_size=8).digest(), "big")
+
+
+def _mix(acc: int, value: int) -> int:
+    return ((acc ^ value) * _MIX + 0x632BE59BD9B4E019) & _MASK
+
+
+def _stamp(info) -> str:
+    error = info.error
+    return f"{info.size}:{info.mtime!r}" if error is None else f"error:{error}"
+
+
+class _IdHashes:
+    """XOR of the hashes of every file of one log directory, by batch id (a file and its ``.crc``
+    sidecar, ``n`` and ``n.compact`` share an id), with prefix XORs for ranges."""
+
+    def __init__(self, listing: Listing, rel_dir: str):
+        parts: dict[int, list[str]] = {}
+        match = _LOG_NAME.match
+        for name, info in listing.files_in(rel_dir).items():
+            m = match(name)
+            if m:
+                parts.setdefault(int(m.group(1)), []).append(f"{name}\t{_stamp(info)}")
+        by_id = {b: _h(rel_dir, *sorted(names)) for b, names in parts.items()}
+        self.by_id = by_id
+        self.low = min(by_id) if by_id else 0
+        high = max(by_id) if by_id else -1
+        prefix = [0]
+        acc = 0
+        for b in range(self.low, high + 1):
+            acc ^= by_id.get(b, 0)
+            prefix.append(acc)
+        self._prefix = prefix
+
+    def one(self, b: int) -> int:
+        return self.by_id.get(b, 0)
+
+    def range(self, first: int, last: int) -> int:
+        """XOR over ids ``first..last`` (inclusive)."""
+        n = len(self._prefix) - 1
+        lo = min(max(first - self.low, 0), n)
+        hi = min(max(last - self.low + 1, 0), n)
+        return self._prefix[hi] ^ self._prefix[lo] if hi > lo else 0
+
+
+class WindowMemo:
+    """Dependency digests of a checkpoint's batches, and what an earlier pass remembered (``cache``: a
+    ``verdicts.VerdictCache``). ``usable``: batches may be remembered (module docstring); ``trusted``:
+    and what earlier passes remembered may be used (every sink's data seal holds). Otherwise
+    ``is_sound`` answers False and ``remember`` does nothing."""
+
+    def __init__(self, ckpt, sinks, cache):
+        self.ckpt, self.sinks, self.cache = ckpt, list(sinks), cache
+        self.usable = self._usable()
+        self.trusted = self.usable and all(self.cache.seal_holds(f"sink{i}", s.listing)
+                                           for i, s in enumerate(self.sinks) if s.log.latest is not None)
+        self._live: set | None = None
+        if self.usable:
+            self._prepare()
+
+    def _usable(self) -> bool:
+        ck = self.ckpt
+        if self.cache is None or ck.kind != "structured" or ck.fence is not None or ck.state.has_unique_ids:
+            return False
+        return not any(f.unique_id is not None for s in ck.state.stores() for f in s.files)
+
+    # -- digests ---------------------------------------------------------------------------------
+    def _prepare(self) -> None:
+        ck, L = self.ckpt, self.ckpt.listing
+        self.offsets = _IdHashes(L, "offsets")
+        self.commits = _IdHashes(L, "commits")
+        self.source_logs = [(sid, src.log, _IdHashes(L, src.log.rel_dir))
+                            for sid, src in sorted(ck.sources.items()) if src.log is not None]
+        self.sink_logs = [(s.log.latest, s.log.interval, _IdHashes(s.listing, s.log.rel_dir)) for s in self.sinks]
+        stores = ck.state.stores()
+        store_dirs = {s.rel_dir for s in stores}
+        state_files = {f.rel for s in stores for f in s.files} | {r for s in stores for f in s.files for r in f.sidecars}
+        context = [f"ctx\t{ck.state.provider}\t{ck.checkpoint_format_version}"]
+        for rel in ("metadata", ".metadata.crc"):
+            info = L.get(rel)
+            context.append(f"{rel}\t{_stamp(info) if info else '-'}")
+        for s in sorted(stores, key=lambda s: s.rel_dir):
+            context.append(f"store\t{s.rel_dir}\t{s.has_changelog}")
+        for rel, info in L.under("state"):
+            parent = rel.rpartition("/")[0]
+            if rel in state_files or parent in store_dirs or parent.rpartition("/")[0] in store_dirs:
+                continue  # state files are hashed by version; a store's other files (SSTs) no shallow check reads
+            context.append(f"{rel}\t{_stamp(info)}")
+        for sid, log, _ in self.source_logs:
+            context.append(f"source\t{sid}\t{log.rel_dir}\t{log.interval}")
+        for i, s in enumerate(self.sinks):
+            context.append(f"sink\t{i}\t{s.url}\t{s.log.interval}")
+        self.context = _h(*sorted(context))
+        # state: XOR of each version's files over every store, prefix XORs, and each store's snapshots
+        by_version: dict[int, int] = {}
+        self.snapshots: list[list[int]] = []
+        for s in stores:
+            snaps = []
+            for f in s.files:
+                h = _h(f.rel, _stamp(f.info) if f.info is not None else "-",
+                       *(f"{r}:{_stamp(L.get(r)) if L.get(r) else '-'}" for r in sorted(f.sidecars)))
+                by_version[f.version] = by_version.get(f.version, 0) ^ h
+                if f.kind in ("snapshot", "zip"):
+                    snaps.append(f.version)
+            self.snapshots.append(sorted(snaps))
+        self.state_low = min(by_version) if by_version else 0
+        acc, prefix = 0, [0]
+        for v in range(self.state_low, (max(by_version) if by_version else -1) + 1):
+            acc ^= by_version.get(v, 0)
+            prefix.append(acc)
+        self._state_prefix = prefix
+
+    def _state_range(self, first: int, last: int) -> int:
+        n = len(self._state_prefix) - 1
+        lo = min(max(first - self.state_low, 0), n)
+        hi = min(max(last - self.state_low + 1, 0), n)
+        return self._state_prefix[hi] ^ self._state_prefix[lo] if hi > lo else 0
+
+    def _base(self, version: int) -> int:
+        """The lowest version any store's load of ``version`` starts from (its newest snapshot at or below)."""
+        import bisect
+
+        base = version
+        for snaps in self.snapshots:
+            i = bisect.bisect_right(snaps, version)
+            base = min(base, snaps[i - 1] if i else 0)
+            if base == 0:
+                break
+        return base
+
+    def digest(self, batch: int) -> str | None:
+        """The dependency digest of ``batch`` now (None: it cannot be computed, e.g. offsets/``batch``
+        does not parse)."""
+        offsets = self.ckpt.load_offsets([batch], errors=[]).get(batch)
+        if offsets is None:
+            return None
+        acc = _mix(self.context, batch)
+        acc = _mix(acc, self.offsets.one(batch - 1))
+        acc = _mix(acc, self.offsets.one(batch))
+        acc = _mix(acc, self.commits.one(batch))
+        for sid, log, ids in self.source_logs:
+            so = offsets.source(sid)
+            k = so.log_offset if so else None
+            acc = _mix(acc, _h("k", sid, k))
+            if k is not None:
+                acc = _mix(acc, ids.range(k - log.interval - 1, k))
+        for latest, interval, ids in self.sink_logs:
+            if latest is None:
+                continue
+            upto = min(batch, latest)
+            acc = _mix(acc, upto)
+            acc = _mix(acc, ids.range(upto - interval - 1, upto))
+        if self.snapshots:
+            v = batch + 1
+            acc = _mix(acc, self._state_range(self._base(v), v))
+        return f"{acc:016x}"
+
+    # -- what earlier passes found -----------------------------------------------------------------
+    def is_sound(self, batch: int) -> bool:
+        """Whether an earlier pass found ``batch``'s restart set sound on exactly these files."""
+        if not self.trusted:
+            return False
+        want = self.cache.window_digest(batch)
+        if want is None:
+            return False
+        got = self.digest(batch)
+        if got is None or got != want:
+            return False
+        self.cache.remember_window(batch, got)
+        self.cache.window_hits += 1
+        return True
+
+    def remember(self, batch: int, restart_set) -> None:
+        """Remember a batch just judged: only a sound set read from Spark's own files (module docstring)."""
+        if not self.usable or restart_set.damage or any(f.origin != "disk" for f in restart_set.files):
+            return
+        if self._live is None:
+            from .verdicts import live_rels
+
+            self._live = live_rels(self.ckpt, self.sinks) - {("checkpoint", "metadata")}
+        if any((f.root, f.rel) in self._live for f in restart_set.files):
+            return
+        got = self.digest(batch)
+        if got is not None:
+            self.cache.remember_window(batch, got)
+
+
+__all__ = ["WindowMemo"]
