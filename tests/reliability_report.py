@@ -84,6 +84,32 @@ replies delay a request without failing it; during an outage every request fails
 the end of the last, waiting out the outage included (a loaded 2-core machine; for orientation, not a benchmark).
 *rollback again, after the undo*: the same rollback under the same faults leaves the same bytes as the first.
 """)
+    lines += stop_lines([r for r in rows if r["stops"]])
+    return lines
+
+
+def stop_lines(rows: list[dict]) -> list[str]:
+    """How each run that stopped did so, and what finished it: the exit codes of the runs in order, each
+    stop's fix as printed, and the command run next because of it (as the fix named it)."""
+    if not rows:
+        return []
+    lines = ["### The runs that stopped, and what finished them\n",
+             "Each operation below stopped at least once (the store kept failing one request through every "
+             "attempt). *exits*: the exit code of each run, in order; then, for each stop, the storage failure and the fix it printed, and "
+             "what was run next because of it (the command exactly as the fix names it, run once the store "
+             "answered; the harness adds `--json`, the storage options and, for `undo`, `--yes`).\n"]
+    for r in rows:
+        seed = "" if r["seed"] is None else f", seed {r['seed']}"
+        exits = r.get("exits")
+        lines.append(f"* **{r['operation']}**, {r['faults']}{seed}: exits "
+                     f"{' → '.join(map(str, exits)) if exits else 'not recorded'}")
+        then_ran, stopped_by = r.get("then_ran") or [], r.get("stopped_by") or []
+        for i, fix in enumerate(r["stops"]):
+            ran = f"`{then_ran[i]}`" if i < len(then_ran) and then_ran[i].startswith("checkpoint-ops ") else \
+                (then_ran[i] if i < len(then_ran) else "not recorded")
+            why = f"{stopped_by[i]}; " if i < len(stopped_by) else ""
+            lines.append(f"  * stop {i + 1}: {why}fix: “{fix}”; then ran: {ran}")
+    lines.append("")
     return lines
 
 
