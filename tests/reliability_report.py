@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -40,7 +41,8 @@ checkpointing, RocksDB with checkpoint format V2), and re-checked by `make test`
    that fails a share of requests or goes down entirely; each completes, or stops cleanly with a message
    naming the command that finishes it, and that command does.
 
-Regenerate with `make reliability` (about {minutes} minutes).
+Regenerate with `make reliability` (about {minutes} minutes). This page: written by `tests/reliability_report.py`
+from the rows in `{rows}`, at commit {commit}.
 """
 
 FAULTS = """## A flaky object store
@@ -153,10 +155,19 @@ was checked to be exactly what running them in turn leaves. *sink lease only*: `
     return lines
 
 
+def _commit() -> str:
+    """The checked-out commit the rows were recorded at (short hash; marked when the tree has changes)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", HERE, *args], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{head} (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else head
+
+
 def main(rows_path: str, out_path: str) -> None:
     every = [json.loads(line) for line in open(rows_path)] if os.path.exists(rows_path) else []
     rows = [r for r in every if r.get("kind") not in ("faults", "race")]
-    lines = [INTRO.format(minutes=35)]
+    lines = [INTRO.format(minutes=35, rows=os.path.basename(rows_path), commit=_commit())]
     lines.append(f"## Crash matrix\n\nRecorded {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
                  f"Python {platform.python_version()}.\n")
     lines.append("| operation | store | crash points | converged | Spark resumed exactly at k |")
