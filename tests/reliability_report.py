@@ -8,9 +8,11 @@ with ``CHECKPOINT_OPS_MATRIX_OUT`` set (each matrix row is appended there as the
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -164,10 +166,42 @@ def _commit() -> str:
     return f"{head} (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else head
 
 
-def main(rows_path: str, out_path: str) -> None:
+KEPT_SECTIONS = {"## Crash matrix": "crash", "## Races": "race", "## A flaky object store": "faults"}
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """A page cut at its level-2 headings: (heading line, text up to the next one); the text before the
+    first heading comes as ("", ...). Joining the texts gives the page back."""
+    return [(part.split("\n", 1)[0] if part.startswith("## ") else "", part)
+            for part in re.split(r"(?m)^(?=## )", text) if part]
+
+
+def keep_missing(new: str, old: str, recorded: set[str]) -> str:
+    """``new`` with each matrix section whose kind of rows was not ``recorded`` (crash, race, faults) taken
+    verbatim from ``old`` (an earlier page: those sections keep their own recording dates and figures)."""
+    previous = dict(_sections(old))
+    out = []
+    for heading, text in _sections(new):
+        if heading in KEPT_SECTIONS and KEPT_SECTIONS[heading] not in recorded and heading in previous:
+            text = previous.pop(heading)
+        out.append(text)
+        if heading == "## Crash matrix":  # sections this run has no rows for at all: where they stood
+            out += [previous.pop(h) for h in ("## Races", "## A flaky object store")
+                    if KEPT_SECTIONS[h] not in recorded and h in previous and h not in dict(_sections(new))]
+    return "".join(out)
+
+
+def main(rows_path: str, out_path: str, keep_from: str | None = None) -> None:
+    """Write the page from the rows in ``rows_path``. With ``keep_from`` (an earlier page), a matrix with no
+    rows in ``rows_path`` keeps its section from that page instead of losing it."""
     every = [json.loads(line) for line in open(rows_path)] if os.path.exists(rows_path) else []
     rows = [r for r in every if r.get("kind") not in ("faults", "race")]
+    recorded = {r.get("kind", "crash") for r in every}
+    kept = sorted(h[3:] for h, kind in KEPT_SECTIONS.items() if kind not in recorded) if keep_from else []
     lines = [INTRO.format(minutes=35, rows=os.path.basename(rows_path), commit=_commit())]
+    if kept:
+        lines.append(f"That file held no rows for: {', '.join(kept)}; those sections are kept as they were in\n"
+                     f"the page before, with their own recording dates.\n")
     lines.append(f"## Crash matrix\n\nRecorded {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
                  f"Python {platform.python_version()}.\n")
     lines.append("| operation | store | crash points | converged | Spark resumed exactly at k |")
@@ -224,9 +258,18 @@ What the matrix found and what changed because of it:
         lines.append(f"| {case.name} | {case.flavour} | {case.where} | " + " | ".join(cells) + " |")
     lines.append(f"\n{len(CASES)} cases. The permission case runs its commands without root's permission "
                  "override (`setpriv`), since root reads any file.\n")
+    text = "\n".join(lines)
+    if keep_from:
+        text = keep_missing(text, open(keep_from).read(), recorded)
     with open(out_path, "w") as f:
-        f.write("\n".join(lines))
+        f.write(text)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    parser = argparse.ArgumentParser(description="Write docs/reliability.md from the matrices' rows.")
+    parser.add_argument("rows", help="the rows (JSON lines) the matrices appended to CHECKPOINT_OPS_MATRIX_OUT")
+    parser.add_argument("out", help="the page to write")
+    parser.add_argument("--keep-missing-from", metavar="PAGE",
+                        help="an earlier page: a matrix with no rows here keeps its section from it")
+    cli_args = parser.parse_args()
+    main(cli_args.rows, cli_args.out, cli_args.keep_missing_from)
