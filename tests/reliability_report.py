@@ -191,14 +191,17 @@ def keep_missing(new: str, old: str, recorded: set[str]) -> str:
     return "".join(out)
 
 
-def main(rows_path: str, out_path: str, keep_from: str | None = None) -> None:
+def main(rows_path: str, out_path: str, keep_from: str | None = None, ran: str | None = None) -> None:
     """Write the page from the rows in ``rows_path``. With ``keep_from`` (an earlier page), a matrix with no
-    rows in ``rows_path`` keeps its section from that page instead of losing it."""
+    rows in ``rows_path`` keeps its section from that page instead of losing it. ``ran``: what was run to
+    record the rows, when it was not ``make reliability`` (said on the page)."""
     every = [json.loads(line) for line in open(rows_path)] if os.path.exists(rows_path) else []
     rows = [r for r in every if r.get("kind") not in ("faults", "race")]
     recorded = {r.get("kind", "crash") for r in every}
     kept = sorted(h[3:] for h, kind in KEPT_SECTIONS.items() if kind not in recorded) if keep_from else []
     lines = [INTRO.format(minutes=35, rows=os.path.basename(rows_path), commit=_commit())]
+    if ran:
+        lines.append(f"The rows were recorded by: {ran}\n")
     if kept:
         lines.append(f"That file held no rows for: {', '.join(kept)}; those sections are kept as they were in\n"
                      f"the page before, with their own recording dates.\n")
@@ -271,5 +274,6 @@ if __name__ == "__main__":
     parser.add_argument("out", help="the page to write")
     parser.add_argument("--keep-missing-from", metavar="PAGE",
                         help="an earlier page: a matrix with no rows here keeps its section from it")
+    parser.add_argument("--ran", metavar="TEXT", help="what was run to record the rows, when not `make reliability`")
     cli_args = parser.parse_args()
-    main(cli_args.rows, cli_args.out, cli_args.keep_missing_from)
+    main(cli_args.rows, cli_args.out, cli_args.keep_missing_from, cli_args.ran)
