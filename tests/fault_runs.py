@@ -75,12 +75,16 @@ class FaultRow:
     injected: int = 0
     spark_checked: bool = False
     stops: list[str] = field(default_factory=list)  # the fix each stop printed
+    stopped_by: list[str] = field(default_factory=list)  # the storage failure each stop named
+    exits: list[int] = field(default_factory=list)  # each run's exit code, in order (the last one 0)
+    then_ran: list[str] = field(default_factory=list)  # after each stop: what was run next, as its fix said
     seconds: float = 0.0  # from the first run to the end of the last (outages included)
 
     def to_dict(self) -> dict:
         return {"kind": "faults", "operation": self.operation, "faults": self.faults, "seed": self.seed,
                 "runs": self.runs, "retries": self.retries, "injected": self.injected,
-                "spark_checked": self.spark_checked, "stops": self.stops, "seconds": round(self.seconds, 1)}
+                "spark_checked": self.spark_checked, "stops": self.stops, "stopped_by": self.stopped_by,
+                "exits": self.exits, "then_ran": self.then_ran, "seconds": round(self.seconds, 1)}
 
 
 def record(row: FaultRow) -> None:
@@ -130,6 +134,7 @@ def until_done(row: FaultRow, proxy: FaultyS3, first: list, extra: tuple, stoppe
     while True:
         code, out, err = cli(*args, "--json")
         row.runs += 1
+        row.exits.append(code)
         row.seconds = time.monotonic() - started
         try:
             doc = json.loads(out) if out.strip() else {}
@@ -147,6 +152,7 @@ def until_done(row: FaultRow, proxy: FaultyS3, first: list, extra: tuple, stoppe
         assert code == 2 and doc.get("error") == "StoreUnavailableError", (args, code, out[-2000:], err[-3000:])
         assert "Traceback" not in err and "the object store kept failing" in err, err[-3000:]
         row.stops.append(doc["fix"])
+        row.stopped_by.append(doc["problem"])
         row.retries += retries_in(doc)  # what the stopped run retried before it gave up
         stopped(doc)
         assert row.runs < max_runs, f"not finished after {row.runs} runs; the fixes said: {row.stops}"
@@ -158,8 +164,10 @@ def until_done(row: FaultRow, proxy: FaultyS3, first: list, extra: tuple, stoppe
         if named is None:
             assert "run the same command again" in doc["fix"], doc["fix"]
             args = [str(a) for a in first]
+            row.then_ran.append("the same command again")
         else:  # as printed (undo asks to confirm on a terminal: --yes here)
             args = named + list(extra) + (["--yes"] if named[0] == "undo" else [])
+            row.then_ran.append(shlex.join(["checkpoint-ops", *named]))
 
 
 # ---- S3 helpers -------------------------------------------------------------------------------------------

@@ -8,9 +8,12 @@ with ``CHECKPOINT_OPS_MATRIX_OUT`` set (each matrix row is appended there as the
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
+import re
+import subprocess
 import sys
 import time
 
@@ -40,7 +43,8 @@ checkpointing, RocksDB with checkpoint format V2), and re-checked by `make test`
    that fails a share of requests or goes down entirely; each completes, or stops cleanly with a message
    naming the command that finishes it, and that command does.
 
-Regenerate with `make reliability` (about {minutes} minutes).
+Regenerate with `make reliability` (about {minutes} minutes). This page: written by `tests/reliability_report.py`
+from the rows in `{rows}`, at commit {commit}.
 """
 
 FAULTS = """## A flaky object store
@@ -84,6 +88,32 @@ replies delay a request without failing it; during an outage every request fails
 the end of the last, waiting out the outage included (a loaded 2-core machine; for orientation, not a benchmark).
 *rollback again, after the undo*: the same rollback under the same faults leaves the same bytes as the first.
 """)
+    lines += stop_lines([r for r in rows if r["stops"]])
+    return lines
+
+
+def stop_lines(rows: list[dict]) -> list[str]:
+    """How each run that stopped did so, and what finished it: the exit codes of the runs in order, each
+    stop's fix as printed, and the command run next because of it (as the fix named it)."""
+    if not rows:
+        return []
+    lines = ["### The runs that stopped, and what finished them\n",
+             "Each operation below stopped at least once (the store kept failing one request through every "
+             "attempt). *exits*: the exit code of each run, in order; then, for each stop, the storage failure and the fix it printed, and "
+             "what was run next because of it (the command exactly as the fix names it, run once the store "
+             "answered; the harness adds `--json`, the storage options and, for `undo`, `--yes`).\n"]
+    for r in rows:
+        seed = "" if r["seed"] is None else f", seed {r['seed']}"
+        exits = r.get("exits")
+        lines.append(f"* **{r['operation']}**, {r['faults']}{seed}: exits "
+                     f"{' → '.join(map(str, exits)) if exits else 'not recorded'}")
+        then_ran, stopped_by = r.get("then_ran") or [], r.get("stopped_by") or []
+        for i, fix in enumerate(r["stops"]):
+            ran = f"`{then_ran[i]}`" if i < len(then_ran) and then_ran[i].startswith("checkpoint-ops ") else \
+                (then_ran[i] if i < len(then_ran) else "not recorded")
+            why = f"{stopped_by[i]}; " if i < len(stopped_by) else ""
+            lines.append(f"  * stop {i + 1}: {why}fix: “{fix}”; then ran: {ran}")
+    lines.append("")
     return lines
 
 
@@ -127,10 +157,54 @@ was checked to be exactly what running them in turn leaves. *sink lease only*: `
     return lines
 
 
-def main(rows_path: str, out_path: str) -> None:
+def _commit() -> str:
+    """The checked-out commit the rows were recorded at (short hash; marked when the tree has changes)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", HERE, *args], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return f"{head} (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else head
+
+
+KEPT_SECTIONS = {"## Crash matrix": "crash", "## Races": "race", "## A flaky object store": "faults"}
+
+
+def _sections(text: str) -> list[tuple[str, str]]:
+    """A page cut at its level-2 headings: (heading line, text up to the next one); the text before the
+    first heading comes as ("", ...). Joining the texts gives the page back."""
+    return [(part.split("\n", 1)[0] if part.startswith("## ") else "", part)
+            for part in re.split(r"(?m)^(?=## )", text) if part]
+
+
+def keep_missing(new: str, old: str, recorded: set[str]) -> str:
+    """``new`` with each matrix section whose kind of rows was not ``recorded`` (crash, race, faults) taken
+    verbatim from ``old`` (an earlier page: those sections keep their own recording dates and figures)."""
+    previous = dict(_sections(old))
+    out = []
+    for heading, text in _sections(new):
+        if heading in KEPT_SECTIONS and KEPT_SECTIONS[heading] not in recorded and heading in previous:
+            text = previous.pop(heading)
+        out.append(text)
+        if heading == "## Crash matrix":  # sections this run has no rows for at all: where they stood
+            out += [previous.pop(h) for h in ("## Races", "## A flaky object store")
+                    if KEPT_SECTIONS[h] not in recorded and h in previous and h not in dict(_sections(new))]
+    return "".join(out)
+
+
+def main(rows_path: str, out_path: str, keep_from: str | None = None, ran: str | None = None) -> None:
+    """Write the page from the rows in ``rows_path``. With ``keep_from`` (an earlier page), a matrix with no
+    rows in ``rows_path`` keeps its section from that page instead of losing it. ``ran``: what was run to
+    record the rows, when it was not ``make reliability`` (said on the page)."""
     every = [json.loads(line) for line in open(rows_path)] if os.path.exists(rows_path) else []
     rows = [r for r in every if r.get("kind") not in ("faults", "race")]
-    lines = [INTRO.format(minutes=35)]
+    recorded = {r.get("kind", "crash") for r in every}
+    kept = sorted(h[3:] for h, kind in KEPT_SECTIONS.items() if kind not in recorded) if keep_from else []
+    lines = [INTRO.format(minutes=35, rows=os.path.basename(rows_path), commit=_commit())]
+    if ran:
+        lines.append(f"The rows were recorded by: {ran}\n")
+    if kept:
+        lines.append(f"That file held no rows for: {', '.join(kept)}; those sections are kept as they were in\n"
+                     f"the page before, with their own recording dates.\n")
     lines.append(f"## Crash matrix\n\nRecorded {time.strftime('%Y-%m-%d')} on {platform.machine()}, "
                  f"Python {platform.python_version()}.\n")
     lines.append("| operation | store | crash points | converged | Spark resumed exactly at k |")
@@ -187,9 +261,19 @@ What the matrix found and what changed because of it:
         lines.append(f"| {case.name} | {case.flavour} | {case.where} | " + " | ".join(cells) + " |")
     lines.append(f"\n{len(CASES)} cases. The permission case runs its commands without root's permission "
                  "override (`setpriv`), since root reads any file.\n")
+    text = "\n".join(lines)
+    if keep_from:
+        text = keep_missing(text, open(keep_from).read(), recorded)
     with open(out_path, "w") as f:
-        f.write("\n".join(lines))
+        f.write(text)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    parser = argparse.ArgumentParser(description="Write docs/reliability.md from the matrices' rows.")
+    parser.add_argument("rows", help="the rows (JSON lines) the matrices appended to CHECKPOINT_OPS_MATRIX_OUT")
+    parser.add_argument("out", help="the page to write")
+    parser.add_argument("--keep-missing-from", metavar="PAGE",
+                        help="an earlier page: a matrix with no rows here keeps its section from it")
+    parser.add_argument("--ran", metavar="TEXT", help="what was run to record the rows, when not `make reliability`")
+    cli_args = parser.parse_args()
+    main(cli_args.rows, cli_args.out, cli_args.keep_missing_from, cli_args.ran)

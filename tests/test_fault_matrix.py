@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from checkpoint_ops.storage.retry import RetryPolicy
 from tests.fault_runs import (Faults, backup_create, backup_prune, backup_restore, record, rollback_and_undo,
                               rollback_resumed_through_outages, sink_compact)
 
@@ -30,12 +31,13 @@ IDS = [f.label.replace(" %", "pct").replace(" ", "") for f in FAULTS]
 
 
 @pytest.fixture
-def v2_run(spark_runs, monkeypatch):
+def v2_run(spark_runs, faulty_s3, monkeypatch):
     run = spark_runs("rocksdb_v2")
     run.reset()
-    if LONG:  # the default policy, as users get it (the faulty_s3 fixture sets a quick one)
+    if LONG:  # the default policy, as users get it: undo the quick one faulty_s3 (set up first) sets
         for var in ("CHECKPOINT_OPS_RETRY_BASE_DELAY", "CHECKPOINT_OPS_RETRY_MAX_DELAY"):
             monkeypatch.delenv(var, raising=False)
+        assert RetryPolicy.resolve() == RetryPolicy(), "the long form must run with the default retry policy"
     yield run
     run.reset()
 

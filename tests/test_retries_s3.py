@@ -342,3 +342,33 @@ def test_a_multipart_upload_is_retried_whole_and_never_published_in_part(faulty_
     finally:
         faulty_s3.clear()
     assert "root/state/2.zip" not in _keys(s3_server, bucket)
+
+
+def test_aborting_leftover_uploads_is_retried_and_a_lost_reply_is_done(faulty_s3, s3_server, bucket):
+    """``abort_uploads`` (what ``backup prune`` runs on a dead writer's multipart uploads) goes through the
+    retry policy: a 503 SlowDown or a reset is tried again, and an abort whose reply was lost (done at the
+    store, its retry answered NoSuchUpload) counts as done."""
+    direct = _direct(s3_server)
+    for i in range(4):
+        upload = direct.create_multipart_upload(Bucket=bucket, Key=f"root/objects/{i}")
+        direct.upload_part(Bucket=bucket, Key=f"root/objects/{i}", UploadId=upload["UploadId"], PartNumber=1,
+                           Body=b"part")
+    fm, root = _fm(faulty_s3, bucket)
+    pending = fm.pending_uploads(root)
+    assert sorted(u.path for u in pending) == [f"{root}/objects/{i}" for i in range(4)]
+    faulty_s3.set_plan(FaultPlan(rate=1.0, limit=2, faults=("503", "lost-reply", "reset"),
+                                 requests=frozenset({"MULTIPART"})))
+    fm.abort_uploads(pending)
+    assert direct.list_multipart_uploads(Bucket=bucket, Prefix="root/").get("Uploads", []) == []
+    assert faulty_s3.stats.total_faults == 8  # each abort failed twice, then got through
+    assert fm.counter.retries() == {"AbortMultipartUpload": 8}
+    # the store keeps failing: a clear StoreUnavailableError, not a bare storage error
+    upload = direct.create_multipart_upload(Bucket=bucket, Key="root/objects/late")
+    fm, root = _fm(faulty_s3, bucket, max_attempts=3)
+    left = fm.pending_uploads(root)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("503",), requests=frozenset({"MULTIPART"})))
+    with pytest.raises(StoreUnavailableError, match="AbortMultipartUpload failed 3 time"):
+        fm.abort_uploads(left)
+    faulty_s3.set_plan(FaultPlan())
+    assert [u["UploadId"] for u in direct.list_multipart_uploads(Bucket=bucket, Prefix="root/")["Uploads"]] == \
+        [upload["UploadId"]]

@@ -32,6 +32,7 @@ import io
 import tempfile
 from typing import Iterable
 
+from ..errors import StoreUnavailableError
 from . import killswitch
 from .manager import AtomicWriter, CheckpointFileManager, FileInfo, PendingUpload
 from .paths import Location
@@ -533,15 +534,23 @@ class DirectPutFileManager(CheckpointFileManager):
             kwargs.update(KeyMarker=resp.get("NextKeyMarker"), UploadIdMarker=resp.get("NextUploadIdMarker"))
 
     def abort_uploads(self, uploads: list[PendingUpload]) -> None:
+        """Abort each upload, each request through the retry policy. An upload already gone (aborted or
+        completed, by us or by a retried abort whose first reply was lost) is done: NoSuchUpload."""
         for u in uploads:
             if self.location.scheme != "s3":
                 raise NotImplementedError(f"{self.location.scheme} uploads cannot be aborted here")
             bucket, _, key = u.path.partition("/")
-            self._count("abort-upload")
+
+            def abort(key=key, upload_id=u.upload_id):
+                self._count("abort-upload")
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+
             try:
-                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=u.upload_id)
+                self.retrier.call("AbortMultipartUpload", self.url(u.path), abort)
             except FileNotFoundError:
                 pass  # already aborted or completed (s3fs maps NoSuchUpload to FileNotFoundError)
+            except StoreUnavailableError:
+                raise
             except Exception as e:
                 if "NoSuchUpload" not in f"{type(e).__name__} {e}":
                     raise
