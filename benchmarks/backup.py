@@ -79,6 +79,10 @@ class CountingS3:
 
 
 def run(cmd: list[str], env: dict) -> tuple[float, str]:
+    """Time ``cmd`` end to end. Dirty pages of what ran before (the tree just generated or advanced, the
+    other tool's copy) are flushed first, outside the timing: rclone never syncs, and our one sync pass
+    before the manifest must not pay for its writes."""
+    os.sync()
     t = time.perf_counter()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
     if p.returncode != 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 
@@ -135,8 +136,28 @@ def test_write_many_publishes_new_files_and_never_replaces(tmp_path):
     assert (tmp_path / "objects" / "cd" / "x").read_bytes() == b""
     assert _litter(tmp_path) == []
     assert not [n for n in os.listdir(tmp_path / "objects" / "ab") if n.endswith(".crc")]
-    counts = fm.counter.snapshot()
-    assert counts["write"] == 2 and counts["link"] == 2  # every publish counted, as write_bytes counts it
+    assert fm.counter.snapshot()["write"] == 2  # every publish counted, as write_bytes counts it
+
+
+def test_write_many_without_renameat2_links_and_never_replaces(tmp_path, monkeypatch):
+    """Where the kernel or file system refuses ``RENAME_NOREPLACE``, publishing falls back to ``link()``
+    (which refuses an existing name as well) and stays there."""
+    from checkpoint_ops.storage import rename
+
+    refused = []
+
+    def renameat2(*a):
+        refused.append(a)
+        ctypes.set_errno(errno.EINVAL)
+        return -1
+
+    monkeypatch.setattr(rename, "_RENAMEAT2", renameat2)
+    fm, root = _lean(tmp_path)
+    assert fm.write_many([(f"{root}/o/a", b"1"), (f"{root}/o/b", b"2")]) == [True, True]
+    assert fm.write_many([(f"{root}/o/a", b"3")]) == [False]
+    assert len(refused) == 1 and fm.counter.snapshot()["link"] == 2
+    assert [(tmp_path / "o" / n).read_bytes() for n in ("a", "b")] == [b"1", b"2"]
+    assert _litter(tmp_path) == []
 
 
 def test_write_many_keeps_sidecars_where_the_file_system_keeps_them(tmp_path):
@@ -238,3 +259,14 @@ def test_copy_in_publishes_only_the_content_it_was_asked_for(tmp_path):
     with pytest.raises(FileNotFoundError):
         fm.copy_in(src, f"{sroot}/state/0/0/2.delta", f"{root}/objects/x")
     assert _litter(tmp_path / "dest") == []
+
+
+def test_sync_flushes_the_file_system_of_the_managers_root(tmp_path):
+    """``sync()`` (``syncfs`` of the root's file system) works for a root that does not exist yet (a new
+    backup destination) and counts as one call."""
+    fm, root = _lean(tmp_path / "not" / "yet")
+    fm.write_many([(f"{root}/o/a", b"1")])
+    fm.sync()
+    fm2, _ = _lean(tmp_path / "missing")
+    fm2.sync()
+    assert fm.counter.snapshot()["sync"] == 1 and fm2.counter.snapshot()["sync"] == 1

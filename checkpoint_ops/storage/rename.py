@@ -6,6 +6,7 @@ The temp name follows Spark's ``.<name>.<uuid>.tmp`` so Spark never parses it as
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -113,6 +114,53 @@ def kernel_copy(src_fd: int, dst_fd: int, size: int) -> str:
             raise OSError(errno.EIO, "the file got shorter while it was being copied")
         pos += os.pwrite(dst_fd, chunk, pos)
     return "read/write"
+
+
+RENAME_NOREPLACE = 1  # renameat2 flag: fail with EEXIST instead of replacing the target
+_AT_FDCWD = -100
+
+
+def _renameat2():
+    """glibc's ``renameat2`` (2.28 and later), or None where the C library has none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def _syncfs():
+    """glibc's ``syncfs`` (flush one file system), or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNCFS = _syncfs()
+
+
+def rename_noreplace(src: str, dst: str) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists, in one atomic step (``RENAME_NOREPLACE``): True
+    if renamed, False if ``dst`` was there (``src`` is left). Raises OSError ENOSYS where the C library
+    has no ``renameat2``, and passes on the kernel's EINVAL/ENOSYS/EOPNOTSUPP where the kernel or the
+    file system has no such rename: callers then fall back to ``link()`` + ``unlink()``."""
+    if _RENAMEAT2 is None:
+        raise OSError(errno.ENOSYS, "no renameat2 in the C library")
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
 
 
 def _copy_file_range(src_fd: int, dst_fd: int, size: int) -> None:
@@ -246,10 +294,26 @@ class LocalFileManager(CheckpointFileManager):
         # (a backup destination writes thousands of objects, then syncs once before its manifest)
         self.defer_sync = False
         self._made: set[str] = set()
+        self._noreplace = True  # renameat2(RENAME_NOREPLACE) works here, until it is refused once
 
     def sync(self) -> None:
+        """Everything written so far is durable: ``syncfs`` of the file system under this manager's root
+        (only that file system's dirty data, not every disk's), or ``os.sync()`` where the C library has
+        no ``syncfs``."""
         self.counter.add("sync")
-        os.sync()
+        p = self.location.path
+        while not os.path.exists(p) and os.path.dirname(p) != p:
+            p = os.path.dirname(p)
+        if _SYNCFS is None:
+            os.sync()
+            return
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _SYNCFS(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), p)
+        finally:
+            os.close(fd)
 
     def _lean(self, name: str) -> bool:
         """Whether a new file of this name needs no sidecar bookkeeping (no Hadoop ``.crc`` kept by this
@@ -257,9 +321,25 @@ class LocalFileManager(CheckpointFileManager):
         return not self.hadoop_crc and not may_have_spark_checksum(name)
 
     def _publish_new(self, tmp: str, path: str) -> bool:
-        """Give the finished temp file ``tmp`` the name ``path`` unless a file has it (``link()`` fails
-        then: no race), and remove the temp name. True if this call published it."""
+        """Give the finished temp file ``tmp`` the name ``path`` unless a file has it, and leave no temp
+        name. ``rename_noreplace`` where the kernel and file system have it, else ``link()`` then
+        ``unlink()``; both refuse an existing name, so there is no race. True if this call published it."""
         killswitch.tick()  # publishing is the mutating call, as in ``AtomicWriter.close``
+        if self._noreplace:
+            try:
+                made = rename_noreplace(tmp, path)  # one directory change instead of link + unlink
+            except OSError as e:
+                if e.errno not in _NO_FAST_COPY:
+                    self._unlink_quiet(tmp)
+                    raise
+                self._noreplace = False  # not on this kernel or file system: link() from now on
+            else:
+                self.counter.add("rename")
+                if made:
+                    self.counter.add("write")
+                else:
+                    self._unlink_quiet(tmp)
+                return made
         try:
             try:
                 os.link(tmp, path)
@@ -283,8 +363,8 @@ class LocalFileManager(CheckpointFileManager):
 
     def write_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
         """``CheckpointFileManager.write_many`` in four system calls per file where no sidecar is kept
-        (``_lean``): a hidden temp file created and written with one ``write`` each, ``link()`` to its
-        name (refused if the name exists: never a replace), the temp name removed. Unless syncing is
+        (``_lean``): a hidden temp file created, written with one ``write``, closed, and renamed to its
+        name unless the name exists (``_publish_new``: never a replace). Unless syncing is
         deferred, each file is fsynced before it is linked and each directory once at the end. Other
         names go through ``write_bytes``."""
         created: list[bool] = []
