@@ -102,6 +102,7 @@ def main() -> None:
     shape = dict(partitions=args.partitions, retain_state=200, retain_log=100, retain_offsets=100,
                  delta_bytes=2048, snapshot_bytes=32768)
     before, after = dict(batches=args.batches, **shape), dict(batches=args.batches + args.advance, **shape)
+    args.load = [os.getloadavg()[0]]
     work = tempfile.mkdtemp(prefix="backup-bench-")
     env = {k: v for k, v in os.environ.items() if k != "AWS_CA_BUNDLE"}  # rclone rejects it with a plain-HTTP endpoint
     s3 = None
@@ -153,6 +154,7 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
         if s3:
             s3.server.shutdown()
+    args.load.append(os.getloadavg()[0])
     report(args, nfiles, nbytes, gen, rows)
 
 
@@ -162,7 +164,8 @@ def report(args, nfiles: int, nbytes: int, gen: float, rows: dict) -> None:
           "more batches\n")
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{rclone_version}, {time.strftime('%Y-%m-%d')}. Command: `python benchmarks/backup.py --partitions "
-          f"{args.partitions} --batches {args.batches} --advance {args.advance}`.\n")
+          f"{args.partitions} --batches {args.batches} --advance {args.advance}`. Load average (1 min) at the start "
+          f"and the end: {args.load[0]:.1f}, {args.load[1]:.1f}.\n")
     print("| destination | backup | `checkpoint-ops backup create` | `rclone copy` | ratio | files read / objects new |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
