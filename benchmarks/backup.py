@@ -16,7 +16,7 @@ Both local disk to local disk and local disk to the S3 server (moto over HTTP on
 this process so every request is counted at the server).
 
 Targets (issue 7): full <= 1.0x rclone's wall time; incremental <= 0.1x rclone's incremental copy and
-O(new files) S3 requests.
+O(new files) S3 requests. Issue 15 item 5 (local disk): full and incremental <= 1.5x ``rclone copy``.
 
 Usage: ``python benchmarks/backup.py [--partitions 225] [--batches 5000] [--advance 100]``
 """

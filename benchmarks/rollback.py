@@ -10,6 +10,10 @@ Measured side by side, in one run, on fresh copies of the same synthetic checkpo
   LIST of the prefix plus batched DeleteObjects of exactly the same keys; requests counted at the
   HTTP layer.
 
+Targets: S3 requests <= 1.1x the minimal LIST + batched deletes; local wall time <= 1.2x the plain
+loop (issue 3), and <= 2x the walk plus the unlink loop (issue 15 item 5). The local part ends with
+where one rollback's time goes, phase by phase.
+
 Usage: ``python benchmarks/rollback.py [--batches N] [--partitions P] [--rollback R] [--repeat K] [--no-s3]``
 Prints a markdown report (recorded in docs/benchmarks.md).
 """
