@@ -60,7 +60,9 @@ bench: check-java $(STAMP)
 	$(PY) benchmarks/rollback.py
 	$(PY) benchmarks/sink_compaction.py
 	$(PY) benchmarks/backup.py
-	$(PY) benchmarks/asset_overhead.py
+	$(PY) benchmarks/asset_overhead.py --sizes 10,1000,10000
+	$(PY) benchmarks/memory.py --batches 500000
+	$(PY) benchmarks/s3_load.py --batches 100000 --partitions 1000
 
 clean:
 	rm -rf $(VENV) demo_data .pytest_cache .checkpoint-ops-home

@@ -32,7 +32,7 @@ def _payload(p: int, v: int, kind: str, size: int) -> bytes:
 
 def files(batches: int, partitions: int, retain_state: int, snapshot_every: int = 10,
           source_interval: int = 10, retain_log: int = 100, input_dir: str = "/data/in",
-          delta_bytes: int = 64, snapshot_bytes: int = 256, retain_offsets: int | None = None):
+          delta_bytes: int = 64, snapshot_bytes: int = 256, retain_offsets: int | None = None, operators: int = 1):
     """Yield (relative path, bytes) for the whole checkpoint, as Spark leaves it after batch
     ``batches - 1``: ``retain_state`` state versions, the source log's compact before ``retain_log``
     batches and what follows, and ``offsets/``/``commits/`` for every batch, or for the last
@@ -58,18 +58,21 @@ def files(batches: int, partitions: int, retain_state: int, snapshot_every: int 
         else:
             yield f"sources/0/{k}", f"v1\n{entry(k)}".encode()
 
-    yield "state/0/_metadata/metadata", (
-        'v1\n{"operatorInfo":{"operatorId":0,"operatorName":"stateStoreSave"},"stateStoreInfo":'
-        f'[{{"storeName":"default","numColsPrefixKey":0,"numPartitions":{partitions}}}]}}').encode()
     top = batches  # batch B-1 committed version B
     low = top - retain_state
-    for p in range(partitions):
-        if p == 0:
-            yield "state/0/0/_metadata/schema", schema_v2()
-        for v in range(max(1, low), top + 1):
-            yield f"state/0/{p}/{v}.delta", lz4_block_stream(_payload(p, v, "delta", delta_bytes))
-            if v % snapshot_every == 0:
-                yield f"state/0/{p}/{v}.snapshot", lz4_block_stream(_payload(p, v, "snapshot", snapshot_bytes))
+    for op in range(operators):  # ``operators`` stateful operators (ids 0..), each with ``partitions``
+        yield f"state/{op}/_metadata/metadata", (
+            f'v1\n{{"operatorInfo":{{"operatorId":{op},"operatorName":"stateStoreSave"}},"stateStoreInfo":'
+            f'[{{"storeName":"default","numColsPrefixKey":0,"numPartitions":{partitions}}}]}}').encode()
+        for p in range(partitions):
+            if p == 0:
+                yield f"state/{op}/0/_metadata/schema", schema_v2()
+            for v in range(max(1, low), top + 1):
+                kind = "delta" if op == 0 else f"delta{op}"
+                yield f"state/{op}/{p}/{v}.delta", lz4_block_stream(_payload(p, v, kind, delta_bytes))
+                if v % snapshot_every == 0:
+                    yield f"state/{op}/{p}/{v}.snapshot", lz4_block_stream(
+                        _payload(p, v, "snapshot" if op == 0 else f"snapshot{op}", snapshot_bytes))
 
 
 def schema_v2() -> bytes:

@@ -46,11 +46,20 @@ class Finding:
 
 
 class Fsck:
-    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None):
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
+                 cache=None, sets=None):
+        """``cache`` (a ``verdicts.VerdictCache``): log files an earlier run found sound and Spark can no
+        longer rewrite are not read again, and what this run finds sound is recorded in it (the caller
+        saves it). ``sets``: the ``RestartSets`` the rollback window is judged with (shared with inspect
+        in one pass). Neither changes a finding."""
         self.ckpt = ckpt
         self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
         self.deep = deep
+        self.cache = cache if not deep else None
+        self.sets = sets
+        self._live: set | None = None
+        self._crc_known: dict[str, bool] = {}  # big files checked streamed: whether their .crc matches
         self.findings: list[Finding] = []
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
         self.cmd = f"checkpoint-ops rollback {ckpt.url}"
@@ -80,7 +89,53 @@ class Fsck:
         self._restart_set()
         self._window()
         self._operator_files()
+        self._record_sound()
         return self.findings
+
+    # -- the verdict cache ---------------------------------------------------------------------------
+    def _roots(self):
+        yield "checkpoint", self.ckpt.listing, [s.log for s in self.ckpt.sources.values() if s.log is not None]
+        for i, sink in enumerate(self.sinks):
+            yield f"sink{i}", sink.listing, [sink.log]
+
+    def _live_rels(self) -> set:
+        if self._live is None:
+            from .verdicts import live_rels
+
+            self._live = live_rels(self.ckpt, self.sinks)
+        return self._live
+
+    def _skip(self, log: CompactibleLog) -> set[int]:
+        """Batch ids of ``log`` that an earlier run found sound (parsed, checksum sidecar matching)."""
+        if self.cache is None:
+            return set()
+        from .verdicts import file_stamp
+
+        root, listing = next((r, L) for r, L, logs in self._roots() if any(x is log for x in logs))
+        live = self._live_rels()
+        return {b for b, f in log.files.items() if (root, f.rel) not in live
+                and self.cache.is_sound("log", root, f.rel, file_stamp(listing, f.rel))}
+
+    def _record_sound(self) -> None:
+        """Every log file this run read and found nothing wrong with (nor with its sidecar)."""
+        if self.cache is None or self.ckpt.fence is not None:
+            return
+        from .storage.checksums import hadoop_crc_name
+        from .verdicts import file_stamp
+
+        named = {f.path for f in self.findings}
+        live = self._live_rels()
+        for root, listing, logs in self._roots():
+            for log in logs:
+                for f in log.files.values():
+                    if (root, f.rel) in live or (listing.abs(f.rel) not in self._read
+                                                  and listing.abs(f.rel) not in self._crc_known):
+                        continue
+                    parent, _, name = f.rel.rpartition("/")
+                    crc = f"{parent}/{hadoop_crc_name(name)}" if parent else hadoop_crc_name(name)
+                    if listing.url(f.rel) in named or listing.url(crc) in named:
+                        continue
+                    self.cache.record_sound("log", root, f.rel, file_stamp(listing, f.rel))
 
     def _operator_files(self) -> None:
         """Operator metadata and state schema files: damage the restart set does not need (it named
@@ -123,7 +178,7 @@ class Fsck:
         C = self.ckpt.latest_commit
         if C is None or self.ckpt.fence is not None:
             return
-        w = rollback_window(self.ckpt, self.sinks, self.ledger)
+        w = rollback_window(self.ckpt, self.sinks, self.ledger, sets=self.sets)
         d = w.stop
         if d is None or d.kind == PURGED or w.earliest is None:
             return
@@ -222,13 +277,97 @@ class Fsck:
                          "restore the source log from a backup, or roll back to an earlier batch")
 
     def _parse_compactible(self, log: CompactibleLog) -> bool:
-        raw, errors = log.read_all_lenient()
+        skip = self._skip(log)
+        if log.kind == "source log":  # only whether each file reads: checked streaming, entries not kept
+            raw, errors = self._check_lenient(log, skip)
+        else:
+            raw, errors = log.read_all_lenient(skip=skip)
         self._read.update(raw)
+        # files parsed before this check (the pairing, or the window in a shared pass) came from the
+        # model without their bytes: read those too, so their checksum sidecars are checked like the rest
+        from .storage.checksums import hadoop_crc_name
+
+        bad = {e.path for e in errors}
+        L = log.listing
+        again = [p for b, f in log.files.items() if b not in skip and (p := L.abs(f.rel)) not in self._read
+                 and p not in self._crc_known and L.url(f.rel) not in bad
+                 and f"{log.rel_dir}/{hadoop_crc_name(f.name)}" in L]
+        if again:
+            self._read.update({p: d for p, d in log.listing.fm.read_many(again, errors={}).items() if d is not None})
         for e in errors:
             self._log_error(e)
         return not errors
 
-    # -- state -----------------------------------------------------------------------------------
+    STREAM_ABOVE = 4 * 2**20  # log files bigger than this are checked streamed, never held
+
+    def _check_lenient(self, log: CompactibleLog, skip) -> tuple[dict[str, bytes], list[LogFormatError]]:
+        """``read_all_lenient`` without keeping the entries (a compact file of a long-running source
+        holds every file it ever read): the bytes of small files (for the checksum check) and the
+        errors. Big files are streamed, their Hadoop checksum computed as they pass (``_crc_known``)."""
+        import io
+
+        from .model.compactible import check_log_stream
+
+        L = log.listing
+        raw: dict[str, bytes] = {}
+        errors: list[LogFormatError] = []
+        small = {L.abs(f.rel): b for b, f in log.files.items() if b not in skip
+                 and (f.info.known_size or f.info.size) <= self.STREAM_ABOVE}
+        big = [b for b, f in log.files.items() if b not in skip and L.abs(f.rel) not in small]
+        failed: dict[str, OSError] = {}
+        for path, blob in L.fm.read_many(small, errors=failed).items():
+            url = L.fm.url(path)
+            try:
+                if path in failed:
+                    raise unreadable(url, failed[path])
+                if blob is None:
+                    continue
+                raw[path] = blob
+                if small[path] not in log._entries:
+                    check_log_stream(io.BytesIO(blob), url, log.kind)
+            except LogFormatError as e:
+                errors.append(e)
+        for b in big:
+            e = self._stream_check(log, b, check_log_stream)
+            if e is not None:
+                errors.append(e)
+        return raw, errors
+
+    def _stream_check(self, log: CompactibleLog, b: int, check) -> LogFormatError | None:
+        """Check one big log file streamed, and its ``.crc`` sidecar's content as it passes."""
+        from .storage.checksums import HADOOP_CRC_MAGIC, HadoopCrc, hadoop_crc_name
+
+        L = log.listing
+        f = log.files[b]
+        path, url = L.abs(f.rel), L.url(f.rel)
+        side_rel = f"{log.rel_dir}/{hadoop_crc_name(f.name)}"
+        side = L.get(side_rel)
+        crc = want = None
+        if side is not None and side.size == hadoop_crc_size(f.info.size):
+            try:
+                want = L.fm.read_bytes(L.abs(side_rel))
+            except OSError:
+                want = None
+            if want is not None and len(want) >= 8 and want[:4] == HADOOP_CRC_MAGIC:
+                bpc = int.from_bytes(want[4:8], "big", signed=True)
+                crc = HadoopCrc(bpc) if bpc > 0 else None
+        problem = None
+        try:
+            with L.fm.open_read(path) as fh:
+                reader = _Tee(fh, crc)
+                try:
+                    check(reader, url, log.kind)
+                except LogFormatError as e:
+                    problem = e
+                while reader.read(2**20):
+                    pass
+        except OSError as e:
+            return unreadable(url, e)
+        # True where there is no sidecar to compare (a size mismatch is reported by _checksums)
+        self._crc_known[path] = want is None or (crc is not None and crc.digest() == want)
+        return problem
+
+    # -- state ----    # -- state -----------------------------------------------------------------------------------
     def _state(self, commits: dict) -> None:
         ck = self.ckpt
         st = ck.state
@@ -285,6 +424,10 @@ class Fsck:
                          "Hadoop's FileSystem API fail with ChecksumException",
                          "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
                 continue
+            if L.abs(target) in self._crc_known:
+                if not self._crc_known[L.abs(target)]:
+                    self._stale_crc(L, rel, target)
+                continue
             if self.deep or L.abs(target) in self._read:
                 to_verify.append((rel, target))
         if to_verify:
@@ -298,13 +441,16 @@ class Fsck:
                 if content is None or crc is None:
                     continue
                 if not hadoop_crc_matches(content, crc):
-                    self.add(ERROR, "stale-crc", L.url(rel),
-                             f"checksum sidecar does not match the content of {target.rsplit('/', 1)[-1]} (the file "
-                             "was rewritten without updating it): Spark reads through Hadoop's FileSystem API fail "
-                             "with ChecksumException",
-                             "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
+                    self._stale_crc(L, rel, target)
         if self.deep and L is self.ckpt.listing:
             self._spark_checksums()
+
+    def _stale_crc(self, L, rel: str, target: str) -> None:
+        self.add(ERROR, "stale-crc", L.url(rel),
+                 f"checksum sidecar does not match the content of {target.rsplit('/', 1)[-1]} (the file "
+                 "was rewritten without updating it): Spark reads through Hadoop's FileSystem API fail "
+                 "with ChecksumException",
+                 "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
 
     def _spark_checksums(self) -> None:
         """Deep: every state file's bytes (LZ4 framing, zip structure, format version) and Spark's own
@@ -442,8 +588,9 @@ class Fsck:
                      "delete it while the application is stopped")
 
 
-def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None) -> list[Finding]:
-    return Fsck(ckpt, sinks, deep, ledger).run()
+def run_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), deep: bool = False, ledger=None, *,
+             cache=None, sets=None) -> list[Finding]:
+    return Fsck(ckpt, sinks, deep, ledger, cache=cache, sets=sets).run()
 
 
 @dataclass(frozen=True)
@@ -479,3 +626,23 @@ def render_findings(findings: list[Finding], url: str) -> str:
         lines.append(f"      {f.problem}")
         lines.append(f"      fix: {f.fix}")
     return "\n".join(lines)
+
+
+class _Tee:
+    """A binary reader that feeds what passes through it to a ``HadoopCrc`` (if one is given)."""
+
+    def __init__(self, f, crc):
+        self._f = f
+        self._crc = crc
+
+    def readline(self) -> bytes:
+        line = self._f.readline()
+        if self._crc is not None and line:
+            self._crc.update(line)
+        return line
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        if self._crc is not None and data:
+            self._crc.update(data)
+        return data

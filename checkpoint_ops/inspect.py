@@ -26,7 +26,9 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None) -> dict:
+def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None, *, sets=None) -> dict:
+    """What the checkpoint holds (JSON keys: docs/cli.md). ``sets`` (a ``restart.RestartSets`` of the same
+    checkpoint, sinks and ledger) lets a caller share the rollback window's work with fsck."""
     if ckpt.kind == "dstream":
         return inspect_dstream(ckpt)
     damaged: list[LogFormatError] = []  # files inspect read and could not use: shown, never fatal
@@ -63,7 +65,7 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
         ],
         "sources": _sources(ckpt, latest, damaged),
         "state": _state(ckpt, damaged),
-        "rollback_window": rollback_window(ckpt, list(sinks), ledger).to_dict(),
+        "rollback_window": rollback_window(ckpt, list(sinks), ledger, sets=sets).to_dict(),
         "lease": lease_of(ckpt.fm, ckpt.root, ckpt.listing).to_dict(),
     }
     if sinks:

@@ -20,8 +20,11 @@ subdirectory so that releases before them, which read only the segments, still r
 
 from __future__ import annotations
 
+import collections
+import heapq
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .errors import BadInputError
@@ -78,57 +81,148 @@ class PairingRecord:
                                 "and recorded again by the next `checkpoint-ops ledger sync`") from None
 
 
+_KINDS = {"offsets": 1, "commits": 2, "sinks": 4}
+_MASK_BITS = 3
+_SEG_BITS = 20  # up to a million segments; the rest of a position is the byte offset of the line
+
+
+class LedgerRecords(Mapping):
+    """The ledger's records by batch, read from the segments when asked for (memory: an index of a few
+    dozen bytes per batch, whatever the records hold). Each batch's record is the merge of its lines in
+    segment order, as ``Ledger.load`` always defined it."""
+
+    def __init__(self, ledger: "Ledger", index: dict[int, int], more: dict[int, list[int]]):
+        self._ledger = ledger
+        self._index = index  # batch -> (byte offset << SEG_BITS | segment) << MASK_BITS | kinds
+        self._more = more  # batch -> positions of its earlier lines, when it has several
+        self._recent: collections.OrderedDict[int, dict] = collections.OrderedDict()
+
+    def __getitem__(self, batch: int) -> dict:
+        got = self._recent.get(batch)
+        if got is not None:
+            self._recent.move_to_end(batch)
+            return got
+        packed = self._index[batch]  # KeyError: not recorded
+        rec: dict = {"batch": batch}
+        for pos in self._more.get(batch, []) + [packed >> _MASK_BITS]:
+            _merge(rec, self._ledger._read_line(pos & ((1 << _SEG_BITS) - 1), pos >> _SEG_BITS))
+        self._recent[batch] = rec
+        if len(self._recent) > 256:
+            self._recent.popitem(last=False)
+        return rec
+
+    def __iter__(self):
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, batch) -> bool:
+        return batch in self._index
+
+    def kinds(self, batch: int) -> int:
+        return self._index.get(batch, 0) & ((1 << _MASK_BITS) - 1)
+
+    def first_last(self) -> tuple[int | None, int | None]:
+        return (min(self._index), max(self._index)) if self._index else (None, None)
+
+
 @dataclass
 class Ledger:
-    """Read lazily: a rollback that Spark's own files cover never lists the ledger."""
+    """Read lazily: a rollback that Spark's own files cover never lists the ledger. Segments are streamed
+    and indexed, never held: a record is read from its segment when asked for (``LedgerRecords``)."""
 
     fm: CheckpointFileManager
     path: str
-    _records: dict[int, dict] | None = None
+    _records: LedgerRecords | None = None
     segments: list[str] = field(default_factory=list)
     _pairings: list[PairingRecord] = field(default_factory=list)
+    _handle: tuple | None = field(default=None, repr=False)  # (segment index, open reader) of _read_line
 
     @classmethod
     def for_checkpoint(cls, ckpt: Checkpoint) -> "Ledger":
         return cls(ckpt.fm, join(ops_dir(ckpt.fm, ckpt.root), "ledger"))
 
     @property
-    def records(self) -> dict[int, dict]:
+    def records(self) -> LedgerRecords:
         if self._records is None:
             self.load()
         return self._records
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> None:
+        """Index every segment, one line at a time (memory stays flat however many batches it holds)."""
         found = [f.path[len(self.path) + 1:] for f in self.fm.walk(self.path)]
         names = sorted(r for r in found if "/" not in r and not r.startswith("."))
         pairing = sorted(r for r in found if r.startswith(PAIRING_DIR + "/") and "/" not in r[len(PAIRING_DIR) + 1:]
                          and not r.rsplit("/", 1)[-1].startswith("."))
         self.segments = names
-        data = self.fm.read_many([join(self.path, n) for n in names + pairing])
+        data = self.fm.read_many([join(self.path, r) for r in pairing])
         self._pairings = [PairingRecord.parse(data[join(self.path, r)], self.fm.url(join(self.path, r)))
                           for r in pairing if data.get(join(self.path, r)) is not None]
-        records: dict[int, dict] = {}
-        for n in names:
-            blob = data.get(join(self.path, n))
-            if blob is None:
-                continue
+        index: dict[int, int] = {}
+        more: dict[int, list[int]] = {}
+        for seg, n in enumerate(names):
             try:
                 if "-truncate-" in n:
-                    after = json.loads(blob)["after_batch"]
-                    for b in [b for b in records if b > after]:
-                        del records[b]
+                    after = json.loads(self.fm.read_bytes(join(self.path, n)))["after_batch"]
+                    for b in [b for b in index if b > after]:
+                        del index[b]
+                        more.pop(b, None)
                     continue
-                for line in blob.decode().splitlines():
-                    if line.strip():
-                        rec = json.loads(line)
-                        _merge(records.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
+                for offset, line in self._lines(n):
+                    rec = json.loads(line)
+                    b = rec["batch"]
+                    if not isinstance(b, int):
+                        raise TypeError
+                    kinds = 0
+                    for k, bit in _KINDS.items():
+                        if rec.get(k) is not None:
+                            kinds |= bit
+                    prev = index.get(b)
+                    if prev is not None:
+                        more.setdefault(b, []).append(prev >> _MASK_BITS)
+                        kinds |= prev & ((1 << _MASK_BITS) - 1)
+                    index[b] = (((offset << _SEG_BITS) | seg) << _MASK_BITS) | kinds
+            except FileNotFoundError:
+                continue  # merged away since the listing: its records are in the merged segment
             except (ValueError, KeyError, TypeError, AttributeError):
                 raise BadInputError("batch ledger segment is not what this tool writes (not JSON lines of batch "
                                     "records)", path=self.fm.url(join(self.path, n)),
                                     fix="restore the ledger from a backup, or move this segment away (the ledger "
                                     "then forgets what it recorded)") from None
-        self._records = records
+        self._close()
+        self._records = LedgerRecords(self, index, more)
+
+    def _segment_names(self) -> list[str]:
+        return sorted(f.name for f in self.fm.list(self.path) if not f.is_dir and not f.name.startswith("."))
+
+    def _close(self) -> None:
+        if self._handle is not None:
+            self._handle[1].close()
+            self._handle = None
+
+    def _lines(self, name: str):
+        """(byte offset, line) of each non-empty line of a segment, streamed."""
+        offset = 0
+        with self.fm.open_read(join(self.path, name)) as f:
+            for line in f:
+                n = len(line)
+                if line.strip():
+                    yield offset, line
+                offset += n
+
+    def _read_line(self, seg: int, offset: int) -> dict:
+        """The record line at ``offset`` of segment ``seg``. The last segment read stays open: records
+        asked for in batch order are neighbours, and a buffered reader seeks within what it holds."""
+        handle = self._handle
+        if handle is None or handle[0] != seg:
+            if handle is not None:
+                handle[1].close()
+            self._handle = handle = (seg, self.fm.open_read(join(self.path, self.segments[seg])))
+        f = handle[1]
+        f.seek(offset)
+        return json.loads(f.readline())
 
     @property
     def pairings(self) -> list[PairingRecord]:
@@ -138,11 +232,11 @@ class Ledger:
         return list(self._pairings)
 
     def has(self, kind: str, batch: int) -> bool:
-        rec = self.records.get(batch)
-        return bool(rec) and rec.get(kind) is not None
+        return bool(self.records.kinds(batch) & _KINDS[kind])
 
     def batches(self, kind: str) -> list[int]:
-        return sorted(b for b, r in self.records.items() if r.get(kind) is not None)
+        bit = _KINDS[kind]
+        return sorted(b for b in self.records if self.records.kinds(b) & bit)
 
     def raw(self, kind: str, batch: int) -> bytes:
         return self.records[batch][kind].encode("utf-8")
@@ -161,6 +255,8 @@ class Ledger:
 
     def has_sink_entries(self, sink: SinkOutput, batch: int) -> bool:
         """Whether the ledger recorded what ``batch`` wrote to this sink (without parsing the entries)."""
+        if not self.records.kinds(batch) & _KINDS["sinks"]:
+            return False
         return sink.url in self.records.get(batch, {}).get("sinks", {})
 
     def sink_log_files_at(self, sink: SinkOutput, t: int) -> dict[int, list[LogEntry]] | None:
@@ -199,6 +295,8 @@ class Ledger:
         name = f"{utc_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self.segments.append(name)
+        self._close()
+        self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
 
     def record_pairing(self, record: PairingRecord) -> str:
@@ -233,7 +331,7 @@ class Ledger:
         before the run is deleted, and records merge idempotently, so a crash in between is harmless.
         Returns the names of the merged segments written."""
         if self._records is None:
-            self.load()
+            self.segments = self._segment_names()
         runs: list[list[str]] = [[]]
         for n in self.segments:
             if "-truncate-" in n:
@@ -244,21 +342,38 @@ class Ledger:
         for run in runs:
             if len(run) <= max_run:
                 continue
-            data = self.fm.read_many([join(self.path, n) for n in run])
-            merged: dict[int, dict] = {}
-            for n in run:
-                for line in (data.get(join(self.path, n)) or b"").decode().splitlines():
-                    if line.strip():
-                        rec = json.loads(line)
-                        _merge(merged.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
             stamp = run[-1].split("-", 1)[0]
             name = f"{stamp}-merged-{uuid.uuid4().hex[:8]}.jsonl"
-            body = "\n".join(json.dumps(merged[b], separators=(",", ":")) for b in sorted(merged)).encode()
-            self.fm.write_bytes(join(self.path, name), body, overwrite=False)
+            with self.fm.create_atomic(join(self.path, name), overwrite=False) as out:
+                first = True
+                for line in self._merged_lines(run):
+                    out.write(line if first else b"\n" + line)
+                    first = False
             self.fm.delete_many([join(self.path, n) for n in run])
             self.segments = sorted([n for n in self.segments if n not in run] + [name])
+            self._close()
+            self._records = None
             written.append(name)
         return written
+
+    def _merged_lines(self, run: list[str]):
+        """One line per batch, in batch order, merging the run's segments (each written in batch order)
+        as they stream: memory holds one record per segment, not the run."""
+        def records(seg: int, n: str):
+            for _, line in self._lines(n):
+                rec = json.loads(line)
+                yield rec["batch"], seg, rec
+
+        current: dict | None = None
+        for b, _, rec in heapq.merge(*(records(i, n) for i, n in enumerate(run)), key=lambda t: (t[0], t[1])):
+            if current is not None and current["batch"] != b:
+                yield json.dumps(current, separators=(",", ":")).encode()
+                current = None
+            if current is None:
+                current = {"batch": b}
+            _merge(current, rec)
+        if current is not None:
+            yield json.dumps(current, separators=(",", ":")).encode()
 
 
 def _merge(into: dict, rec: dict) -> None:
@@ -291,8 +406,11 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     if ckpt is not None:
         L = ckpt.listing
         raw: dict[str, bytes] = {}
-        offsets = ckpt.load_offsets(raw=raw, errors=damaged)  # one read per file: the parsed and the raw form
-        commits = ckpt.load_commits(raw=raw, errors=damaged)
+        # only what the ledger does not have yet is read: a sync reads what is new, not the whole log
+        offsets = ckpt.load_offsets([b for b in ckpt.offset_files if not ledger.has("offsets", b)], raw=raw,
+                                    errors=damaged)  # one read per file: the parsed and the raw form
+        commits = ckpt.load_commits([b for b in ckpt.commit_files if not ledger.has("commits", b)], raw=raw,
+                                    errors=damaged)
         need = [L.abs(f"offsets/{b}") for b in offsets if not ledger.has("offsets", b)]
         need += [L.abs(f"commits/{b}") for b in commits if not ledger.has("commits", b)]
         raw.update(ckpt.fm.read_many([p for p in need if p not in raw]))  # parsed earlier in this process
@@ -310,12 +428,14 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     sink_counts = {}
     for sink in sinks:
         count = 0
-        for b, entries in attribute_sink_batches(sink.log, damaged).items():
+        todo = [b for b in sink.log.files if not ledger.has_sink_entries(sink, b)]
+        for b, entries in attribute_sink_batches(sink.log, damaged, batches=todo).items():
             if ledger.sink_entries(sink, b) is None:
                 rec(b).setdefault("sinks", {})[sink.url] = {"entries": [e.raw for e in entries]}
                 count += 1
         sink_counts[sink.url] = count
     segment = None
+    known = [b for b in (*ledger.records.first_last(), *new) if b is not None]
     if new:
         body = "\n".join(json.dumps(new[b], separators=(",", ":")) for b in sorted(new)).encode()
         segment = ledger._write_segment("sync", body)
@@ -327,8 +447,7 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
         "batches_recorded": len(recorded),
         "range": {"first": recorded[0], "last": recorded[-1]} if recorded else None,
         "sink_batches_recorded": sink_counts,
-        "ledger_batches": {"first": min(ledger.records.keys() | new.keys(), default=None),
-                           "last": max(ledger.records.keys() | new.keys(), default=None)},
+        "ledger_batches": {"first": min(known, default=None), "last": max(known, default=None)},
         "skipped": [{"path": e.path, "problem": e.problem} for e in {e.path: e for e in damaged}.values()],
         "pairing": [v.to_dict() for v in pairing],
     }
@@ -365,11 +484,13 @@ def attribute_batch(log: CompactibleLog, b: int) -> list[LogEntry] | None:
     return tail
 
 
-def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None) -> dict[int, list[LogEntry]]:
-    """Which entries each batch added, for every batch Spark's files still let us tell. Batches whose
-    files cannot be read are left out (and their errors added to ``damaged``, else raised)."""
+def attribute_sink_batches(log: CompactibleLog, damaged: list | None = None,
+                           batches=None) -> dict[int, list[LogEntry]]:
+    """Which entries each batch added (of ``batches``, by default all), for every batch Spark's files still
+    let us tell. Batches whose files cannot be read are left out (and their errors added to ``damaged``,
+    else raised)."""
     out: dict[int, list[LogEntry]] = {}
-    for b in log.files:
+    for b in (log.files if batches is None else batches):
         try:
             got = attribute_batch(log, b)
         except LogFormatError as e:

@@ -236,13 +236,15 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResul
     if options.warn is not None:
         for note in notes:
             options.warn(note)
-    op.check_active(options.force)
+    op.check_active(options.force)  # a dry run, too, says what applying would meet
     plan = op.plan(stage=not options.dry_run)
     where = op.sites()[0].url if op.sites() else None
     try:
         if options.dry_run or op.nothing_to_do(plan):
             op.discard(plan)
             return OperationResult(op.name, plan, options.dry_run, None, notes)
+        if options.plan_hash:  # a plan that is not the one reviewed is refused before it is shown
+            check_plan_hash(plan, options.plan_hash, where)
         if options.show_plan is not None:
             options.show_plan(plan)
         confirm(op, plan, options, where)

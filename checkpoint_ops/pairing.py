@@ -302,15 +302,17 @@ def _line_up(ckpt: Checkpoint, sink: SinkOutput, ledger: Ledger | None) -> tuple
         return UNPROVEN, (f"no record on either side, and no batch both describe with files to compare (the sink "
                           f"log's plain files hold batches {sink_span}, the checkpoint's offsets {ck_span})"), ()
     good = [c for c in compared if c.lines_up]
-    batches = f"{compared[0].batch}..{compared[-1].batch}" if len(compared) > 1 else str(compared[0].batch)
+    # the batches compared need not be contiguous (a batch with no file to compare is skipped)
+    batches = (f"between {compared[0].batch} and {compared[-1].batch}" if len(compared) > 1
+               else str(compared[0].batch))
     if 2 * len(good) > len(compared):
         odd = [c for c in compared if not c.lines_up]
         return LINED_UP, (f"no record on either side; their batch histories line up: the files the sink log gives "
-                          f"{len(good)} of the {len(compared)} batches {batches} were written while the checkpoint "
+                          f"{len(good)} of the {len(compared)} batches compared ({batches}) were written while the checkpoint "
                           "ran those batches"
                           + (f" (not: {odd[0].describe()})" if odd else "")), tuple(compared)
     bad = [c for c in compared if not c.lines_up]
-    return NOT_LINED_UP, (f"no record on either side, and their batch histories do not line up: of batches {batches}, "
+    return NOT_LINED_UP, (f"no record on either side, and their batch histories do not line up: of the {len(compared)} batches compared ({batches}), "
                           f"{len(bad)} wrote their files when the checkpoint was not running them, e.g. "
                           f"{bad[-1].describe()}"), tuple(compared)
 

@@ -199,7 +199,7 @@ class Plan:
             lines.append(f"  {verb[kind]} {len(acts)} file(s) in {root}{extra}: {reason}")
             shown = sorted(acts, key=_order_key) if verbose else heapq.nsmallest(limit, acts, key=_order_key)
             for a in shown:
-                size = f" ({a.size} bytes)" if a.kind in (WRITE, REPLACE) else ""
+                size = f" ({a.size} bytes)" if a.kind in (WRITE, REPLACE) and a.size is not None else ""
                 lines.append(f"      {a.rel}{size}")
             if len(acts) > len(shown):
                 lines.append(f"      ... and {len(acts) - len(shown)} more (--verbose or --json lists all)")

@@ -160,11 +160,19 @@ class RestartSets:
     """Restart sets of one checkpoint (and its sinks) for any batch. Each file is judged once, however
     many batches share it (the rollback window asks for every retained batch)."""
 
-    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None, deep: bool = False):
+    def __init__(self, ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None, deep: bool = False,
+                 cache=None):
+        """``cache`` (a ``verdicts.VerdictCache``, optional): log files an earlier run found sound, and
+        that Spark can no longer rewrite, are taken from it instead of read (not in deep mode)."""
         self.ckpt = ckpt
         self.sinks = list(sinks)
         self.ledger = ledger
         self.deep = deep
+        self.cache = cache if not deep else None
+        self._live: set | None = None
+        self._seal_ok: dict[str, bool] = {}
+        self._sound: dict[tuple[str, str, str], bool] = {}  # what the cache said, asked once per file
+        self.window = None  # the rollback window judged with these sets (window.py), once per pass
         self._verdicts: dict[tuple[str, str], Damage | None] = {}
         self._sink_missing: dict[tuple[int, int], list[Damage]] = {}
         self._state_done: dict[int, list] = {}
@@ -266,6 +274,37 @@ class RestartSets:
                 return None
         return None
 
+    # -- the verdict cache ---------------------------------------------------------------------------
+    def _cached_sound(self, scope: str, root: str, listing: Listing, rel: str) -> bool:
+        if self.cache is None:
+            return False
+        key = (scope, root, rel)
+        if key not in self._sound:
+            self._sound[key] = self._ask_cache(scope, root, listing, rel)
+        return self._sound[key]
+
+    def _ask_cache(self, scope: str, root: str, listing: Listing, rel: str) -> bool:
+        if self._live is None:
+            from .verdicts import live_rels
+
+            self._live = live_rels(self.ckpt, self.sinks)
+        if (root, rel) in self._live:
+            return False
+        if scope == "sink data":
+            if root not in self._seal_ok:
+                self._seal_ok[root] = self.cache.seal_holds(root, listing)
+            if not self._seal_ok[root]:
+                return False
+        from .verdicts import file_stamp
+
+        return self.cache.is_sound(scope, root, rel, file_stamp(listing, rel))
+
+    def _record_sound(self, scope: str, root: str, listing: Listing, rel: str) -> None:
+        if self.cache is not None and (root, rel) not in (self._live or ()):
+            from .verdicts import file_stamp
+
+            self.cache.record_sound(scope, root, rel, file_stamp(listing, rel))
+
     # -- compactible logs ---------------------------------------------------------------------------
     def _add_log(self, rs: RestartSet, root: str, listing: Listing, log: CompactibleLog, upto: int,
                  role: str, ledger_files: dict[int, list[LogEntry]] | None = None) -> list[int] | None:
@@ -273,7 +312,9 @@ class RestartSets:
         None if any is unusable."""
         ok = []
         lowest = min(log.files) if log.files else None
-        log.prefetch(all_valid_batches(upto, log.interval))
+        if role != "source log":  # source log files are only checked, streamed (see _log_verdict)
+            log.prefetch([b for b in all_valid_batches(upto, log.interval)
+                          if b not in log.files or not self._cached_sound("window", root, listing, log.files[b].rel)])
         for b in all_valid_batches(upto, log.interval):
             rel = log.rel(b)
             f = log.files.get(b)
@@ -320,12 +361,20 @@ class RestartSets:
         rel = log.rel(b)
         key = (root, rel)
         if key not in self._verdicts:
+            if self._cached_sound("window", root, listing, rel):
+                self._verdicts[key] = None
+                return None
             try:
-                log.read([b])
+                if role == "source log":
+                    log.check(b)  # whether it reads; its entries are not needed (and can be many)
+                else:
+                    log.read([b])
                 verdict = self._hadoop_crc(root, listing, rel, role, None)
             except LogFormatError as e:
                 verdict = _log_damage(root, rel, role, e)
             self._verdicts[key] = verdict
+            if verdict is None:
+                self._record_sound("window", root, listing, rel)
         return self._verdicts[key]
 
     def _add_sources(self, rs: RestartSet, offsets) -> None:
@@ -352,10 +401,15 @@ class RestartSets:
             return
         for b in all_valid_batches(upto, log.interval):
             if b in read:
-                entries = log.read([b])[b]
                 key = (i, b)
                 if key not in self._sink_missing:
-                    self._sink_missing[key] = self._missing_data(root, sink, entries, b)
+                    rel = log.files[b].rel
+                    if self._cached_sound("sink data", root, sink.listing, rel):
+                        self._sink_missing[key] = []
+                    else:
+                        self._sink_missing[key] = self._missing_data(root, sink, log.read([b])[b], b)
+                        if not self._sink_missing[key]:
+                            self._record_sound("sink data", root, sink.listing, rel)
                 missing = self._sink_missing[key]
             else:  # from the ledger
                 missing = self._missing_data(root, sink, ledger_files[b], b)
@@ -719,7 +773,7 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
             log = _log_for(ckpt, sinks, root, parent)
             if log is not None:
                 try:
-                    log.read([b])
+                    log.check(b)  # only whether it reads (a compact file can hold millions of entries)
                 except LogFormatError as e:
                     errors.append(e)
         if errors:

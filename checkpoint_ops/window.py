@@ -33,7 +33,17 @@ class RollbackWindow:
 def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None,
                     sets: RestartSets | None = None) -> RollbackWindow:
     """The contiguous range of batches a rollback can reach, newest first until the first one that
-    cannot be (each judged by its restart set, from the listing and the log files)."""
+    cannot be (each judged by its restart set, from the listing and the log files). With ``sets`` given,
+    judged once for them: inspect and fsck in one pass share it."""
+    if sets is not None and sets.window is not None:
+        return sets.window
+    window = _judge_window(ckpt, sinks, ledger, sets)
+    if sets is not None:
+        sets.window = window
+    return window
+
+
+def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> RollbackWindow:
     last = ckpt.latest_commit
     if last is None:
         return RollbackWindow(None, None, "no batch has been committed yet")

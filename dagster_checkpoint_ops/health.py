@@ -2,7 +2,7 @@
 
 import dagster as dg
 
-from checkpoint_ops.fsck import run_fsck
+from checkpoint_ops.check_pass import shared_fsck
 from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
@@ -11,7 +11,7 @@ def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -
     """fsck of a query's checkpoint and file sinks: (error findings, metadata)."""
     ckpt = files.checkpoint(query.checkpoint)
     sinks = [files.sink(s) for s in query.sinks]
-    findings = run_fsck(ckpt, sinks, ledger=files.ledger(ckpt))
+    findings = shared_fsck(ckpt, sinks)  # the materialization's pass, if nothing changed since
     errors = [f for f in findings if f.severity == "error"]
     return errors, {
         "errors": dg.MetadataValue.int(len(errors)),

@@ -10,12 +10,11 @@ from contextlib import contextmanager
 
 import dagster as dg
 
+from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.errors import CheckpointOpsError, parameter_names
 from checkpoint_ops.fence import recovery_advice
-from checkpoint_ops.inspect import inspect_checkpoint
-from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.ledger import Ledger
-from checkpoint_ops.ledger import sync as sync_ledger
+from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
@@ -225,8 +224,9 @@ def describe(query, files, progress: list[dict]) -> dict:
     """Metadata after a run: batches, rows, offsets, state, sinks, ledger, rollback window."""
     ckpt = files.checkpoint(query.checkpoint)
     sinks = [files.sink(s) for s in query.sinks]
-    ledger = sync_ledger(ckpt, sinks)
-    report = inspect_checkpoint(ckpt, sinks, ledger=Ledger.for_checkpoint(ckpt))
+    # ledger sync, inspect and the health check's fsck in one pass, reading only what is new (verdict cache)
+    checked = run_check_pass(ckpt, sinks)
+    ledger, report = checked.synced, checked.report
     batches = [p["batchId"] for p in progress]
     offsets = {}
     if progress:

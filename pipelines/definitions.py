@@ -23,8 +23,6 @@ def build_events(spark):
 
 
 def build_counts(spark):
-    for key, value in ROCKSDB_V2.items():  # recorded in the checkpoint by its first batch
-        spark.conf.set(key, value)
     return counts_writer(spark, EVENTS_IN, COUNTS_OUT)
 
 
@@ -32,7 +30,9 @@ events_stream = StreamingQuery(name="events_stream", build=build_events,
                                checkpoint=os.path.join(EXAMPLE, "checkpoints", "events_stream"), sinks=[EVENTS_OUT],
                                schedule=EVENTS_SCHEDULE or None,
                                description="Incoming JSON events, as parquet (stateless file sink).")
-event_counts = StreamingQuery(name="event_counts", build=build_counts,
+# the state store settings are the query's own (recorded in the checkpoint by its first batch), set for its
+# runs only: set on the shared session in build(), they would leak into events_stream's runs
+event_counts = StreamingQuery(name="event_counts", build=build_counts, spark_config=ROCKSDB_V2,
                               checkpoint=os.path.join(EXAMPLE, "checkpoints", "event_counts"), sinks=[COUNTS_OUT],
                               description="Events counted and summed per 30-second window and key (RocksDB state).")
 

@@ -93,7 +93,9 @@ def main() -> int:
     summary: list[tuple[str, str, str]] = []
     os.makedirs(os.path.join(DEMO_HOME, "dagster"))
     with dg.DagsterInstance.local_temp(tempdir=os.path.join(DEMO_HOME, "dagster"),
-                                       overrides={"telemetry": {"enabled": False}}) as instance:
+                                       overrides={"telemetry": {"enabled": False},
+                                                  # one run per checkpoint at a time, as docs/dagster.md advises
+                                                  "concurrency": {"pools": {"default_limit": 1}}}) as instance:
         banner("1. Events arrive; both streaming assets materialize")
         write_event_files(example.EVENTS_IN, 0, GOOD)
         say(f"{GOOD} JSON event files in {example.EVENTS_IN}")

@@ -364,6 +364,7 @@ def sink_compact(run, endpoint: str, bucket: str, proxy: FaultyS3, faults: Fault
     code, r = cli_json("backup", "restore", dest, backup_id, ckpt, "--sink-target", out, "--yes")
     assert code == 0, r
     code, before = cli_json("inspect", ckpt, "--sink", out, *INTERVALS)
+    assert code == 0, before
     original = objects(endpoint, bucket, "restored/ckpt/")
     row = FaultRow("sink compact", faults.label, faults.row_seed)
     faults.arm(proxy, 4, "COPY")
@@ -373,6 +374,7 @@ def sink_compact(run, endpoint: str, bucket: str, proxy: FaultyS3, faults: Fault
     counts = (doc.get("plan") or doc["result"])["counts"]  # as applied, or as the resume that finished it says
     assert counts["delete"] > 0, "nothing to compact: the scenario proves nothing"
     code, after = cli_json("inspect", ckpt, "--sink", out, *INTERVALS)
+    assert code == 0, after
     assert {k: after["sink"][k] for k in ("files", "bytes")} == {k: before["sink"][k] for k in ("files", "bytes")}
     fsck_clean(ckpt, "--sink", out, *INTERVALS)
     return row

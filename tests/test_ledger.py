@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.storage import open_file_manager
 
@@ -15,3 +17,49 @@ def test_a_sync_right_after_a_truncation_survives_it(tmp_path):
     ledger._write_segment("sync", b'{"batch":4,"offsets":"new timeline"}\n')
     again = Ledger(fm, f"{root}/ledger")
     assert {b: r["offsets"] for b, r in again.records.items()} == {4: "new timeline"}
+
+
+def _naive(fm, path: str) -> dict[int, dict]:
+    """The ledger as the format defines it: every segment in name order, lines merged per batch, records
+    above a truncation's batch dropped (what ``Ledger`` held in memory before it streamed)."""
+    from checkpoint_ops.ledger import _merge
+
+    records: dict[int, dict] = {}
+    for f in sorted((f for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")), key=lambda f: f.name):
+        blob = fm.read_bytes(f.path)
+        if "-truncate-" in f.name:
+            after = json.loads(blob)["after_batch"]
+            records = {b: r for b, r in records.items() if b <= after}
+            continue
+        for line in blob.decode().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                _merge(records.setdefault(rec["batch"], {"batch": rec["batch"]}), rec)
+    return records
+
+
+def test_streamed_index_and_merge_give_the_records_the_format_defines(tmp_path):
+    """Records split over segments (offsets first, the commit and sink entries later), truncations, and
+    more syncs than a run keeps: the index reads back exactly the merged records, kinds included, and the
+    streaming merge of a run changes none of them."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = f"{root}/ledger"
+    ledger = Ledger(fm, path)
+    sink = "file:///out"
+    for k in range(12):
+        lines = [{"batch": 10 * k + i, "offsets": f"o{k}-{i}", "timestamp_ms": k} for i in range(10)]
+        lines += [{"batch": 10 * k - 1, "commits": f"c{k}", "sinks": {sink: {"entries": [f'{{"path":"{k}"}}']}}}]
+        ledger._write_segment("sync", "\n".join(json.dumps(r) for r in sorted(lines, key=lambda r: r["batch"]))
+                              .encode())
+        if k == 5:
+            ledger.truncate(45, "op1")
+    want = _naive(fm, path)
+    got = Ledger(fm, path)
+    assert dict(got.records.items()) == want
+    assert got.batches("commits") == sorted(b for b, r in want.items() if r.get("commits") is not None)
+    assert got.batches("offsets") == sorted(b for b, r in want.items() if r.get("offsets") is not None)
+    assert all(got.has("sinks", b) == ("sinks" in r) for b, r in want.items())
+    merged = got.compact_segments(max_run=2)
+    assert merged
+    assert _naive(fm, path) == want
+    assert dict(Ledger(fm, path).records.items()) == want

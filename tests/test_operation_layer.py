@@ -331,8 +331,13 @@ def test_shared_options_behave_the_same_everywhere(run, tmp_path):
     assert rollback(run, n, "--yes")[0] == 0
     code, dry = cli_json("undo", run.checkpoint, "--dry-run")
     assert code == 0 and dry["plan"]["operation"] == "undo" and dry["result"] is None
+    code, out, err = cli("undo", run.checkpoint, "--dry-run")
+    assert code == 0 and "total: " in out and "None bytes" not in out, out  # sizes it knows, or none
     code, out, err = cli("undo", run.checkpoint, "--plan-hash", "abc")
     assert code == 2 and "too short" in err
+    # a plan that is not the one reviewed is refused, and not shown as if it were about to apply
+    code, out, err = cli("undo", run.checkpoint, "--plan-hash", "0" * 12)
+    assert code == 1 and "the plan changed since it was reviewed" in err and "total: " not in out + err, out
     code, u = cli_json("undo", run.checkpoint, "--plan-hash", dry["plan"]["plan_hash"][:16])
     assert code == 0 and u["result"]["status"] == "undone", u
     # sink orphans' refusal names a flag it accepts

@@ -288,6 +288,28 @@ def test_a_streamed_read_never_mixes_two_versions(s3_server, bucket, monkeypatch
             f.read()
 
 
+def test_a_streamed_read_seeks_like_a_local_file(s3_server, bucket, monkeypatch):
+    """The ledger reads records at offsets of its segments: a stream from S3 seeks as a local file does
+    (it failed with 'File or stream is not seekable' once segments were read at offsets)."""
+    monkeypatch.setattr(direct_put, "_READ_BLOCK", 1000)
+    body = bytes(range(256)) * 20  # 5,120 bytes: six ranged GETs
+    _direct(s3_server).put_object(Bucket=bucket, Key="root/seg", Body=body)
+    fm, root = open_file_manager(f"s3://{bucket}/root")
+    with fm.open_read(f"{root}/seg") as f:
+        assert f.seekable()
+        assert f.read(10) == body[:10] and f.tell() == 10
+        f.seek(4000)
+        assert f.read(1050) == body[4000:5050] and f.tell() == 5050  # across a block boundary
+        f.seek(3)
+        assert f.readline() == body[3:body.index(b"\n", 3) + 1]
+        f.seek(-20, os.SEEK_END)
+        assert f.read() == body[-20:]
+        f.seek(999)
+        assert f.read(2) == body[999:1001]
+    with fm.open_read(f"{root}/seg") as f:
+        assert f.seek(0, os.SEEK_END) == len(body) and f.read() == b""
+
+
 def test_an_outage_stops_a_request_with_a_clear_error(faulty_s3, bucket):
     fm, root = _fm(faulty_s3, bucket, max_attempts=4)
     faulty_s3.outage(30)

@@ -135,6 +135,30 @@ class CompactibleLog:
             out.append(LogEntry(line, doc))
         return out
 
+    def check(self, batch_id: int) -> None:
+        """Raise what ``read([batch_id])`` would raise for this file, without keeping its entries: the
+        file is streamed a line at a time, so memory stays flat however many entries a compact file
+        holds (the file source log of a long-running query holds every file it ever read)."""
+        if batch_id in self._entries or batch_id not in self.files:
+            return
+        if batch_id in self._bad:
+            raise self._bad[batch_id]
+        path = self.listing.abs(self.files[batch_id].rel)
+        url = self.listing.fm.url(path)
+        try:
+            with self.listing.fm.open_read(path) as f:
+                check_log_stream(f, url, self.kind)
+        except FileNotFoundError:
+            self._bad[batch_id] = e = LogFormatError("file vanished while reading (is a query running?)",
+                                                     path=url, kind="missing")
+            raise e from None
+        except OSError as e:
+            self._bad[batch_id] = err = unreadable(url, e)
+            raise err from None
+        except LogFormatError as e:
+            self._bad[batch_id] = e
+            raise
+
     def read(self, batch_ids) -> dict[int, list[LogEntry]]:
         """Entries of these batch files (reading each file at most once); raises on a bad file."""
         for b in batch_ids:
@@ -233,13 +257,14 @@ class CompactibleLog:
             except LogFormatError:
                 pass  # recorded per file in _bad
 
-    def read_all_lenient(self) -> tuple[dict[str, bytes], list[LogFormatError]]:
-        """Read and parse every file once, collecting errors per file instead of stopping.
+    def read_all_lenient(self, skip=()) -> tuple[dict[str, bytes], list[LogFormatError]]:
+        """Read and parse every file once (but those in ``skip``, batch ids a caller already knows to be
+        sound), collecting errors per file instead of stopping.
 
         Returns the raw bytes by absolute path (for checksum checks) and the errors; parsed
         entries land in the cache that ``read``/``entries_after`` use.
         """
-        paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries}
+        paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries and b not in skip}
         raw, errors = {}, [e for b, e in self._bad.items() if self.listing.abs(self.files[b].rel) in paths]
         paths = {p: b for p, b in paths.items() if b not in self._bad}
         failed: dict[str, OSError] = {}
@@ -280,3 +305,43 @@ class CompactibleLog:
     @staticmethod
     def entry(doc: dict) -> LogEntry:
         return LogEntry(json.dumps(doc, separators=(",", ":")), doc)
+
+
+def check_log_stream(f, path: str, kind: str) -> None:
+    """``CompactibleLog.parse`` of a binary stream, keeping nothing: raises the same LogFormatError it
+    would (the whole file is not UTF-8 before any line is not JSON; the last line that is not JSON is
+    truncated, an earlier one is not JSON; a line that is JSON but not an object is malformed)."""
+    head = f.readline()
+    had_newline = head.endswith(b"\n")
+    split_versioned(head[:-1] if had_newline else head, path, kind)
+    if not had_newline:
+        return  # the version line alone: no entries
+    first_error: LogFormatError | None = None
+    not_utf8 = False
+    lineno = 1
+    line = f.readline()
+    while True:
+        lineno += 1
+        nxt = f.readline() if line.endswith(b"\n") else None
+        last = nxt is None
+        body = line[:-1] if line.endswith(b"\n") else line
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            not_utf8 = True
+            text = None
+        if text is not None and first_error is None:
+            try:
+                doc = parse_json_line(text, path, lineno, last=last)
+                if not isinstance(doc, dict):
+                    raise LogFormatError(f"line {lineno} is not a JSON object", path=path, kind="malformed")
+            except LogFormatError as e:
+                first_error = e
+        if last:
+            break
+        line = nxt
+    if not_utf8:
+        raise LogFormatError("file is not UTF-8 text", path=path, kind="malformed",
+                             fix="restore this file from a backup or roll back past it")
+    if first_error is not None:
+        raise first_error

@@ -158,6 +158,35 @@ class _RangeReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def seekable(self) -> bool:
+        """Seekable: a seek only moves where the next ranged GET starts (the ledger reads a record at an
+        offset of its segment). Bytes already fetched are reused when the seek lands among them."""
+        return True
+
+    def tell(self) -> int:
+        return self._pos - len(self._block)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            target = offset
+        elif whence == io.SEEK_CUR:
+            target = self.tell() + offset
+        elif whence == io.SEEK_END:
+            if self._size is None:  # the first reply tells the size
+                self._block = memoryview(self._fetch())
+            target = self._size + offset
+        else:
+            raise ValueError(f"invalid whence ({whence})")
+        if target < 0:
+            raise OSError(errno.EINVAL, f"negative seek position {target}", self._fm.url(self._path))
+        start = self._pos - len(self._block)
+        if start <= target <= self._pos:
+            self._block = self._block[target - start:]
+        else:
+            self._block = memoryview(b"")
+            self._pos = target
+        return target
+
     def readinto(self, b) -> int:
         if not self._block:
             if self._size is not None and self._pos >= self._size:

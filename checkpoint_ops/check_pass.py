@@ -1,0 +1,118 @@
+"""One pass over a checkpoint after a run: ledger sync, inspect and fsck on one model, with the verdict cache.
+
+A materialization records the new batches in the ledger, describes the checkpoint (inspect) and
+judges it (fsck, the health check). Done separately, each lists and reads every retained log file;
+``run_check_pass`` does them on one listing and one model, judges the rollback window once for both
+(one ``RestartSets``), and takes what earlier runs found sound from the verdict cache
+(``verdicts.py``), so it reads what is new. It remembers the fsck findings with a fingerprint of what
+they judged, so the health check that follows (``shared_fsck``) reuses them while nothing changed
+and runs fsck (with the cache) when anything did.
+
+The verdict cache is an optimisation only: ``cache=None`` gives the same answers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from .fsck import Finding, Fsck
+from .inspect import inspect_checkpoint
+from .ledger import Ledger, ledger_at
+from .ledger import sync as sync_ledger
+from .model.checkpoint import Checkpoint
+from .model.sink import SinkOutput
+from .restart import RestartSets
+from .verdicts import VerdictCache, live_rels
+
+
+@dataclass(frozen=True)
+class CheckPass:
+    """What one pass found: the ledger sync's result, inspect's report, fsck's findings, and how much the
+    verdict cache answered (``cache_hits`` files not read again; ``cache_ignored``: why a stored cache was
+    not used)."""
+
+    synced: dict
+    report: dict
+    findings: list[Finding]
+    cache_hits: int
+    cache_misses: int
+    cache_ignored: str | None
+
+    def to_dict(self) -> dict:
+        return {"ledger_sync": self.synced, "inspect": self.report, "findings": [f.to_dict() for f in self.findings],
+                "cache": {"hits": self.cache_hits, "misses": self.cache_misses, "ignored": self.cache_ignored}}
+
+
+def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
+                   sync: bool = True, save: bool = True) -> CheckPass:
+    """Ledger sync (if ``sync``), inspect and fsck of ``ckpt`` and its file sinks in one pass. ``cache``
+    (default: the checkpoint's own, beside its ledger) is read, and written back if ``save``."""
+    sinks = list(sinks)
+    if cache is None:
+        cache = VerdictCache.for_checkpoint(ckpt)
+    synced = sync_ledger(ckpt, sinks) if sync else {}
+    ledger = Ledger.for_checkpoint(ckpt)
+    sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
+    report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets)
+    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+    _seal_and_remember(ckpt, sinks, cache, findings)
+    if save:
+        cache.save()
+    return CheckPass(synced, report, findings, cache.hits, cache.misses, cache.ignored)
+
+
+def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
+                save: bool = True) -> list[Finding]:
+    """fsck's findings for ``ckpt`` and its sinks: those of the last pass if it judged exactly what is
+    there now (every listed file by name, size and mtime, the ledger's files, and the bytes of every
+    file Spark may still rewrite), else a new fsck with the verdict cache."""
+    sinks = list(sinks)
+    if cache is None:
+        cache = VerdictCache.for_checkpoint(ckpt)
+    got = cache.findings_for(fingerprint(ckpt, sinks))
+    if got is not None:
+        return [Finding(**f) for f in got]
+    ledger = Ledger.for_checkpoint(ckpt)
+    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache).run()
+    # fsck alone does not judge the window: keep what the pass found for it
+    cache.keep_unjudged({f"sink{i}": s.listing for i, s in enumerate(sinks)})
+    _seal_and_remember(ckpt, sinks, cache, findings)
+    if save:
+        cache.save()
+    return findings
+
+
+def _seal_and_remember(ckpt: Checkpoint, sinks: list[SinkOutput], cache: VerdictCache, findings) -> None:
+    for i, sink in enumerate(sinks):
+        cache.seal(f"sink{i}", sink.listing)
+    cache.remember_findings(fingerprint(ckpt, sinks), [f.to_dict() for f in findings])
+
+
+def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
+    """A digest of everything fsck's findings depend on: each listing (name, size, mtime), the ledger's
+    files, and the content of the files Spark may still rewrite (``verdicts.live_rels``), read now."""
+    h = hashlib.sha256()
+    roots = [("checkpoint", ckpt.listing)] + [(f"sink{i}", s.listing) for i, s in enumerate(sinks)]
+    for root, listing in roots:
+        h.update(f"\0{root}\0{listing.url('')}\0".encode())
+        for rel in sorted(listing.files):
+            info = listing.files[rel]
+            h.update(f"{rel}\t{info.size}\t{info.mtime!r}\n".encode())
+        for rel in sorted(listing.own):  # the lease: fsck reports who holds it
+            info = listing.own[rel]
+            h.update(f"own:{rel}\t{info.size}\t{info.mtime!r}\n".encode())
+    ledger = ledger_at(ckpt.fm, ckpt.root)
+    for f in sorted(ckpt.fm.walk(ledger.path), key=lambda f: f.path):
+        h.update(f"ledger:{f.path}\t{f.size}\t{f.mtime!r}\n".encode())
+    live = sorted(live_rels(ckpt, sinks))
+    for root, listing in roots:
+        paths = [listing.abs(rel) for r, rel in live if r == root and rel in listing]
+        data = listing.fm.read_many(paths, errors={})
+        for p in paths:
+            h.update(f"live:{p}\0".encode())
+            h.update(hashlib.sha256(data.get(p) or b"").digest())
+    return h.hexdigest()
+
+
+__all__ = ["CheckPass", "run_check_pass", "shared_fsck", "fingerprint"]

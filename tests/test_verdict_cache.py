@@ -1,0 +1,228 @@
+"""The verdict cache changes no verdict: on a real Spark checkpoint with damage in it, a pass with the
+cache cold, warm, deleted or damaged finds exactly what fsck and inspect find without it; a file
+rewritten after its verdict was cached is judged again, and so is the newest file of a log even when
+its size and mtime are kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+
+import pytest
+
+from checkpoint_ops.check_pass import run_check_pass, shared_fsck
+from checkpoint_ops.fsck import run_fsck
+from checkpoint_ops.inspect import inspect_checkpoint
+from checkpoint_ops.journal import ops_dir
+from checkpoint_ops.ledger import Ledger
+from checkpoint_ops.ledger import sync as sync_ledger
+from checkpoint_ops.model.checkpoint import Checkpoint, open_sink
+from checkpoint_ops.storage import open_file_manager
+from checkpoint_ops.storage.checksums import hadoop_crc_bytes
+from checkpoint_ops.verdicts import FORMAT, VerdictCache
+from tests.helpers import tree_snapshot
+from tests.spark_runs import COMPACT_INTERVAL
+
+_LOG_NAME = re.compile(r"^\.?(\d+)(\.compact)?(\.crc)?$")
+
+
+@pytest.fixture
+def hdfs_run(spark_runs):
+    """The HDFS checkpoint with its log files' mtimes spread out (10 s per batch id, as a query that runs
+    now and then leaves them): Spark wrote every file of a test run within seconds, so all of them would
+    count as possibly still being rewritten (``verdicts.MTIME_SLACK``) and nothing would be cached."""
+    r = spark_runs("hdfs")
+    r.reset()
+    base = 1_700_000_000
+    for top in (os.path.join(r.checkpoint, d) for d in ("offsets", "commits", "sources/0")):
+        _age(top, base)
+    _age(os.path.join(r.output, "_spark_metadata"), base)
+    yield r
+    r.reset()
+
+
+def _age(log_dir: str, base: int) -> None:
+    for name in os.listdir(log_dir):
+        m = _LOG_NAME.match(name)
+        if m:
+            t = base + 10 * int(m.group(1))
+            os.utime(os.path.join(log_dir, name), (t, t))
+
+
+def _model(run):
+    ckpt = Checkpoint.open(run.checkpoint, source_compact_interval=COMPACT_INTERVAL)
+    return ckpt, [open_sink(run.output, compact_interval=COMPACT_INTERVAL)]
+
+
+def _without_cache(run) -> tuple[list[dict], dict]:
+    """What fsck and inspect say on their own (each its own model, no cache): the reference."""
+    ckpt, sinks = _model(run)
+    findings = [f.to_dict() for f in run_fsck(ckpt, sinks, ledger=Ledger.for_checkpoint(ckpt))]
+    ckpt, sinks = _model(run)
+    return findings, inspect_checkpoint(ckpt, sinks, ledger=Ledger.for_checkpoint(ckpt))
+
+
+def _pass(run, **kw):
+    ckpt, sinks = _model(run)
+    p = run_check_pass(ckpt, sinks, sync=False, **kw)
+    return p, [f.to_dict() for f in p.findings], p.report
+
+
+def _cache_path(run) -> str:
+    fm, root = open_file_manager(run.checkpoint)
+    return os.path.join(ops_dir(fm, root), "verdicts.json")
+
+
+def _old_sink_file(run) -> str:
+    """A plain sink log file below the newest one (Spark no longer rewrites it)."""
+    md = os.path.join(run.output, "_spark_metadata")
+    plain = sorted((int(n) for n in os.listdir(md) if n.isdigit()))
+    return os.path.join(md, str(plain[-3]))
+
+
+def _damage(run) -> None:
+    """Damage Spark's own files would show after a bad copy: an old source log file that is not JSON
+    (its sidecar rewritten to match, so only the parse finds it), and a sink data file gone."""
+    log = os.path.join(run.checkpoint, "sources", "0")
+    plain = sorted(int(n) for n in os.listdir(log) if n.isdigit())
+    victim = os.path.join(log, str(plain[-3]))
+    st = os.stat(victim)
+    body = b'v1\nnot json {"path":"x"}'
+    open(victim, "wb").write(body)
+    open(os.path.join(log, f".{plain[-3]}.crc"), "wb").write(hadoop_crc_bytes(body))
+    os.utime(victim, (st.st_mtime, st.st_mtime))
+    entries = open(_old_sink_file(run), "rb").read().decode().split("\n")[1:]
+    path = json.loads(entries[0])["path"]
+    os.remove(path[len("file:"):] if path.startswith("file:") else path)
+
+
+def test_deleted_or_damaged_cache_changes_no_verdict(hdfs_run):
+    run = hdfs_run
+    ckpt, sinks = _model(run)
+    sync_ledger(ckpt, sinks)  # the ledger first: the window can reach past Spark's files with it
+    _damage(run)
+    want_findings, want_report = _without_cache(run)
+    codes = {f["code"] for f in want_findings}
+    assert {"truncated-log-file", "sink-file-missing"} <= codes, codes  # the damage is there to be found
+    before = tree_snapshot(run.checkpoint, run.output)
+
+    cold, findings, report = _pass(run)
+    assert cold.cache_hits == 0
+    assert (findings, report) == (want_findings, want_report)
+    assert os.path.exists(_cache_path(run)) and not _cache_path(run).startswith(run.checkpoint + os.sep)
+
+    warm, findings, report = _pass(run)
+    assert warm.cache_hits > 0 and warm.cache_ignored is None  # the cache answered, and changed nothing
+    assert (findings, report) == (want_findings, want_report)
+
+    os.remove(_cache_path(run))
+    _, findings, report = _pass(run)
+    assert (findings, report) == (want_findings, want_report)
+
+    good = open(_cache_path(run), "rb").read()
+    damaged = {
+        "torn": good[: len(good) // 2],
+        "not JSON": b"\x00\x01garbage",
+        "another format": json.dumps({"format": 0, "sound": {}, "seals": {}}).encode(),
+        "a newer format": json.dumps({**json.loads(good), "format": FORMAT + 1}).encode(),
+        "wrong shape": json.dumps({**json.loads(good), "sound": {"x": 1}}).encode(),
+    }
+    for what, blob in damaged.items():
+        open(_cache_path(run), "wb").write(blob)
+        p, findings, report = _pass(run)
+        assert p.cache_ignored, what  # never trusted
+        assert p.cache_hits == 0, what
+        assert (findings, report) == (want_findings, want_report), what
+    assert tree_snapshot(run.checkpoint, run.output) == before  # the pass wrote nothing of Spark's
+
+
+def test_rewritten_files_are_judged_again(hdfs_run):
+    run = hdfs_run
+    _pass(run)
+    warm, findings, _ = _pass(run)
+    assert warm.cache_hits > 0 and findings == _without_cache(run)[0]
+
+    # an old sink log file rewritten (same name, new content and mtime): the cached "sound" is not used
+    old = _old_sink_file(run)
+    data = open(old, "rb").read()
+    open(old, "wb").write(data[: len(data) - 7])
+    _, findings, report = _pass(run)
+    want_findings, want_report = _without_cache(run)
+    assert any(f["path"].endswith(old[len(run.output):]) for f in want_findings)
+    assert (findings, report) == (want_findings, want_report)
+    open(old, "wb").write(data)
+
+    # an old source log file's .crc sidecar rewritten with the same size: judged again (the sidecar is
+    # part of the key)
+    _pass(run)
+    log = os.path.join(run.checkpoint, "sources", "0")
+    name = str(sorted(int(n) for n in os.listdir(log) if n.isdigit())[-3])
+    crc = os.path.join(log, f".{name}.crc")
+    body = open(os.path.join(log, name), "rb").read()
+    open(crc, "wb").write(hadoop_crc_bytes(body[:-1] + b"X"))
+    _, findings, _ = _pass(run)
+    want_findings = _without_cache(run)[0]
+    assert [f["code"] for f in want_findings] == ["stale-crc"]
+    assert findings == want_findings
+    open(crc, "wb").write(hadoop_crc_bytes(body))
+
+    # the newest sink log file rewritten with its size and mtime kept: Spark may still rewrite it, so it
+    # is always read again
+    _pass(run)
+    md = os.path.join(run.output, "_spark_metadata")
+    newest = os.path.join(md, str(max(int(n.split(".")[0]) for n in os.listdir(md) if n[0].isdigit())))
+    if not os.path.exists(newest):
+        newest += ".compact"
+    st = os.stat(newest)
+    body = open(newest, "rb").read()
+    garbage = b"v1\n" + b"{" * (len(body) - 3)
+    open(newest, "wb").write(garbage)
+    os.utime(newest, ns=(st.st_atime_ns, st.st_mtime_ns))
+    p, findings, _ = _pass(run)
+    want_findings = _without_cache(run)[0]
+    assert any(f["path"].endswith(os.path.basename(newest)) for f in want_findings)
+    assert findings == want_findings
+
+
+def test_health_check_reuses_the_pass_only_while_nothing_changed(hdfs_run):
+    run = hdfs_run
+    _pass(run)
+    ckpt, sinks = _model(run)
+    assert [f.to_dict() for f in shared_fsck(ckpt, sinks)] == _without_cache(run)[0] == []
+    # a sink data file deleted after the pass: the fingerprint differs, fsck runs, and finds it
+    entries = open(_old_sink_file(run), "rb").read().decode().split("\n")[1:]
+    path = json.loads(entries[0])["path"]
+    os.remove(path[len("file:"):] if path.startswith("file:") else path)
+    ckpt, sinks = _model(run)
+    got = [f.to_dict() for f in shared_fsck(ckpt, sinks)]
+    assert got == _without_cache(run)[0]
+    assert "sink-file-missing" in {f["code"] for f in got}
+    # the health check saved the cache after that: the next pass must not trust the sink-data verdicts
+    # found before the file went (their seal no longer holds)
+    _, findings, _ = _pass(run)
+    assert findings == _without_cache(run)[0] == got
+
+
+def test_two_writers_at_once_leave_a_whole_cache(tmp_path):
+    fm, root = open_file_manager(str(tmp_path))
+    path = os.path.join(root, "verdicts.json")
+    caches = [VerdictCache(fm, path, {f"window\tcheckpoint\toffsets/{i}-{k}": "1:2.0|-" for k in range(2000)})
+              for i in range(2)]
+    for c in caches:  # what each run confirmed becomes what it saves
+        for key, stamp in list(c._old.items()):
+            c.record_sound(*key.split("\t"), stamp)
+
+    def write(c):
+        for _ in range(20):
+            c.save()
+
+    threads = [threading.Thread(target=write, args=(c,)) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    got = VerdictCache.load(fm, path)
+    assert got.ignored is None
+    assert got._old in ({k: v for k, v in c._new.items()} for c in caches)  # one writer's whole cache
