@@ -10,6 +10,10 @@ Measured side by side, in one run, on fresh copies of the same synthetic checkpo
   LIST of the prefix plus batched DeleteObjects of exactly the same keys; requests counted at the
   HTTP layer.
 
+Targets: S3 requests <= 1.1x the minimal LIST + batched deletes; local wall time <= 1.2x the plain
+loop (issue 3), and <= 2x the walk plus the unlink loop (issue 15 item 5). The local part ends with
+where one rollback's time goes, phase by phase.
+
 Usage: ``python benchmarks/rollback.py [--batches N] [--partitions P] [--rollback R] [--repeat K] [--no-s3]``
 Prints a markdown report (recorded in docs/benchmarks.md).
 """
@@ -102,6 +106,7 @@ def bench_local(args, work: str) -> dict:
                             os.unlink(os.path.join(dirpath, name))
                 walk_loop.append(time.perf_counter() - t)
 
+    profile = profile_rollback(fresh("profile"), target)
     d = fresh("memory")
     rss = peak_rss_mb([sys.executable, "-m", "checkpoint_ops.cli", "rollback", d, "--to-batch", str(target),
                        "--yes", "--json"], env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
@@ -111,7 +116,60 @@ def bench_local(args, work: str) -> dict:
         "files": n, "generate_s": gen_s, "deleted": len(rels), "target": target,
         "ours": statistics.median(ours), "loop": statistics.median(loop), "walk_loop": statistics.median(walk_loop),
         "ours_all": ours, "loop_all": loop, "walk_all": walk_loop, "rss_mb": rss, "import_rss_mb": baseline_rss,
+        "profile": profile,
     }
+
+
+# Where a rollback's time goes: wall time inside each of these (nested spans overlap; "rest" is the total
+# minus the outermost spans). Timing spans, not cProfile: its per-call cost would swamp the 44,600 renames.
+PHASES = [
+    ("listing: one walk of the checkpoint, indexed", "checkpoint_ops.model.listing", "Listing.scan"),
+    ("planning (all of it; the next three rows are part of it)", "checkpoint_ops.rollback", "plan_rollback"),
+    ("  state model: every state file name classified", "checkpoint_ops.model.state", "StateModel._scan"),
+    ("  restart set of the target checked (Spark's loading rule, crc sizes)", "checkpoint_ops.rollback",
+     "check_restart_set"),
+    ("  warnings about damaged files the rollback removes", "checkpoint_ops.rollback", "damage_in_removed"),
+    ("journal: the plan's compact rows, written and synced", "checkpoint_ops.executor", "write_journal"),
+    ("moving the deleted files aside (one rename each)", "checkpoint_ops.executor", "Executor._retire"),
+    ("fence (metadata replaced)", "checkpoint_ops.executor", "Executor._fence"),
+    ("printing the plan as JSON", "checkpoint_ops.cli", "print_json"),
+]
+
+
+def profile_rollback(d: str, target: int) -> dict:
+    """One more rollback on a fresh copy, with a timing span around each phase of ``PHASES``."""
+    import functools
+    import importlib
+
+    spent: dict[str, float] = {label: 0.0 for label, _, _ in PHASES}
+    undo = []
+    for label, module, name in PHASES:
+        owner = importlib.import_module(module)
+        attr = name
+        if "." in name:
+            cls, attr = name.split(".")
+            owner = getattr(owner, cls)
+        raw = owner.__dict__[attr]
+        fn = raw.__func__ if isinstance(raw, classmethod) else raw
+
+        def timed(*a, _fn=fn, _label=label, **k):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                spent[_label] += time.perf_counter() - t0
+
+        functools.update_wrapper(timed, fn)
+        setattr(owner, attr, classmethod(timed) if isinstance(raw, classmethod) else timed)
+        undo.append((owner, attr, raw))
+    try:
+        t = time.perf_counter()
+        run_cli("rollback", d, "--to-batch", target, "--yes", "--json")
+        total = time.perf_counter() - t
+    finally:
+        for owner, attr, raw in reversed(undo):
+            setattr(owner, attr, raw)
+    return {"total": total, "phases": spent}
 
 
 # ---- S3 server ----------------------------------------------------------------------------------
@@ -202,7 +260,8 @@ def report(args, local: dict | None, s3: dict | None) -> str:
     lines.append(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                  f"{time.strftime('%Y-%m-%d')}. Command: `python benchmarks/rollback.py "
                  f"--batches {args.batches} --partitions {args.partitions} --rollback {args.rollback} "
-                 f"--repeat {args.repeat}`.")
+                 f"--repeat {args.repeat}`. Load average (1 min) at the start and the end: {args.load[0]:.1f}, "
+                 f"{args.load[1]:.1f}.")
     lines.append("")
     if local:
         l = local
@@ -221,6 +280,16 @@ def report(args, local: dict | None, s3: dict | None) -> str:
             f"{l['import_rss_mb']:.0f} MiB). All runs (ours / loop / walk+loop): "
             f"{', '.join(f'{x:.2f}' for x in l['ours_all'])} / {', '.join(f'{x:.2f}' for x in l['loop_all'])} / "
             f"{', '.join(f'{x:.2f}' for x in l['walk_all'])}.",
+            "",
+            f"Where the time goes (one more rollback on a fresh copy, {l['profile']['total']:.2f} s, timing spans; "
+            "indented rows are part of the row above them):",
+            "",
+            "| phase | seconds |",
+            "|---|---|",
+            *[f"| {label.strip() if not label.startswith('  ') else '&nbsp;&nbsp;' + label.strip()} | {v:.3f} |"
+              for label, v in l["profile"]["phases"].items()],
+            f"| everything else (arguments, lease, activity check, interpreter) | "
+            f"{l['profile']['total'] - sum(v for k, v in l['profile']['phases'].items() if not k.startswith('  ')):.3f} |",
             "",
         ]
     if s3:
@@ -251,9 +320,11 @@ def main() -> None:
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--no-local", action="store_true")
     args = p.parse_args()
+    args.load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="bench-rollback-") as work:
         local = None if args.no_local else bench_local(args, work)
         s3 = None if args.no_s3 else bench_s3(args)
+    args.load.append(os.getloadavg()[0])
     print(report(args, local, s3))
 
 

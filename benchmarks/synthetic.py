@@ -66,13 +66,30 @@ def files(batches: int, partitions: int, retain_state: int, snapshot_every: int 
             f'[{{"storeName":"default","numColsPrefixKey":0,"numPartitions":{partitions}}}]}}').encode()
         for p in range(partitions):
             if p == 0:
-                yield f"state/{op}/0/_metadata/schema", b"\x00\x02v2" + b"\x00" * 16
+                yield f"state/{op}/0/_metadata/schema", schema_v2()
             for v in range(max(1, low), top + 1):
                 kind = "delta" if op == 0 else f"delta{op}"
                 yield f"state/{op}/{p}/{v}.delta", lz4_block_stream(_payload(p, v, kind, delta_bytes))
                 if v % snapshot_every == 0:
                     yield f"state/{op}/{p}/{v}.snapshot", lz4_block_stream(
                         _payload(p, v, "snapshot" if op == 0 else f"snapshot{op}", snapshot_bytes))
+
+
+def schema_v2() -> bytes:
+    """A state schema file v2 as Spark writes it for ``groupBy(key).count()``: ``writeUTF("v2")``, then
+    the key and the value schema JSON, each chunked (an int count, then ``writeUTF`` of each chunk)."""
+    import struct
+
+    def utf(text: str) -> bytes:
+        raw = text.encode()
+        return struct.pack(">H", len(raw)) + raw
+
+    def chunked(text: str) -> bytes:
+        return struct.pack(">i", 1) + utf(text)
+
+    key = {"type": "struct", "fields": [{"name": "key", "type": "string", "nullable": True, "metadata": {}}]}
+    value = {"type": "struct", "fields": [{"name": "count", "type": "long", "nullable": False, "metadata": {}}]}
+    return utf("v2") + chunked(json.dumps(key, separators=(",", ":"))) + chunked(json.dumps(value, separators=(",", ":")))
 
 
 def lz4_block_stream(data: bytes) -> bytes:

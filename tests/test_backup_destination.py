@@ -164,6 +164,48 @@ def restore_and_resume(spark, run, dest: Dest, backup_id: str, where, files: int
     assert read_output(spark, out) == exact(files)
 
 
+# ---- local destinations: batched stores and kernel copies -------------------------------------------------
+
+
+def _stored(d: Dest, backup_id: str) -> tuple[dict, dict[str, bytes]]:
+    """A backup's manifest roots (path, hash, size, mtime of every file) and the objects they name."""
+    roots = json.loads(d.read(f"manifests/{backup_id}.json"))["roots"]
+    shas = {e[1] for r in roots.values() for e in r["files"]}
+    return roots, {sha: d.read(f"objects/{sha[:2]}/{sha}") for sha in shas}
+
+
+@HDFS
+def test_a_local_backup_stores_exactly_what_the_one_file_at_a_time_path_stores(spark, run, tmp_path, monkeypatch):
+    """To local disk a backup reads, hashes and stores runs of files on several threads (``write_many``),
+    and copies big files in the kernel (``copy_in``). Its manifest and objects are exactly those of the
+    generic path (the fsspec ``rename`` strategy: one ``create_atomic`` per object, streamed copies), no
+    temp file is left, and Spark resumes from a restore of it with exactly the uninterrupted output."""
+    from checkpoint_ops.backup import create
+
+    batched = Dest(str(tmp_path / "batched"), local=str(tmp_path / "batched"))
+    streamed = Dest(str(tmp_path / "streamed"), local=str(tmp_path / "streamed"))
+    generic = Dest(str(tmp_path / "generic"), local=str(tmp_path / "generic"))
+    monkeypatch.setattr(create, "LOCAL_BATCH", 3)  # many runs of files, interleaved on the threads
+    monkeypatch.setattr(create, "BATCH_BYTES", 4096)  # several stores per run
+    b = backup(run, batched.url)
+    monkeypatch.setattr(create, "_BIG", 0)  # every non-empty file is a "big" one: kernel copy, hash checked
+    s = backup(run, streamed.url)
+    monkeypatch.undo()
+    monkeypatch.setenv("CHECKPOINT_OPS_FILE_MANAGER", "rename")
+    g = backup(run, generic.url)
+    monkeypatch.delenv("CHECKPOINT_OPS_FILE_MANAGER")
+    reference = _stored(generic, g["backup_id"])
+    assert _stored(batched, b["backup_id"]) == reference
+    assert _stored(streamed, s["backup_id"]) == reference
+    for d in (batched, streamed):
+        assert d.temps() == set()
+        assert {rel.rsplit("/", 1)[-1] for rel in d.objects()} == set(reference[1])
+    assert b["new_objects"] == s["new_objects"] == g["new_objects"] == len(reference[1])
+    assert b["requests"].get("copy_file_range", 0) == 0 and sum(
+        s["requests"].get(k, 0) for k in ("reflink", "copy_file_range", "sendfile", "read/write")) > 0
+    restore_and_resume(spark, run, streamed, s["backup_id"], tmp_path / "restored", run.files)
+
+
 # ---- a killed backup -------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 
 import pytest
@@ -106,3 +108,165 @@ def test_strategy_override(tmp_path, monkeypatch):
     with pytest.raises(FileExistsError):
         fm.write_bytes(f"{tmp_path}/g", b"2")
     assert (tmp_path / "g").read_bytes() == b"1"
+
+
+# ---- bulk writes and kernel copies (backup destinations) -------------------------------------------
+
+
+def _lean(tmp_path):
+    """A manager as a backup destination uses it: no Hadoop sidecars, syncing deferred to ``sync()``."""
+    fm, root = open_file_manager(str(tmp_path))
+    fm.hadoop_crc, fm.defer_sync = False, True
+    return fm, root
+
+
+def _litter(d) -> list[str]:
+    return [os.path.join(p, n) for p, _, names in os.walk(d) for n in names if n.endswith(".tmp")]
+
+
+def test_write_many_publishes_new_files_and_never_replaces(tmp_path):
+    fm, root = _lean(tmp_path)
+    fm.write_bytes(f"{root}/objects/ab/old", b"there before")
+    fm.counter.reset()
+    created = fm.write_many([(f"{root}/objects/ab/new", b"new"), (f"{root}/objects/ab/old", b"other"),
+                             (f"{root}/objects/cd/x", b"")])
+    assert created == [True, False, True]
+    assert (tmp_path / "objects" / "ab" / "old").read_bytes() == b"there before"
+    assert (tmp_path / "objects" / "ab" / "new").read_bytes() == b"new"
+    assert (tmp_path / "objects" / "cd" / "x").read_bytes() == b""
+    assert _litter(tmp_path) == []
+    assert not [n for n in os.listdir(tmp_path / "objects" / "ab") if n.endswith(".crc")]
+    assert fm.counter.snapshot()["write"] == 2  # every publish counted, as write_bytes counts it
+
+
+def test_write_many_without_renameat2_links_and_never_replaces(tmp_path, monkeypatch):
+    """Where the kernel or file system refuses ``RENAME_NOREPLACE``, publishing falls back to ``link()``
+    (which refuses an existing name as well) and stays there."""
+    from checkpoint_ops.storage import rename
+
+    refused = []
+
+    def renameat2(*a):
+        refused.append(a)
+        ctypes.set_errno(errno.EINVAL)
+        return -1
+
+    monkeypatch.setattr(rename, "_RENAMEAT2", renameat2)
+    fm, root = _lean(tmp_path)
+    assert fm.write_many([(f"{root}/o/a", b"1"), (f"{root}/o/b", b"2")]) == [True, True]
+    assert fm.write_many([(f"{root}/o/a", b"3")]) == [False]
+    assert len(refused) == 1 and fm.counter.snapshot()["link"] == 2
+    assert [(tmp_path / "o" / n).read_bytes() for n in ("a", "b")] == [b"1", b"2"]
+    assert _litter(tmp_path) == []
+
+
+def test_write_many_keeps_sidecars_where_the_file_system_keeps_them(tmp_path):
+    fm, root = open_file_manager(str(tmp_path))  # a checkpoint's manager: Hadoop .crc sidecars
+    assert fm.write_many([(f"{root}/offsets/5", b"v1\n{}"), (f"{root}/offsets/6", b"v1\n{}")]) == [True, True]
+    assert hadoop_crc_matches(b"v1\n{}", (tmp_path / "offsets" / ".5.crc").read_bytes())
+    assert fm.write_many([(f"{root}/offsets/5", b"v1\nother")]) == [False]
+    assert (tmp_path / "offsets" / "5").read_bytes() == b"v1\n{}"
+
+
+def test_write_many_killed_before_a_publish_shows_only_whole_files(tmp_path):
+    """The crash switch counts each publish: killed at the third, the first two are whole, the third and
+    later are absent (a hidden temp file at most, which `backup prune` clears)."""
+    import signal
+    import subprocess
+    import sys
+
+    code = ("import sys; from checkpoint_ops.storage import open_file_manager\n"
+            "fm, root = open_file_manager(sys.argv[1]); fm.hadoop_crc = False; fm.defer_sync = True\n"
+            "fm.write_many([(f'{root}/o/{i}', bytes([i]) * 1000) for i in range(5)])\n")
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="3")
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    assert [n for n in _visible(tmp_path / "o") if not n.startswith(".")] == ["0", "1"]
+    assert [(tmp_path / "o" / n).read_bytes() for n in ("0", "1")] == [b"\x00" * 1000, b"\x01" * 1000]
+    assert len(_litter(tmp_path)) == 1  # the third one's temp file, never published
+
+
+@pytest.mark.parametrize("refused", [
+    pytest.param({"reflink": errno.EOPNOTSUPP}, id="no-reflink"),
+    pytest.param({"reflink": errno.EXDEV, "copy_file_range": errno.EXDEV}, id="copy_file_range-EXDEV"),
+    pytest.param({"reflink": errno.ENOTTY, "copy_file_range": errno.ENOSYS, "sendfile": errno.ENOSYS},
+                 id="nothing-in-kernel"),
+    pytest.param({"reflink": errno.EINVAL, "copy_file_range": "partial"}, id="copy_file_range-fails-half-way"),
+])
+def test_kernel_copy_falls_back_cleanly(tmp_path, monkeypatch, refused):
+    """Each way the file system refuses is undone and the next is tried: the copy is byte for byte."""
+    from checkpoint_ops.storage import rename
+
+    data = os.urandom(3 * 2**20 + 17)
+    (tmp_path / "src").write_bytes(data)
+    real_cfr = os.copy_file_range
+
+    def ioctl(*a):
+        raise OSError(refused["reflink"], "refused")
+
+    def copy_file_range(src, dst, count, offset_src=None, offset_dst=None):
+        if refused.get("copy_file_range") == "partial":
+            if offset_src == 0:  # the first call copies a part, the next fails
+                return real_cfr(src, dst, 1000, offset_src, offset_dst)
+            raise OSError(errno.EXDEV, "refused")
+        raise OSError(refused["copy_file_range"], "refused")
+
+    def sendfile(*a):
+        raise OSError(refused["sendfile"], "refused")
+
+    monkeypatch.setattr(rename.fcntl, "ioctl", ioctl)
+    if "copy_file_range" in refused:
+        monkeypatch.setattr(rename.os, "copy_file_range", copy_file_range)
+    if "sendfile" in refused:
+        monkeypatch.setattr(rename.os, "sendfile", sendfile)
+    expected = "sendfile" if "copy_file_range" in refused else "copy_file_range"
+    expected = "read/write" if "sendfile" in refused else expected
+    with open(tmp_path / "src", "rb") as s, open(tmp_path / "dst", "w+b") as d:
+        assert rename.kernel_copy(s.fileno(), d.fileno(), len(data)) == expected
+    assert (tmp_path / "dst").read_bytes() == data
+
+
+def test_kernel_copy_raises_what_is_not_a_refusal(tmp_path, monkeypatch):
+    from checkpoint_ops.storage import rename
+
+    (tmp_path / "src").write_bytes(b"x" * 100)
+
+    def copy_file_range(*a, **k):
+        raise OSError(errno.EIO, "disk error")
+
+    monkeypatch.setattr(rename.os, "copy_file_range", copy_file_range)
+    with open(tmp_path / "src", "rb") as s, open(tmp_path / "dst", "w+b") as d:
+        with pytest.raises(OSError) as e:
+            rename.kernel_copy(s.fileno(), d.fileno(), 100)
+    assert e.value.errno == errno.EIO
+
+
+def test_copy_in_publishes_only_the_content_it_was_asked_for(tmp_path):
+    import hashlib
+
+    src, sroot = open_file_manager(str(tmp_path / "ckpt"))
+    fm, root = _lean(tmp_path / "dest")
+    data = os.urandom(2**20)
+    src.write_bytes(f"{sroot}/state/0/0/1.delta", data)
+    sha = hashlib.sha256(data).hexdigest()
+    assert fm.copy_in(src, f"{sroot}/state/0/0/1.delta", f"{root}/objects/{sha}", sha256=sha) is True
+    assert (tmp_path / "dest" / "objects" / sha).read_bytes() == data
+    assert fm.copy_in(src, f"{sroot}/state/0/0/1.delta", f"{root}/objects/{sha}", sha256=sha) is False
+    # the source changed since it was hashed: nothing is published, nothing is left behind
+    with pytest.raises(OSError, match="changed while it was being copied"):
+        fm.copy_in(src, f"{sroot}/state/0/0/1.delta", f"{root}/objects/{'0' * 64}", sha256="0" * 64)
+    assert _visible(tmp_path / "dest" / "objects") == [sha]
+    with pytest.raises(FileNotFoundError):
+        fm.copy_in(src, f"{sroot}/state/0/0/2.delta", f"{root}/objects/x")
+    assert _litter(tmp_path / "dest") == []
+
+
+def test_sync_flushes_the_file_system_of_the_managers_root(tmp_path):
+    """``sync()`` (``syncfs`` of the root's file system) works for a root that does not exist yet (a new
+    backup destination) and counts as one call."""
+    fm, root = _lean(tmp_path / "not" / "yet")
+    fm.write_many([(f"{root}/o/a", b"1")])
+    fm.sync()
+    fm2, _ = _lean(tmp_path / "missing")
+    fm2.sync()
+    assert fm.counter.snapshot()["sync"] == 1 and fm2.counter.snapshot()["sync"] == 1

@@ -374,21 +374,18 @@ class Repository:
         except FileExistsError:
             return False
 
+    def put_objects(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """``put_object`` of each (sha256, content), in one ``write_many`` of the file manager (each
+        object whole or absent, never replaced); per item, True if this call created it."""
+        return self.fm.write_many([(self.object_path(sha), data) for sha, data in items])
+
     def put_object_stream(self, sha: str, fm: CheckpointFileManager, path: str) -> bool:
-        """``put_object`` for a big file, streamed from ``fm``; checks the hash as it goes."""
+        """``put_object`` for a big file of ``fm``, copied without holding it in memory (in the kernel
+        between local disks: ``CheckpointFileManager.copy_in``); stored only if its content still has
+        hash ``sha`` (else OSError: it changed while it was being backed up)."""
         if self.object_exists(sha):
             return False
-        h = hashlib.sha256()
-        try:
-            with fm.open_read(path) as src, self.fm.create_atomic(self.object_path(sha), overwrite=False) as out:
-                while chunk := src.read(_STREAM):
-                    h.update(chunk)
-                    out.write(chunk)
-                if h.hexdigest() != sha:
-                    raise OSError(f"{fm.url(path)} changed while it was being backed up")
-        except FileExistsError:
-            return False
-        return True
+        return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha)
 
     def read_object(self, sha: str) -> bytes:
         return self.fm.read_bytes(self.object_path(sha))

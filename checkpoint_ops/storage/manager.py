@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import collections
+import hashlib
 import threading
 from dataclasses import dataclass, field
 from typing import BinaryIO, Iterable
@@ -22,6 +23,8 @@ from typing import BinaryIO, Iterable
 from . import killswitch
 from .checksums import sidecar_names
 from .paths import Location, basename, dirname, join
+
+COPY_CHUNK = 8 * 2**20  # bytes per read when a copy streams through this process
 
 
 class FileInfo:
@@ -189,6 +192,52 @@ class CheckpointFileManager(abc.ABC):
     def write_bytes(self, path: str, data: bytes, overwrite: bool = False) -> None:
         with self.create_atomic(path, overwrite=overwrite) as out:
             out.write(data)
+
+    def write_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Publish several new files, each exactly as ``write_bytes(path, data, overwrite=False)`` does.
+
+        Each file appears whole or not at all; an existing file is never replaced, even against a
+        racing writer; checksum sidecars are kept where this file system keeps them; each file is
+        as durable as ``write_bytes`` makes it (where the strategy defers syncing, only once
+        ``sync()`` returns). Each publish is one mutating call for the crash switch. Returns, per
+        item in order, True where this call created the file, False where a file was already there
+        (left alone, its content not compared: meant for content-addressed names). An error stops
+        the batch: files published before it stay (each is whole), none after it is started.
+
+        The default is that loop; a strategy may publish with fewer calls per file (local disk: no
+        writer object, no sidecar bookkeeping where none is kept).
+        """
+        created = []
+        for path, data in items:
+            try:
+                self.write_bytes(path, data, overwrite=False)
+                created.append(True)
+            except FileExistsError:
+                created.append(False)
+        return created
+
+    def copy_in(self, src: "CheckpointFileManager", src_path: str, dst_path: str, sha256: str | None = None) -> bool:
+        """Publish a copy of ``src_path`` (a file of ``src``, any strategy) at ``dst_path`` as a new file,
+        with the guarantees of ``write_bytes(dst_path, ..., overwrite=False)``: whole or not at all, never
+        replacing (False when a file is there already, True when this call created it), as durable as
+        ``write_bytes`` makes it. With ``sha256``, the copy is published only if its content has that
+        hash, else OSError naming the source (it changed while it was copied) and nothing is published.
+        A missing source is FileNotFoundError. One mutating call for the crash switch (the publish).
+
+        The default streams the bytes through ``create_atomic``, hashing them as they go by; a strategy
+        may copy without them passing through this process (local disk from local disk: in the kernel).
+        """
+        h = hashlib.sha256()
+        try:
+            with src.open_read(src_path) as f, self.create_atomic(dst_path, overwrite=False) as out:
+                while chunk := f.read(COPY_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                if sha256 is not None and h.hexdigest() != sha256:
+                    raise OSError(f"{src.url(src_path)} changed while it was being copied")
+        except FileExistsError:
+            return False
+        return True
 
     # -- reading ---------------------------------------------------------------------------
     @abc.abstractmethod

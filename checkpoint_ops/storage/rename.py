@@ -6,11 +6,16 @@ The temp name follows Spark's ``.<name>.<uuid>.tmp`` so Spark never parses it as
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import fcntl
+import hashlib
 import os
 import re
 import uuid
 from typing import Iterable
+
+from . import killswitch
 
 from .checksums import (
     Crc32c,
@@ -21,7 +26,7 @@ from .checksums import (
     spark_checksum_json,
     spark_checksum_name,
 )
-from .manager import AtomicWriter, CheckpointFileManager, FileInfo
+from .manager import COPY_CHUNK, AtomicWriter, CheckpointFileManager, FileInfo
 from .paths import Location, basename, dirname, join
 
 
@@ -72,6 +77,127 @@ def is_temp_name(name: str) -> bool:
 
 
 # ---- local POSIX file systems ----------------------------------------------------------------
+
+FICLONE = 0x40049409  # ioctl: share the source's extents (btrfs, XFS with reflink, bcachefs, OCFS2)
+# what a file system without the faster way answers: fall back to the next one
+_NO_FAST_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOTTY,
+                 errno.EBADF, errno.EPERM}
+_NO_LINK = (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK)  # file systems without hard links
+
+
+def kernel_copy(src_fd: int, dst_fd: int, size: int) -> str:
+    """Copy the first ``size`` bytes of ``src_fd`` into the empty file ``dst_fd``, by the fastest means
+    the file systems allow, and say which: ``reflink`` (``FICLONE``: no data copied at all),
+    ``copy_file_range`` (in the kernel), ``sendfile`` (in the kernel, any pair of regular files), or
+    ``read/write`` (through this process). A way the file systems refuse (EXDEV across file systems
+    on older kernels, ENOSYS, EOPNOTSUPP, EINVAL...) before copying everything is undone
+    (``dst_fd`` truncated) and the next is tried; any other error is raised. Offsets are explicit, so
+    neither descriptor's position matters."""
+    try:
+        fcntl.ioctl(dst_fd, FICLONE, src_fd)
+        return "reflink"
+    except OSError as e:
+        if e.errno not in _NO_FAST_COPY:
+            raise
+    for how, copy in (("copy_file_range", _copy_file_range), ("sendfile", _sendfile)):
+        try:
+            copy(src_fd, dst_fd, size)
+            return how
+        except OSError as e:
+            if e.errno not in _NO_FAST_COPY:
+                raise
+            os.ftruncate(dst_fd, 0)
+    pos = 0
+    while pos < size:
+        chunk = os.pread(src_fd, min(COPY_CHUNK, size - pos), pos)
+        if not chunk:
+            raise OSError(errno.EIO, "the file got shorter while it was being copied")
+        pos += os.pwrite(dst_fd, chunk, pos)
+    return "read/write"
+
+
+RENAME_NOREPLACE = 1  # renameat2 flag: fail with EEXIST instead of replacing the target
+_AT_FDCWD = -100
+
+
+def _renameat2():
+    """glibc's ``renameat2`` (2.28 and later), or None where the C library has none."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def _syncfs():
+    """glibc's ``syncfs`` (flush one file system), or None."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_SYNCFS = _syncfs()
+
+
+def rename_noreplace(src: str, dst: str) -> bool:
+    """Rename ``src`` to ``dst`` unless ``dst`` exists, in one atomic step (``RENAME_NOREPLACE``): True
+    if renamed, False if ``dst`` was there (``src`` is left). Raises OSError ENOSYS where the C library
+    has no ``renameat2``, and passes on the kernel's EINVAL/ENOSYS/EOPNOTSUPP where the kernel or the
+    file system has no such rename: callers then fall back to ``link()`` + ``unlink()``."""
+    if _RENAMEAT2 is None:
+        raise OSError(errno.ENOSYS, "no renameat2 in the C library")
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    raise OSError(err, os.strerror(err), src, None, dst)
+
+
+def _copy_file_range(src_fd: int, dst_fd: int, size: int) -> None:
+    pos = 0
+    while pos < size:
+        n = os.copy_file_range(src_fd, dst_fd, size - pos, pos, pos)
+        if n == 0:  # some file systems (procfs, some FUSE) copy nothing and say so with 0
+            raise OSError(errno.EINVAL, "copy_file_range copied nothing")
+        pos += n
+
+
+def _sendfile(src_fd: int, dst_fd: int, size: int) -> None:
+    os.lseek(dst_fd, 0, os.SEEK_SET)
+    pos = 0
+    while pos < size:
+        n = os.sendfile(dst_fd, src_fd, pos, size - pos)
+        if n == 0:
+            raise OSError(errno.EINVAL, "sendfile copied nothing")
+        pos += n
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _sha256_of_fd(fd: int, size: int) -> str:
+    h, pos = hashlib.sha256(), 0
+    while pos < size:
+        chunk = os.pread(fd, min(COPY_CHUNK, size - pos), pos)
+        if not chunk:
+            break
+        h.update(chunk)
+        pos += len(chunk)
+    return h.hexdigest()
+
 
 
 class _LocalWriter(AtomicWriter):
@@ -168,10 +294,135 @@ class LocalFileManager(CheckpointFileManager):
         # (a backup destination writes thousands of objects, then syncs once before its manifest)
         self.defer_sync = False
         self._made: set[str] = set()
+        self._noreplace = True  # renameat2(RENAME_NOREPLACE) works here, until it is refused once
 
     def sync(self) -> None:
+        """Everything written so far is durable: ``syncfs`` of the file system under this manager's root
+        (only that file system's dirty data, not every disk's), or ``os.sync()`` where the C library has
+        no ``syncfs``."""
         self.counter.add("sync")
-        os.sync()
+        p = self.location.path
+        while not os.path.exists(p) and os.path.dirname(p) != p:
+            p = os.path.dirname(p)
+        if _SYNCFS is None:
+            os.sync()
+            return
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _SYNCFS(fd) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err), p)
+        finally:
+            os.close(fd)
+
+    def _lean(self, name: str) -> bool:
+        """Whether a new file of this name needs no sidecar bookkeeping (no Hadoop ``.crc`` kept by this
+        manager, not a state file Spark may keep a checksum file for): then the fast paths apply."""
+        return not self.hadoop_crc and not may_have_spark_checksum(name)
+
+    def _publish_new(self, tmp: str, path: str) -> bool:
+        """Give the finished temp file ``tmp`` the name ``path`` unless a file has it, and leave no temp
+        name. ``rename_noreplace`` where the kernel and file system have it, else ``link()`` then
+        ``unlink()``; both refuse an existing name, so there is no race. True if this call published it."""
+        killswitch.tick()  # publishing is the mutating call, as in ``AtomicWriter.close``
+        if self._noreplace:
+            try:
+                made = rename_noreplace(tmp, path)  # one directory change instead of link + unlink
+            except OSError as e:
+                if e.errno not in _NO_FAST_COPY:
+                    self._unlink_quiet(tmp)
+                    raise
+                self._noreplace = False  # not on this kernel or file system: link() from now on
+            else:
+                self.counter.add("rename")
+                if made:
+                    self.counter.add("write")
+                else:
+                    self._unlink_quiet(tmp)
+                return made
+        try:
+            try:
+                os.link(tmp, path)
+                self.counter.add("link")
+                self.counter.add("write")
+                return True
+            except FileExistsError:
+                return False
+            except OSError as e:
+                if e.errno not in _NO_LINK:
+                    raise
+                # File systems without hard links: best effort (the narrow race of ``_LocalWriter``).
+                if os.path.exists(path):
+                    return False
+                os.rename(tmp, path)
+                self.counter.add("rename")
+                self.counter.add("write")
+                return True
+        finally:
+            self._unlink_quiet(tmp)
+
+    def write_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """``CheckpointFileManager.write_many`` in four system calls per file where no sidecar is kept
+        (``_lean``): a hidden temp file created, written with one ``write``, closed, and renamed to its
+        name unless the name exists (``_publish_new``: never a replace). Unless syncing is
+        deferred, each file is fsynced before it is linked and each directory once at the end. Other
+        names go through ``write_bytes``."""
+        created: list[bool] = []
+        dirs: set[str] = set()
+        for path, data in items:
+            name = os.path.basename(path)
+            if not self._lean(name):
+                created += super().write_many([(path, data)])
+                continue
+            made = self._publish_new(self._temp_file(path, lambda fd: _write_all(fd, data)), path)
+            if made:
+                dirs.add(os.path.dirname(path))
+            created.append(made)
+        for d in dirs:
+            self._fsync_dir(d)
+        return created
+
+    def copy_in(self, src: CheckpointFileManager, src_path: str, dst_path: str, sha256: str | None = None) -> bool:
+        """``CheckpointFileManager.copy_in``; from a local file to a name without sidecars (``_lean``) the
+        bytes are copied in the kernel (``kernel_copy``: a reflink where the file system shares extents),
+        into a hidden temp file that is hashed (read back from the page cache) before ``link()``
+        publishes it. Otherwise streamed."""
+        if not isinstance(src, LocalFileManager) or not self._lean(os.path.basename(dst_path)):
+            return super().copy_in(src, src_path, dst_path, sha256)
+        if os.path.exists(dst_path):
+            return False
+        src.counter.add("read")
+        with open(src_path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+
+            def fill(fd: int) -> None:
+                self.counter.add(kernel_copy(f.fileno(), fd, size))
+                if sha256 is not None and _sha256_of_fd(fd, size) != sha256:
+                    raise OSError(f"{src.url(src_path)} changed while it was being copied")
+
+            tmp = self._temp_file(dst_path, fill)
+        made = self._publish_new(tmp, dst_path)
+        if made:
+            self._fsync_dir(os.path.dirname(dst_path))
+        return made
+
+    def _temp_file(self, path: str, fill) -> str:
+        """A hidden temp file beside ``path`` that ``fill(fd)`` writes (fsynced unless syncing is deferred);
+        if ``fill`` fails, nothing is left. Returns its path, for ``_publish_new``."""
+        d = os.path.dirname(path)
+        self._makedirs(d)
+        tmp = os.path.join(d, temp_name(os.path.basename(path)))
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+        try:
+            fill(fd)
+            if not self.defer_sync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            self._unlink_quiet(tmp)
+            raise
+        os.close(fd)
+        return tmp
 
     def _makedirs(self, d: str) -> None:
         """``os.makedirs``, once per directory this manager has made (thousands of writes share a few)."""
