@@ -34,6 +34,8 @@ import stat
 import uuid
 from dataclasses import dataclass
 
+from checkpoint_ops.storage.rename import RENAME_NOREPLACE, load_renameat2
+
 REQUEST_SUFFIX = ".json"
 NOTE_SUFFIX = ".reason.txt"
 MAX_REQUEST_BYTES = 4096  # a request is a one-line JSON object; anything bigger is not one
@@ -411,16 +413,5 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def _load_renameat2():
-    """libc's renameat2 (Linux, glibc 2.28+), or None."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_RENAME_NOREPLACE = 1
-_renameat2 = _load_renameat2()
+_RENAME_NOREPLACE = RENAME_NOREPLACE
+_renameat2 = load_renameat2()

@@ -120,8 +120,9 @@ RENAME_NOREPLACE = 1  # renameat2 flag: fail with EEXIST instead of replacing th
 _AT_FDCWD = -100
 
 
-def _renameat2():
-    """glibc's ``renameat2`` (2.28 and later), or None where the C library has none."""
+def load_renameat2():
+    """glibc's ``renameat2`` (2.28 and later), or None where the C library has none (also used with
+    directory descriptors by ``dagster_checkpoint_ops.request_folder``)."""
     try:
         fn = ctypes.CDLL(None, use_errno=True).renameat2
     except (OSError, AttributeError):
@@ -131,7 +132,7 @@ def _renameat2():
     return fn
 
 
-_RENAMEAT2 = _renameat2()
+_RENAMEAT2 = load_renameat2()
 
 
 def _syncfs():
