@@ -5,7 +5,10 @@ Measured side by side, in one run, on fresh copies of the same synthetic checkpo
 
 * local disk: ``checkpoint-ops rollback --yes`` (listing, planning, journal, fence, moving every file
   aside for undo) against a plain loop that unlinks exactly the same files, given the list; and
-  against the same loop preceded by the directory walk any script needs to find them;
+  against the same loop preceded by the directory walk any script needs to find them. Each side runs on
+  a copy synced to disk first (``flushed``: a checkpoint written long ago, whose files have their blocks
+  allocated) and on an unsynced copy (``unflushed``: an unlink of a file whose blocks were never
+  allocated only drops pages, which flatters the loop); ``--conditions`` picks;
 * the local S3 server (moto, HTTP, a versioned bucket): the same rollback against the minimal
   LIST of the prefix plus batched DeleteObjects of exactly the same keys; requests counted at the
   HTTP layer.
@@ -14,7 +17,8 @@ Targets: S3 requests <= 1.1x the minimal LIST + batched deletes; local wall time
 loop (issue 3), and <= 2x the walk plus the unlink loop (issue 15 item 5). The local part ends with
 where one rollback's time goes, phase by phase.
 
-Usage: ``python benchmarks/rollback.py [--batches N] [--partitions P] [--rollback R] [--repeat K] [--no-s3]``
+Usage: ``python benchmarks/rollback.py [--batches N] [--partitions P] [--rollback R] [--repeat K] [--no-s3]
+[--conditions flushed,unflushed]``
 Prints a markdown report (recorded in docs/benchmarks.md).
 """
 
@@ -81,42 +85,51 @@ def bench_local(args, work: str) -> dict:
     plan = run_cli("rollback", fresh("plan"), "--to-batch", target, "--dry-run", "--json")["plan"]
     rels = [a["rel"] for a in plan["actions"] if a["kind"] == "delete"]
 
-    ours, loop, walk_loop = [], [], []
-    for rep in range(args.repeat):
-        for which in (["ours", "loop", "walk"] if rep % 2 == 0 else ["walk", "loop", "ours"]):
-            d = fresh(which)
-            if which == "ours":
-                t = time.perf_counter()
-                run_cli("rollback", d, "--to-batch", target, "--yes", "--json")
-                ours.append(time.perf_counter() - t)
-            elif which == "loop":
-                paths = [os.path.join(d, r) for r in rels]
-                t = time.perf_counter()
-                for p in paths:
-                    os.unlink(p)
-                loop.append(time.perf_counter() - t)
-            else:
-                wanted = set(rels)
-                t = time.perf_counter()
-                for dirpath, _, names in os.walk(d):
-                    rel_dir = os.path.relpath(dirpath, d)
-                    for name in names:
-                        rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-                        if rel in wanted:
-                            os.unlink(os.path.join(dirpath, name))
-                walk_loop.append(time.perf_counter() - t)
+    conditions = {}
+    for condition in args.conditions:
+        ours, loop, walk_loop = [], [], []
+        for rep in range(args.repeat):
+            for which in (["ours", "loop", "walk"] if rep % 2 == 0 else ["walk", "loop", "ours"]):
+                d = fresh(which)
+                if condition == "flushed":  # as a checkpoint written long ago is: its blocks allocated, on disk
+                    os.sync()
+                if which == "ours":
+                    t = time.perf_counter()
+                    run_cli("rollback", d, "--to-batch", target, "--yes", "--json")
+                    ours.append(time.perf_counter() - t)
+                elif which == "loop":
+                    paths = [os.path.join(d, r) for r in rels]
+                    t = time.perf_counter()
+                    for p in paths:
+                        os.unlink(p)
+                    loop.append(time.perf_counter() - t)
+                else:
+                    wanted = set(rels)
+                    t = time.perf_counter()
+                    for dirpath, _, names in os.walk(d):
+                        rel_dir = os.path.relpath(dirpath, d)
+                        for name in names:
+                            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                            if rel in wanted:
+                                os.unlink(os.path.join(dirpath, name))
+                    walk_loop.append(time.perf_counter() - t)
+        conditions[condition] = {
+            "ours": statistics.median(ours), "loop": statistics.median(loop), "walk_loop": statistics.median(walk_loop),
+            "ours_all": ours, "loop_all": loop, "walk_all": walk_loop,
+        }
 
-    profile = profile_rollback(fresh("profile"), target)
+    profile_copy = fresh("profile")
+    if "flushed" in args.conditions:
+        os.sync()
+    profile = profile_rollback(profile_copy, target)
     d = fresh("memory")
     rss = peak_rss_mb([sys.executable, "-m", "checkpoint_ops.cli", "rollback", d, "--to-batch", str(target),
                        "--yes", "--json"], env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
     baseline_rss = peak_rss_mb([sys.executable, "-c", "import checkpoint_ops.cli"],
                                env=dict(os.environ, PYTHONPATH=os.path.dirname(HERE)))
     return {
-        "files": n, "generate_s": gen_s, "deleted": len(rels), "target": target,
-        "ours": statistics.median(ours), "loop": statistics.median(loop), "walk_loop": statistics.median(walk_loop),
-        "ours_all": ours, "loop_all": loop, "walk_all": walk_loop, "rss_mb": rss, "import_rss_mb": baseline_rss,
-        "profile": profile,
+        "files": n, "generate_s": gen_s, "deleted": len(rels), "target": target, "conditions": conditions,
+        "rss_mb": rss, "import_rss_mb": baseline_rss, "profile": profile,
     }
 
 
@@ -260,26 +273,40 @@ def report(args, local: dict | None, s3: dict | None) -> str:
     lines.append(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
                  f"{time.strftime('%Y-%m-%d')}. Command: `python benchmarks/rollback.py "
                  f"--batches {args.batches} --partitions {args.partitions} --rollback {args.rollback} "
-                 f"--repeat {args.repeat}`. Load average (1 min) at the start and the end: {args.load[0]:.1f}, "
+                 f"--repeat {args.repeat}" + (" --no-s3" if args.no_s3 else "") + (" --no-local" if args.no_local else "")
+                 + f" --conditions {','.join(args.conditions)}`. Load average (1 min) at the start and the end: {args.load[0]:.1f}, "
                  f"{args.load[1]:.1f}.")
     lines.append("")
     if local:
         l = local
         lines += [
             f"**Local disk** ({l['files']} files including Hadoop `.crc` sidecars; the rollback deletes {l['deleted']}). "
-            f"Median of {args.repeat} runs, each on a fresh copy:",
+            f"Median of {args.repeat} runs, each on a fresh copy of the checkpoint. *Flushed*: the copy is synced "
+            "to disk before the timed command (outside the timing), as a checkpoint written long ago is, so an "
+            "unlink frees allocated blocks; *unflushed*: the copy's pages are still dirty, its blocks not yet "
+            "allocated, and an unlink only drops them from the page cache:",
             "",
-            "| | seconds | ratio |",
-            "|---|---|---|",
-            f"| plain loop unlinking exactly the same files (list given) | {l['loop']:.3f} | 1.00 |",
-            f"| walk the checkpoint, then unlink the same files | {l['walk_loop']:.3f} | {l['walk_loop'] / l['loop']:.2f} |",
-            f"| `checkpoint-ops rollback --yes` (list, plan, journal, fence, move aside for undo) | {l['ours']:.3f} | "
-            f"**{l['ours'] / l['loop']:.2f}** vs loop, **{l['ours'] / l['walk_loop']:.2f}** vs walk + loop |",
+            "| files on disk | | seconds | ratio |",
+            "|---|---|---|---|",
+        ]
+        for condition, c in l["conditions"].items():
+            lines += [
+                f"| {condition} | plain loop unlinking exactly the same files (list given) | {c['loop']:.3f} | 1.00 |",
+                f"| {condition} | walk the checkpoint, then unlink the same files | {c['walk_loop']:.3f} | "
+                f"{c['walk_loop'] / c['loop']:.2f} |",
+                f"| {condition} | `checkpoint-ops rollback --yes` (list, plan, journal, fence, move aside for undo) | "
+                f"{c['ours']:.3f} | **{c['ours'] / c['loop']:.2f}** vs loop, **{c['ours'] / c['walk_loop']:.2f}** vs "
+                "walk + loop |",
+            ]
+        lines.append("")
+        for condition, c in l["conditions"].items():
+            lines.append(f"All runs, {condition} (ours / loop / walk+loop): "
+                         f"{', '.join(f'{x:.2f}' for x in c['ours_all'])} / {', '.join(f'{x:.2f}' for x in c['loop_all'])} / "
+                         f"{', '.join(f'{x:.2f}' for x in c['walk_all'])}.")
+        lines += [
             "",
             f"Peak memory of the rollback process: {l['rss_mb']:.0f} MiB (the interpreter with our imports alone: "
-            f"{l['import_rss_mb']:.0f} MiB). All runs (ours / loop / walk+loop): "
-            f"{', '.join(f'{x:.2f}' for x in l['ours_all'])} / {', '.join(f'{x:.2f}' for x in l['loop_all'])} / "
-            f"{', '.join(f'{x:.2f}' for x in l['walk_all'])}.",
+            f"{l['import_rss_mb']:.0f} MiB).",
             "",
             f"Where the time goes (one more rollback on a fresh copy, {l['profile']['total']:.2f} s, timing spans; "
             "indented rows are part of the row above them):",
@@ -319,7 +346,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-s3", action="store_true")
     p.add_argument("--no-local", action="store_true")
+    p.add_argument("--conditions", default="flushed,unflushed",
+                   help="comma-separated: flushed (the copy synced to disk before each timed command), unflushed")
     args = p.parse_args()
+    args.conditions = [c for c in args.conditions.split(",") if c]
+    if not set(args.conditions) <= {"flushed", "unflushed"}:
+        p.error("--conditions takes flushed and/or unflushed")
     args.load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="bench-rollback-") as work:
         local = None if args.no_local else bench_local(args, work)

@@ -11,6 +11,8 @@ Exit codes: 0 done/healthy, 1 findings or refused, 2 unusable input, 3 internal 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import getpass
 import json
 import os
@@ -174,12 +176,31 @@ def _is_storage_client_error(e: Exception) -> bool:
     return type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
 
 
+# The cyclic garbage collector's thresholds while a command runs. A command builds large structures that
+# live until it ends and hold no cycles (a listing of every file, the state model, a plan with an action
+# per file): at the default thresholds the collector walks all of them again and again (a fifth of a
+# rollback of 44,600 files went there). Cycles are still collected, just less often.
+COMMAND_GC_THRESHOLDS = (100_000, 50, 1_000)
+
+
+@contextlib.contextmanager
+def _command_gc():
+    """``COMMAND_GC_THRESHOLDS`` for the duration of one command (``main`` may be called in-process)."""
+    before = gc.get_threshold()
+    gc.set_threshold(*COMMAND_GC_THRESHOLDS)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     as_json = getattr(args, "json", False)
     try:
-        return args.func(args)
+        with _command_gc():
+            return args.func(args)
     except CheckpointOpsError as e:
         if as_json:
             print_json(e.to_dict())

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import heapq
+import re
 from dataclasses import dataclass, field
 
 DELETE = "delete"  # moved aside into the journal's trash (kept for undo)
@@ -119,8 +120,16 @@ class Plan:
     def ordered(self) -> list[FileAction]:
         """Actions in application order: phase, then newest batch first within a phase."""
         if self._ordered is None:
+            # grouped by (phase, directory) first, then each group by batch: the same order as sorting by
+            # (phase rank, *_order_key), without comparing long tuples of equal directory names
             rank = {p: i for i, p in enumerate(PHASES)}
-            self._ordered = sorted(self.actions, key=lambda a: (rank[a.phase], *_order_key(a)))
+            groups: dict[tuple[int, str], list[FileAction]] = {}
+            for a in self.actions:
+                groups.setdefault((rank[a.phase], a.rel.rpartition("/")[0]), []).append(a)
+            ordered: list[FileAction] = []
+            for key in sorted(groups):
+                ordered += sorted(groups[key], key=_batch_key)
+            self._ordered = ordered
         return self._ordered
 
     # -- (de)serialisation -------------------------------------------------------------------------
@@ -209,8 +218,15 @@ class Plan:
         return "\n".join(lines)
 
 
+_BATCH_HEAD = re.compile(r"\.*([0-9]+)(?:[._]|$)")  # a name's leading batch id or version: 12.delta, 12_<uuid>.zip
+
+
+def _batch_key(a: FileAction) -> tuple[int, str]:
+    """Within a directory: higher batch ids first (logs shrink from the top), then by name."""
+    head = _BATCH_HEAD.match(a.rel.rpartition("/")[2])
+    return (-int(head.group(1)) if head else 0, a.rel)
+
+
 def _order_key(a: FileAction) -> tuple:
     """Within a phase: by directory, higher batch ids first (logs shrink from the top)."""
-    parent, _, name = a.rel.rpartition("/")
-    head = name.lstrip(".").split(".", 1)[0].split("_", 1)[0]
-    return (parent, -int(head) if head.isdigit() else 0, a.rel)
+    return (a.rel.rpartition("/")[0], *_batch_key(a))

@@ -717,11 +717,14 @@ def restart_set(ckpt: Checkpoint, batch: int, sinks: list[SinkOutput] = (), ledg
 
 
 def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: int) -> list[str]:
-    """Plan warnings for damaged files an operation removes anyway (a repair): from the listing for
-    every file, and from its content for the newest file of each log (where torn writes happen)."""
+    """Plan warnings for damaged files an operation removes anyway (a repair). Torn writes happen to the
+    newest file of a directory: its size, checksum sidecar and content are judged. The other removed files
+    are judged from the listing where it knows their sizes (object stores); on local disk that would cost
+    a ``stat`` of every removed file for a warning about a file being deleted anyway, so it is not made."""
     listings = {CKPT: ckpt.listing, **{f"sink{i}": s.listing for i, s in enumerate(sinks)}}
     checker = RestartSets(ckpt, sinks)
     out = []
+    removed = []
     newest: dict[tuple[str, str], tuple[int, str]] = {}
     for a in plan.actions:
         if a.kind != "delete" or a.phase not in ("offsets", "commits", "source-log", "sink-log", "state") \
@@ -730,18 +733,8 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
         listing = listings.get(a.root)
         if listing is None:
             continue
-        info = listing.get(a.rel)
+        removed.append((a, listing))
         parent, _, name = a.rel.rpartition("/")
-        d = None
-        if info is not None and info.error is not None:
-            d = f"{a.rel} is unreadable ({info.error.strerror or info.error})"
-        elif info is not None and info.size == 0:
-            d = f"{a.rel} is torn (0 bytes)"
-        elif checker._hadoop_crc(a.root, listing, a.rel, a.phase, None):
-            d = f"{a.rel} has a stale checksum"
-        if d:
-            out.append(d)
-            continue
         bid = name.split(".", 1)[0].split("_", 1)[0]
         if bid.isdigit() and not name.startswith("."):
             key = (a.root, parent, a.phase == "state")
@@ -750,6 +743,28 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
                 newest[key] = (int(bid), [a.rel])
             elif int(bid) == cur[0]:
                 cur[1].append(a.rel)
+    judged_whole = {(root, rel) for (root, _, _), (_, rels) in newest.items() for rel in rels}
+    damaged = set()
+    for a, listing in removed:
+        info = listing.get(a.rel)
+        if info is None or (info.known_size is None and (a.root, a.rel) not in judged_whole):
+            continue
+        d = None
+        if info.error is not None:
+            d = f"{a.rel} is unreadable ({info.error.strerror or info.error})"
+        elif info.size == 0:
+            d = f"{a.rel} is torn (0 bytes)"
+        elif checker._hadoop_crc(a.root, listing, a.rel, a.phase, None):
+            d = f"{a.rel} has a stale checksum"
+        if d:
+            out.append(d)
+            damaged.add((a.root, a.rel))
+    for key, (bid, rels) in list(newest.items()):  # a file found damaged above is not read for its content
+        kept = [rel for rel in rels if (key[0], rel) not in damaged]
+        if kept:
+            newest[key] = (bid, kept)
+        else:
+            del newest[key]
     parsers = {"offsets": ckpt.load_offsets, "commits": ckpt.load_commits}
     state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files}
     newest_state = [rel for (root, _, is_state), (_, rels) in newest.items() if is_state for rel in rels
