@@ -49,7 +49,7 @@ from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id
 
 WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network), one file per task
 # To local disk the work is system calls (which release the GIL) and hashing: a few threads keep the disk
-# and both cores busy; each task is a run of files whose new contents are stored in one ``write_many``
+# and both cores busy; each task is a run of files whose new contents are stored in one ``put_objects_direct``
 LOCAL_WORKERS = 4
 LOCAL_BATCH = 256  # files per task to local disk (a future per file cost more than its copy)
 BATCH_BYTES = 16 * 2**20  # new content one task holds in memory before it stores it

@@ -381,11 +381,6 @@ class Repository:
         except FileExistsError:
             return False
 
-    def put_objects(self, items: list[tuple[str, bytes]]) -> list[bool]:
-        """``put_object`` of each (sha256, content), in one ``write_many`` of the file manager (each
-        object whole or absent, never replaced); per item, True if this call created it."""
-        return self.fm.write_many([(self.object_path(sha), data) for sha, data in items])
-
     def put_objects_direct(self, items: list[tuple[str, bytes]]) -> list[bool]:
         """Store each (sha256, content) under its hash, created in place where the file manager can
         (``write_many_direct``: on local disk no temp file and no rename); per item, True if this call
