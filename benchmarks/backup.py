@@ -18,7 +18,11 @@ this process so every request is counted at the server).
 Targets (issue 7): full <= 1.0x rclone's wall time; incremental <= 0.1x rclone's incremental copy and
 O(new files) S3 requests. Issue 15 item 5 (local disk): full and incremental <= 1.5x ``rclone copy``.
 
-Usage: ``python benchmarks/backup.py [--partitions 225] [--batches 5000] [--advance 100]``
+Usage: ``python benchmarks/backup.py [--partitions 225] [--batches 5000] [--advance 100] [--repeat 1]``
+
+``--repeat N``: N full backups (each into destinations of its own, ours and rclone's), then after the
+advance N incremental ones into the same N pairs; the two sides take turns going first, and the table
+shows the medians and every run (on a shared machine one run says little).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,6 +101,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=5000)
     ap.add_argument("--advance", type=int, default=100)
     ap.add_argument("--no-s3", action="store_true")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of each side per phase (medians reported)")
     args = ap.parse_args()
     if not shutil.which("rclone"):
         raise SystemExit("rclone is not installed (Debian: apt-get install rclone)")
@@ -135,20 +141,26 @@ def main() -> None:
         for name, (ours_dest, rclone_dest) in targets.items():
             ckpt = os.path.join(work, f"ckpt-{name.replace(' ', '-')}", "ckpt")
             shutil.copytree(template, ckpt)
-            ours = [sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", ckpt, ours_dest, "--json"]
-            rcl = ["rclone", "copy", ckpt, rclone_dest]
             r = {}
             for phase in ("full", "incremental"):
                 if phase == "incremental":
                     written, deleted = advance_local(ckpt, before, after)
                     r["advance"] = {"written": written, "deleted": deleted}
-                if s3:
-                    s3.take()
-                r[f"ours_{phase}_s"], out = run(ours, env)
-                r[f"ours_{phase}"] = json.loads(out)
-                r[f"ours_{phase}_requests"] = s3.take() if s3 and name != "local" else {}
-                r[f"rclone_{phase}_s"], _ = run(rcl, env)
-                r[f"rclone_{phase}_requests"] = s3.take() if s3 and name != "local" else {}
+                for i in range(args.repeat):
+                    suffix = f"-{i}" if args.repeat > 1 else ""
+                    sides = [("ours", [sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", ckpt,
+                                       ours_dest + suffix, "--json"]),
+                             ("rclone", ["rclone", "copy", ckpt, rclone_dest + suffix])]
+                    for side, cmd in (sides if i % 2 == 0 else sides[::-1]):
+                        if s3:
+                            s3.take()
+                        seconds, out = run(cmd, env)
+                        r.setdefault(f"{side}_{phase}_all", []).append(seconds)
+                        if side == "ours":
+                            r[f"ours_{phase}"] = json.loads(out)
+                        r[f"{side}_{phase}_requests"] = s3.take() if s3 and name != "local" else {}
+                for side in ("ours", "rclone"):
+                    r[f"{side}_{phase}_s"] = statistics.median(r[f"{side}_{phase}_all"])
             rows[name] = r
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -164,8 +176,10 @@ def report(args, nfiles: int, nbytes: int, gen: float, rows: dict) -> None:
           "more batches\n")
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
           f"{rclone_version}, {time.strftime('%Y-%m-%d')}. Command: `python benchmarks/backup.py --partitions "
-          f"{args.partitions} --batches {args.batches} --advance {args.advance}`. Load average (1 min) at the start "
-          f"and the end: {args.load[0]:.1f}, {args.load[1]:.1f}.\n")
+          f"{args.partitions} --batches {args.batches} --advance {args.advance}"
+          + (f" --repeat {args.repeat}" if args.repeat > 1 else "") + "`. Load average (1 min) at the start "
+          f"and the end: {args.load[0]:.1f}, {args.load[1]:.1f}."
+          + (f" Times are medians of {args.repeat} runs." if args.repeat > 1 else "") + "\n")
     print("| destination | backup | `checkpoint-ops backup create` | `rclone copy` | ratio | files read / objects new |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
@@ -174,6 +188,12 @@ def report(args, nfiles: int, nbytes: int, gen: float, rows: dict) -> None:
             ratio = r[f"ours_{phase}_s"] / r[f"rclone_{phase}_s"]
             print(f"| {name} | {phase} | {r[f'ours_{phase}_s']:.2f} s | {r[f'rclone_{phase}_s']:.2f} s | "
                   f"**{ratio:.2f}x** | {o['read_files']:,} / {o['new_objects']:,} ({o['new_bytes'] / 1e6:.1f} MB) |")
+    if args.repeat > 1:
+        for name, r in rows.items():
+            for phase in ("full", "incremental"):
+                runs = ", ".join(f"{a:.2f} / {b:.2f}" for a, b in zip(r[f"ours_{phase}_all"], r[f"rclone_{phase}_all"]))
+                print(f"\nAll runs, {name} {phase} (ours / rclone, s): {runs}.", end="")
+        print()
     for name, r in rows.items():
         if r.get("ours_full_requests"):
             print(f"\nS3 requests counted at the server ({name}):\n")

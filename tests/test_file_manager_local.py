@@ -168,22 +168,80 @@ def test_write_many_keeps_sidecars_where_the_file_system_keeps_them(tmp_path):
     assert (tmp_path / "offsets" / "5").read_bytes() == b"v1\n{}"
 
 
-def test_write_many_killed_before_a_publish_shows_only_whole_files(tmp_path):
-    """The crash switch counts each publish: killed at the third, the first two are whole, the third and
-    later are absent (a hidden temp file at most, which `backup prune` clears)."""
+def _five_files_killed_at_the_third(tmp_path, method: str) -> None:
+    """``fm.<method>`` of five files ``o/0`` .. ``o/4`` (1000 bytes of i each) in a child process that the
+    crash switch kills at its third mutating call."""
     import signal
     import subprocess
     import sys
 
     code = ("import sys; from checkpoint_ops.storage import open_file_manager\n"
             "fm, root = open_file_manager(sys.argv[1]); fm.hadoop_crc = False; fm.defer_sync = True\n"
-            "fm.write_many([(f'{root}/o/{i}', bytes([i]) * 1000) for i in range(5)])\n")
+            f"fm.{method}([(f'{{root}}/o/{{i}}', bytes([i]) * 1000) for i in range(5)])\n")
     env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="3")
     p = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, capture_output=True)
     assert p.returncode == -signal.SIGKILL, p.stderr
+
+
+def test_write_many_killed_before_a_publish_shows_only_whole_files(tmp_path):
+    """The crash switch counts each publish: killed at the third, the first two are whole, the third and
+    later are absent (a hidden temp file at most, which `backup prune` clears)."""
+    _five_files_killed_at_the_third(tmp_path, "write_many")
     assert [n for n in _visible(tmp_path / "o") if not n.startswith(".")] == ["0", "1"]
     assert [(tmp_path / "o" / n).read_bytes() for n in ("0", "1")] == [b"\x00" * 1000, b"\x01" * 1000]
     assert len(_litter(tmp_path)) == 1  # the third one's temp file, never published
+
+
+def test_write_many_direct_creates_in_place_and_never_replaces(tmp_path):
+    """A backup's objects: each new file created under its own name (no temp file, no rename, no link),
+    an existing one left as it is (False), and a name that needs a sidecar published as ``write_many``
+    publishes it."""
+    fm, root = _lean(tmp_path)
+    fm.write_bytes(f"{root}/objects/ab/old", b"there before")
+    fm.counter.reset()
+    created = fm.write_many_direct([(f"{root}/objects/ab/new", b"new"), (f"{root}/objects/ab/old", b"other"),
+                                    (f"{root}/objects/cd/x", b""), (f"{root}/objects/ab/new", b"again")])
+    assert created == [True, False, True, False]
+    assert (tmp_path / "objects" / "ab" / "old").read_bytes() == b"there before"
+    assert (tmp_path / "objects" / "ab" / "new").read_bytes() == b"new"
+    assert (tmp_path / "objects" / "cd" / "x").read_bytes() == b""
+    assert _litter(tmp_path) == [] and _visible(tmp_path / "objects" / "ab") == ["new", "old"]
+    assert fm.counter.snapshot() == {"write": 2}  # no rename, no link, no delete: one create each
+    assert fm.names_may_be_partial
+
+    ckpt, croot = open_file_manager(str(tmp_path / "ckpt"))  # a checkpoint's manager: Hadoop .crc sidecars
+    assert ckpt.write_many_direct([(f"{croot}/offsets/5", b"v1\n{}")]) == [True]
+    assert hadoop_crc_matches(b"v1\n{}", (tmp_path / "ckpt" / "offsets" / ".5.crc").read_bytes())
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_write_many_direct_racing_writers_exactly_one_creates(tmp_path, round_):
+    import threading
+
+    fm, root = _lean(tmp_path)
+    barrier, results = threading.Barrier(4), [None] * 4
+
+    def writer(i):
+        barrier.wait()
+        results[i] = fm.write_many_direct([(f"{root}/o/same", f"writer {i}".encode() * 1000)])[0]
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results.count(True) == 1, results
+    assert (tmp_path / "o" / "same").read_bytes() == f"writer {results.index(True)}".encode() * 1000
+
+
+def test_write_many_direct_killed_leaves_the_file_it_was_creating_empty_under_its_name(tmp_path):
+    """The crash switch counts each file once its name exists, before its bytes: killed at the third, the
+    first two are whole, the third is there but empty (what a dying writer leaves: no manifest may trust
+    it unchecked), the later ones are absent, and there is no temp file."""
+    _five_files_killed_at_the_third(tmp_path, "write_many_direct")
+    assert _visible(tmp_path / "o") == ["0", "1", "2"]
+    assert [(tmp_path / "o" / n).read_bytes() for n in ("0", "1", "2")] == [b"\x00" * 1000, b"\x01" * 1000, b""]
+    assert _litter(tmp_path) == []
 
 
 @pytest.mark.parametrize("refused", [

@@ -43,6 +43,19 @@ def test_overwrite_false_is_conditional(s3_server, bucket):
     assert fm.read_bytes(f"{root}/commits/0") == b"third"
 
 
+def test_write_many_direct_is_conditional_puts(s3_server, bucket):
+    """On an object store, creating in place is ``write_many``: one conditional PUT per file, whole or
+    absent, an existing object never replaced; nothing here is ever part-written."""
+    fm, root = open_file_manager(f"s3://{bucket}/dest")
+    fm.write_bytes(f"{root}/objects/old", b"there before")
+    fm.counter.reset()
+    assert fm.write_many_direct([(f"{root}/objects/new", b"new"), (f"{root}/objects/old", b"other")]) == [True, False]
+    assert fm.read_bytes(f"{root}/objects/old") == b"there before"
+    assert fm.read_bytes(f"{root}/objects/new") == b"new"
+    assert fm.counter.snapshot()["PutObject"] == 2
+    assert not fm.names_may_be_partial
+
+
 @pytest.mark.parametrize("round_", range(5))
 def test_racing_writers_exactly_one_winner(s3_server, bucket, round_):
     fms = [open_file_manager(f"s3://{bucket}/ckpt")[0] for _ in range(4)]  # separate clients

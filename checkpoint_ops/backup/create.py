@@ -11,7 +11,12 @@ from N needs them; if one that does vanishes, the backup starts over at the new 
 
 Incremental: a file whose path, size and modification time (for Spark's uniquely named files, path and
 size) match the previous backup of the same checkpoint is not read again; its hash is taken from that
-manifest. New content is hashed, then stored once per destination (put-if-absent).
+manifest. New content is hashed, then stored once per destination, never replacing an object that holds
+it: created in place (``Repository.put_objects_direct``; on local disk no temp file and no rename) and
+made durable by the one sync before the manifest. An object that was already there is trusted only if a
+published manifest names it (the parent's objects are not even looked at); any other may be the
+part-written leftover of a backup that died before its manifest, so it is read back and hashed, and
+replaced atomically if it does not hold its content (``repaired_objects``).
 
 Order: the source is validated whole before the destination is created or written (a backup of an
 unusable source leaves nothing behind); then the backup writes its intent (a heartbeat keeps it alive),
@@ -44,7 +49,7 @@ from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id
 
 WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network), one file per task
 # To local disk the work is system calls (which release the GIL) and hashing: a few threads keep the disk
-# and both cores busy; each task is a run of files whose new contents are stored in one ``write_many``
+# and both cores busy; each task is a run of files whose new contents are stored in one ``put_objects_direct``
 LOCAL_WORKERS = 4
 LOCAL_BATCH = 256  # files per task to local disk (a future per file cost more than its copy)
 BATCH_BYTES = 16 * 2**20  # new content one task holds in memory before it stores it
@@ -364,12 +369,26 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     under the intent) and publish the manifest."""
     parent = _parent(repo, cut.url, refresh=True)
     known = _known(parent)
-    have = parent.hashes() if parent is not None else set()
+    have = parent.hashes() if parent is not None else set()  # sealed by the parent: never looked at
     total = sum(len(r[3]) for r in cut.roots.values())
     bar = _Progress(total, progress)
     lock = threading.Lock()
-    stats = {"new_objects": 0, "new_bytes": 0, "read_files": 0, "read_bytes": 0, "skipped_vanished": []}
+    stats = {"new_objects": 0, "new_bytes": 0, "repaired_objects": 0, "read_files": 0, "read_bytes": 0,
+             "skipped_vanished": []}
     uploading: set[str] = set()  # content one worker is storing: files with the same bytes do not store it again
+    sealed: list[set[str]] = []  # every object a usable manifest names, built when first needed
+
+    def damaged_leftover(sha: str) -> bool:
+        """Whether the object of content ``sha``, which was already there (not created by this backup),
+        must be replaced: no published manifest names it, so it may be the part-written leftover of a
+        backup that died before its manifest; it is read back and hashed (where objects may be partial).
+        The caller then replaces it atomically, and counts it in ``repaired_objects``."""
+        if not repo.objects_may_be_partial:
+            return False
+        with lock:
+            if not sealed:
+                sealed.append(have.union(*(m.hashes() for m in repo.manifests())))
+        return sha not in sealed[0] and repo.object_hash(sha) != sha
 
     def first_upload(sha: str) -> bool:
         with lock:
@@ -387,11 +406,13 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             bar.step()
             return (rel, prev[0], size, mtime), None
         path = f"{root_path}/{rel}"
-        store = None
+        store, repaired = None, False
         try:
             if size > _BIG:
                 sha = _read(fm, path, lambda: _hash_stream(fm, path))
                 created = sha not in have and repo.put_object_stream(sha, fm, path)
+                if not created and sha not in have and damaged_leftover(sha):
+                    repaired = repo.put_object_stream(sha, fm, path, replace=True)
                 nbytes = size
             else:
                 data = cut.prefetched.pop((rid, rel), None)
@@ -420,19 +441,28 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             if created:
                 stats["new_objects"] += 1
                 stats["new_bytes"] += nbytes
+            stats["repaired_objects"] += int(repaired)
         bar.step()
         return (rel, sha, nbytes, mtime), store
 
     def store(pending: list[tuple[str, bytes]]) -> None:
-        """Store the claimed contents (one ``write_many``: a few system calls each on local disk)."""
+        """Store the claimed contents (one ``put_objects_direct``: three system calls each on local disk);
+        replace the ones that were already there but damaged (``damaged_leftover``)."""
         if not pending:
             return
-        created = repo.put_objects(pending)
+        created = repo.put_objects_direct(pending)
+        new_objects = new_bytes = repaired = 0
+        for (sha, data), made in zip(pending, created):
+            if made:
+                new_objects += 1
+                new_bytes += len(data)
+            elif damaged_leftover(sha):
+                repo.replace_object(sha, data)
+                repaired += 1
         with lock:
-            for (_, data), made in zip(pending, created):
-                if made:
-                    stats["new_objects"] += 1
-                    stats["new_bytes"] += len(data)
+            stats["new_objects"] += new_objects
+            stats["new_bytes"] += new_bytes
+            stats["repaired_objects"] += repaired
 
     def batch(rid: str, fm, root_path: str, items: list[tuple[str, object]]) -> list[tuple | None]:
         """A run of files, read and hashed one by one, their new contents stored in batches of at most
@@ -476,7 +506,8 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
         "compact_intervals": {"source": source_interval, "sink": sink_interval},
         "parent": parent.id if parent is not None else None,
         "stats": {"files": nfiles, "bytes": nbytes, "new_objects": stats["new_objects"],
-                  "new_bytes": stats["new_bytes"], "read_files": stats["read_files"], "read_bytes": stats["read_bytes"]},
+                  "new_bytes": stats["new_bytes"], "repaired_objects": stats["repaired_objects"],
+                  "read_files": stats["read_files"], "read_bytes": stats["read_bytes"]},
     }
     intent.check()  # a lapsed intent let a garbage collection run: objects this backup reuses may be gone
     m = repo.publish(backup_id, doc)

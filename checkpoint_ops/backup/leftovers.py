@@ -2,6 +2,11 @@
 
 * Local disk and HDFS-like stores: the hidden temp file of an atomic write (``.<name>.<uuid>.tmp``,
   see ``storage/rename.py``) whose writer died before it published it.
+* Local disk: also the object a backup was creating in place (``Repository.put_objects_direct``) when
+  it died, part-written under its own name. Nothing tells it from a whole object by name, so it is not a
+  leftover here: no manifest names it, so prune collects it with the other unreferenced objects (under the
+  same rule: only while no backup is being taken), and a backup that needs it reads it back first
+  (``create.py``).
 * Object stores (``direct-put``): an object up to 64 MiB is one PUT and leaves nothing; the local spool
   of a bigger one is an anonymous temp file that vanishes with its process. A bigger object is a
   multipart upload: if its writer is killed, the upload stays open at the store with the parts sent so

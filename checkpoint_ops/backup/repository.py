@@ -12,8 +12,15 @@ Layout under the destination URL (local directory or object-store prefix)::
     intents/<backup id>.json        a backup being taken (claims.py: its holder, kept alive by a heartbeat)
     locks/prune-<id>.json           a garbage collection in progress (backups wait for it while it lives)
 
-Every write goes through the atomic file manager. Objects are only ever created (put-if-absent); a
-manifest names each file by path relative to its root and the hash of its content.
+Every write goes through the file manager. A manifest names each file by path relative to its root and
+the hash of its content. Objects are created under their hashes, never replaced while they hold what
+their name says; on local disk they are created in place (``put_objects_direct``: no temp file, no
+rename), so a backup that dies before its manifest can leave one part-written under its name. An object
+is therefore trusted only when a published manifest names it (each is published after ``sync()``, once
+every object it names is whole and durable); an existing object no manifest names is read back and
+checked before a backup relies on it, and replaced atomically if it does not match
+(``replace_object``). Restore, verify and drills read only objects a manifest names; prune deletes the
+ones none names, part-written or not, while no backup is being taken.
 
 A manifest is checked whole when it is read (``manifest_problem``). A damaged one (not JSON, the wrong
 shape, an unknown format, a path outside its root, a hash that is not one) is set aside with its reason
@@ -374,15 +381,34 @@ class Repository:
         except FileExistsError:
             return False
 
-    def put_objects(self, items: list[tuple[str, bytes]]) -> list[bool]:
-        """``put_object`` of each (sha256, content), in one ``write_many`` of the file manager (each
-        object whole or absent, never replaced); per item, True if this call created it."""
-        return self.fm.write_many([(self.object_path(sha), data) for sha, data in items])
+    def put_objects_direct(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """Store each (sha256, content) under its hash, created in place where the file manager can
+        (``write_many_direct``: on local disk no temp file and no rename); per item, True if this call
+        created it. An object is never replaced. Not atomic: until ``sync()`` and a manifest seal it, an
+        object may be part-written, and one that was already there (False) may be the part-written
+        leftover of a backup that died (``objects_may_be_partial``): check it (``object_hash``) before
+        relying on it. Only a writer that publishes a manifest after ``sync()`` may use this."""
+        return self.fm.write_many_direct([(self.object_path(sha), data) for sha, data in items])
 
-    def put_object_stream(self, sha: str, fm: CheckpointFileManager, path: str) -> bool:
+    @property
+    def objects_may_be_partial(self) -> bool:
+        """Whether an object no manifest names may be part-written here (``names_may_be_partial`` of the
+        file manager: local disk). Elsewhere every stored object is whole."""
+        return self.fm.names_may_be_partial
+
+    def replace_object(self, sha: str, data: bytes) -> None:
+        """Store ``data`` (whose hash is ``sha``) in place of whatever is there, atomically: a reader sees
+        the old file or the new one, whole (a temp file renamed over it)."""
+        self.fm.write_bytes(self.object_path(sha), data, overwrite=True)
+
+    def put_object_stream(self, sha: str, fm: CheckpointFileManager, path: str, replace: bool = False) -> bool:
         """``put_object`` for a big file of ``fm``, copied without holding it in memory (in the kernel
-        between local disks: ``CheckpointFileManager.copy_in``); stored only if its content still has
-        hash ``sha`` (else OSError: it changed while it was being backed up)."""
+        between local disks: ``CheckpointFileManager.copy_in``), published whole; stored only if its
+        content still has hash ``sha`` (else OSError: it changed while it was being backed up). With
+        ``replace``, it atomically replaces whatever is stored under ``sha`` (``replace_object`` for a big
+        file: True)."""
+        if replace:
+            return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha, overwrite=True)
         if self.object_exists(sha):
             return False
         return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha)

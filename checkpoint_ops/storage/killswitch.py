@@ -1,7 +1,9 @@
 """A test-only crash switch: ``CHECKPOINT_OPS_KILL_AT=k`` kills the process at its k-th mutating call.
 
 Every change any operation makes goes through a file manager, so counting there covers them all:
-each published atomic write, each file deleted, moved, copied or undeleted, each upload aborted (batch
+each published atomic write, each file created in place (``write_many_direct``: counted once its name
+exists and before its bytes are written, so a crash can leave it empty under its name), each file
+deleted, moved, copied or undeleted, each upload aborted (batch
 calls count file by file and, while the switch is armed, run file by file so a crash can land between
 any two), and each chunk a multipart upload sends (so a crash can leave one half done, as a dying
 writer does). The

@@ -216,20 +216,53 @@ class CheckpointFileManager(abc.ABC):
                 created.append(False)
         return created
 
-    def copy_in(self, src: "CheckpointFileManager", src_path: str, dst_path: str, sha256: str | None = None) -> bool:
-        """Publish a copy of ``src_path`` (a file of ``src``, any strategy) at ``dst_path`` as a new file,
-        with the guarantees of ``write_bytes(dst_path, ..., overwrite=False)``: whole or not at all, never
-        replacing (False when a file is there already, True when this call created it), as durable as
-        ``write_bytes`` makes it. With ``sha256``, the copy is published only if its content has that
-        hash, else OSError naming the source (it changed while it was copied) and nothing is published.
-        A missing source is FileNotFoundError. One mutating call for the crash switch (the publish).
+    def write_many_direct(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
+        """Create several new files directly under their names: for contents that nobody trusts until
+        something published after ``sync()`` vouches for them (a backup's objects, sealed by its manifest).
+
+        Returns, per item in order, True where this call created the file, False where a file of that name
+        was already there (left alone, its content not compared). An existing file is never replaced, even
+        against a racing writer; no checksum sidecar is written where none is kept (names that need one
+        are published as ``write_many`` publishes them). Each created file is one mutating call for the
+        crash switch. A file is as durable as ``write_bytes`` makes it (where the strategy defers syncing,
+        only once ``sync()`` returns).
+
+        Unlike ``write_many``, a file is not published whole where ``names_may_be_partial`` is True
+        (local disk): it is visible under its name from the moment it is created, so a reader may see it
+        part-written while it is written, and a crash of the process or the machine (before ``sync()``
+        returns) can leave it part-written or empty under its name for good; so can an error while it is
+        written (it is not removed: a racing writer may have replaced it meanwhile), which stops the batch.
+        A file this call did not create (False) may be such a leftover: a caller trusts it only if
+        something it trusts vouches for it, and otherwise reads it back to check it.
+
+        The default is ``write_many`` (object stores: a PUT is whole anyway; HDFS-like stores).
+        """
+        return self.write_many(items)
+
+    @property
+    def names_may_be_partial(self) -> bool:
+        """Whether a file under its final name here may be part-written, left by a crash during
+        ``write_many_direct`` of any strategy that writes here: on local disk (``LocalFileManager``
+        creates them in place). Object stores never hold one (every write is one whole PUT, or a multipart
+        upload completed at once); nor do HDFS-like stores (``write_many_direct`` publishes atomically)."""
+        return self.location.is_local
+
+    def copy_in(self, src: "CheckpointFileManager", src_path: str, dst_path: str, sha256: str | None = None,
+                overwrite: bool = False) -> bool:
+        """Publish a copy of ``src_path`` (a file of ``src``, any strategy) at ``dst_path``, with the
+        guarantees of ``write_bytes(dst_path, ..., overwrite)``: whole or not at all; without ``overwrite``
+        never replacing (False when a file is there already, True when this call created it), with it
+        replacing what is there in one atomic step (True); as durable as ``write_bytes`` makes it. With
+        ``sha256``, the copy is published only if its content has that hash, else OSError naming the
+        source (it changed while it was copied) and nothing is published. A missing source is
+        FileNotFoundError. One mutating call for the crash switch (the publish).
 
         The default streams the bytes through ``create_atomic``, hashing them as they go by; a strategy
         may copy without them passing through this process (local disk from local disk: in the kernel).
         """
         h = hashlib.sha256()
         try:
-            with src.open_read(src_path) as f, self.create_atomic(dst_path, overwrite=False) as out:
+            with src.open_read(src_path) as f, self.create_atomic(dst_path, overwrite=overwrite) as out:
                 while chunk := f.read(COPY_CHUNK):
                     h.update(chunk)
                     out.write(chunk)
