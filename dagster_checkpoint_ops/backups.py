@@ -43,6 +43,8 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
         "backup_files": dg.MetadataValue.int(r["files"]),
         "backup_bytes": dg.MetadataValue.int(r["bytes"]),
         "backup_new_bytes": dg.MetadataValue.int(r["new_bytes"]),
+        # objects found part-written (a backup that died before its manifest) and replaced: 0 unless one did
+        "backup_repaired_objects": dg.MetadataValue.int(r["repaired_objects"]),
         "backup_verified": dg.MetadataValue.bool(v["ok"]),
         "backups_pruned": dg.MetadataValue.int(pruned.outcome.manifests_deleted if pruned.applied else 0),
         "backup_destination": dg.MetadataValue.text(dest),
