@@ -12,13 +12,13 @@ import dagster as dg
 
 from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.errors import CheckpointOpsError, parameter_names
-from checkpoint_ops.fence import recovery_advice
+from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.lease import LeaseSet, acquire_all
-from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.rollback import RollbackOperation
+from checkpoint_ops.storage.paths import join
 from checkpoint_ops.timeline import batch_times
 from checkpoint_ops.units import parse_time
 from dagster_checkpoint_ops.compat import check_before_run
@@ -102,13 +102,18 @@ def _progress(p) -> dict:
 
 
 def _refuse_if_fenced(query, files) -> None:
-    """An interrupted operation fenced the checkpoint: say how to finish it (Spark's own error is opaque)."""
+    """An interrupted operation fenced the checkpoint: say how to finish it (Spark's own error is opaque).
+    One read of ``metadata`` (where the fence is), not a listing of the whole checkpoint: a missing or
+    unreadable ``metadata`` is Spark's to start or to refuse."""
     fm, root = files.file_manager(query.checkpoint)
-    ckpt = Checkpoint(fm, root)
-    if "metadata" in ckpt.listing and ckpt.fence is not None:
-        f = ckpt.fence
+    try:
+        raw = fm.read_bytes(join(root, "metadata"))
+    except OSError:
+        return
+    if is_fence(raw):
+        f = parse_fence(raw)
         raise dg.Failure(description=f"{query.checkpoint}: an interrupted checkpoint-ops {f.operation} ({f.op_id}) "
-                         f"fenced this checkpoint: {recovery_advice(f, ckpt.url)}, then run again.")
+                         f"fenced this checkpoint: {recovery_advice(f, fm.url(root.rstrip('/')))}, then run again.")
 
 
 def _is_connect(spark) -> bool:

@@ -378,3 +378,58 @@ def test_a_killed_materialization_leaves_a_lease_the_next_run_takes_over(spark, 
     got = read_output(spark, query.sinks[0])
     want = {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}
     assert got == want, "rows lost or counted twice after the takeover"
+
+
+def test_a_fenced_checkpoint_fails_the_run_with_how_to_finish_it(spark, tmp_path, instance):
+    """A rollback killed after it fenced the checkpoint: the next materialization fails before Spark starts,
+    naming the interrupted operation and the command that finishes it, with the compat check (its own
+    refusal) and without it (``skip_compat_check``: the run's one read of ``metadata``), and changes
+    nothing; the advised command finishes the rollback and the next run reprocesses exactly."""
+    import subprocess
+    import sys
+
+    from tests.helpers import cli_json
+
+    base, home = str(tmp_path / "q"), str(tmp_path / "home")
+    query = counts_query(base, name="fenced")
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    inp = os.path.join(base, "input")
+    write_event_files(inp, 0, GOOD_FIRST)
+    first = materialize(defs, "fenced", instance)
+    assert first.success, first.all_events
+    good_until = metadata(first, "fenced")["last_committed_batch"]
+    write_event_files(inp, GOOD_FIRST, GOOD_FIRST + 2)
+    assert materialize(defs, "fenced", instance).success
+    unload_state_stores(spark)
+
+    intervals = ["--source-compact-interval", "5", "--sink-compact-interval", "5"]
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="12")  # after the fence (calls 9, 10) and one file moved aside
+    killed = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", query.checkpoint, "--to-batch",
+                             str(good_until), "--sink", query.sinks[0], *intervals, "--yes", "--json"],
+                            env=env, capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    with open(os.path.join(query.checkpoint, "metadata"), "rb") as f:
+        assert f.read().startswith(b"CHECKPOINT-OPS-FENCE"), "the rollback was not killed after its fence"
+    roots = [query.checkpoint, *query.sinks]
+
+    def files_spark_reads() -> dict:  # the killed rollback's leases are taken over (and released) by the run
+        return {p: v for p, v in tree_snapshot(*roots).items() if ".checkpoint-ops.lease" not in p}
+
+    before = files_spark_reads()
+    resume = f"checkpoint-ops resume {query.checkpoint}"
+    for config, opening in [({}, "compat check of fenced could not judge the checkpoint"),
+                            ({"skip_compat_check": True}, f"{query.checkpoint}: an interrupted checkpoint-ops rollback")]:
+        r = materialize(defs, "fenced", instance, **config)
+        assert not r.success
+        description = r.get_step_failure_events()[0].step_failure_data.user_failure_data.description
+        assert description.startswith(opening) and "fenced this checkpoint" in description, description
+        assert resume in description, description
+        assert files_spark_reads() == before, config
+
+    code, resumed = cli_json("resume", query.checkpoint, *intervals)
+    assert code == 0, resumed
+    flush_files(inp, GOOD_FIRST + 1)  # evicts every real window of the reprocessed files
+    assert materialize(defs, "fenced", instance).success
+    got = read_output(spark, query.sinks[0])
+    assert got == {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}
+    unload_state_stores(spark)
