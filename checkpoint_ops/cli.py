@@ -11,8 +11,6 @@ Exit codes: 0 done/healthy, 1 findings or refused, 2 unusable input, 3 internal 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import gc
 import getpass
 import json
 import os
@@ -21,6 +19,7 @@ import traceback
 from dataclasses import dataclass
 
 from . import __version__
+from .collector import BULK_GC_THRESHOLDS, fewer_collections
 from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
@@ -176,22 +175,9 @@ def _is_storage_client_error(e: Exception) -> bool:
     return type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
 
 
-# The cyclic garbage collector's thresholds while a command runs. A command builds large structures that
-# live until it ends and hold no cycles (a listing of every file, the state model, a plan with an action
-# per file): at the default thresholds the collector walks all of them again and again (a fifth of a
-# rollback of 44,600 files went there). Cycles are still collected, just less often.
-COMMAND_GC_THRESHOLDS = (100_000, 50, 1_000)
-
-
-@contextlib.contextmanager
-def _command_gc():
-    """``COMMAND_GC_THRESHOLDS`` for the duration of one command (``main`` may be called in-process)."""
-    before = gc.get_threshold()
-    gc.set_threshold(*COMMAND_GC_THRESHOLDS)
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
+# The collector's thresholds while a command runs (collector.py: a command's big structures hold no cycles).
+COMMAND_GC_THRESHOLDS = BULK_GC_THRESHOLDS
+_command_gc = fewer_collections
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,15 +3,17 @@
 import dagster as dg
 
 from checkpoint_ops.check_pass import shared_fsck
+from checkpoint_ops.collector import fewer_collections
 from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
 
 def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -> tuple[list, dict]:
     """fsck of a query's checkpoint and file sinks: (error findings, metadata)."""
-    ckpt = files.checkpoint(query.checkpoint)
-    sinks = [files.sink(s) for s in query.sinks]
-    findings = shared_fsck(ckpt, sinks)  # the materialization's pass, if nothing changed since
+    with fewer_collections():  # listings and models that hold no cycles (collector.py)
+        ckpt = files.checkpoint(query.checkpoint)
+        sinks = [files.sink(s) for s in query.sinks]
+        findings = shared_fsck(ckpt, sinks)  # the materialization's pass, if nothing changed since
     errors = [f for f in findings if f.severity == "error"]
     return errors, {
         "errors": dg.MetadataValue.int(len(errors)),

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import dagster as dg
 
 from checkpoint_ops.check_pass import run_check_pass
+from checkpoint_ops.collector import fewer_collections
 from checkpoint_ops.errors import CheckpointOpsError, parameter_names
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.ledger import Ledger
@@ -211,11 +212,12 @@ def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
         elif config.dry_run:
             return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
                                                   "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
-        with query_spark_conf(spark, query):  # Spark judges the query with the settings it will run with
+        with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
             md.update(check_before_run(context, query, config, spark, files))
         progress = run_query(context, query, spark, files)
         md.update(undo_metadata(query, md, progress))
-        md.update(describe(query, files, progress))
+        with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
+            md.update(describe(query, files, progress))
         leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
     return dg.MaterializeResult(metadata=md)
