@@ -135,6 +135,7 @@ class Case:
     reads: set = field(default_factory=set)  # read-only commands that read it: inspect, offsets, ledger
     unprivileged: bool = False  # run the commands without root's permission override (permission cases)
     sink_from: str | None = None  # pass the output of this flavour's query as --sink instead of the run's own
+    target: Callable | None = None  # (run) -> the rollback target; default target_before_last_compaction
 
     def __str__(self):
         return self.name
@@ -281,24 +282,44 @@ def v2_missing_sst(run, n):
     return (os.path.relpath(sst, run.checkpoint),)
 
 
-def v2_stale_checksum(run, n):
-    uid = commit_uid(run, n, 0)
-    path = os.path.join(store_dir(run, 0), f"{n + 1}_{uid}.changelog.crc")
-    doc = json.loads(open(path).read())
-    doc["value"] = doc["value"] + 1
-    write(path, json.dumps(doc, separators=(",", ":")).encode())
-    return (f"state/0/0/{n + 1}_{uid}.changelog",)
-
-
-def v2_zero_changelog(run, n):
+def _replayed_changelog(run, n) -> str:
     """The changelog of version n+1 in a partition where that version has no zip (so the load reads it)."""
     for part in (1, 0):
         uid = commit_uid(run, n, part)
         if not os.path.exists(ck(run, f"state/0/{part}/{n + 1}_{uid}.zip")):
-            rel = f"state/0/{part}/{n + 1}_{uid}.changelog"
-            write(ck(run, rel), b"")
-            return (rel,)
-    raise AssertionError(f"version {n + 1} has a zip in every partition")
+            return f"state/0/{part}/{n + 1}_{uid}.changelog"
+    raise AssertionError(f"version {n + 1} has a zip in every partition (choose the target with changelog_target)")
+
+
+def changelog_target(run) -> int:
+    """The rollback target for a damaged changelog: ``target_before_last_compaction``, or the nearest batch
+    below it whose restart replays a changelog in some partition. Spark's maintenance uploads zips on its
+    own clock, so which versions have one is timing: version n+1 may have a zip in every partition, and a
+    restart then reads no changelog of it (a case aimed there would be vacuous)."""
+    n = target_before_last_compaction(run)
+    for target in range(n, n - 4, -1):
+        try:
+            _replayed_changelog(run, target)
+            return target
+        except AssertionError:
+            continue
+    raise AssertionError(f"versions {n - 2}..{n + 1} have a zip in every partition: no changelog is replayed")
+
+
+def v2_stale_checksum(run, n):
+    rel = _replayed_changelog(run, n)
+    path = ck(run, rel + ".crc")  # Spark's own checksum file of the changelog (JSON), not a Hadoop sidecar
+    doc = json.loads(open(path).read())
+    doc["value"] = doc["value"] + 1
+    write(path, json.dumps(doc, separators=(",", ":")).encode())
+    return (rel,)
+
+
+def v2_zero_changelog(run, n):
+    """The changelog of version n+1 in a partition where that version has no zip (so the load reads it)."""
+    rel = _replayed_changelog(run, n)
+    write(ck(run, rel), b"")
+    return (rel,)
 
 
 def stale_crc_same_size(run, n):
@@ -473,8 +494,8 @@ CASES = [
     Case("missing_sst", "rocksdb", missing_sst, "restart"),
     Case("v2_unique_id_without_file", "rocksdb_v2", v2_uid_without_file, "restart", {"inspect"}),
     Case("v2_missing_sst", "rocksdb_v2", v2_missing_sst, "restart"),
-    Case("v2_stale_spark_checksum", "rocksdb_v2", v2_stale_checksum, "restart"),
-    Case("v2_zero_byte_changelog", "rocksdb_v2", v2_zero_changelog, "restart", {"inspect"}),
+    Case("v2_stale_spark_checksum", "rocksdb_v2", v2_stale_checksum, "restart", target=changelog_target),
+    Case("v2_zero_byte_changelog", "rocksdb_v2", v2_zero_changelog, "restart", {"inspect"}, target=changelog_target),
     Case("stale_crc_same_size", "hdfs", stale_crc_same_size, "restart"),
     Case("stale_crc_sink_log", "rocksdb", stale_crc_sink_plain, "restart", {"inspect"}),
     Case("sink_log_gap", "rocksdb", sink_log_gap, "restart", {"inspect"}),
@@ -575,7 +596,7 @@ def test_bad_input(spark, spark_runs, case: Case):
     if other is not None:
         other.reset()
     sink = other.output if other is not None else run.output
-    n = target_before_last_compaction(run)
+    n = (case.target or target_before_last_compaction)(run)
     runner = without_root_override if case.unprivileged and os.geteuid() == 0 else cli
     try:
         named_as = case.damage(run, n) + ((sink,) if other is not None else ())
