@@ -6,10 +6,12 @@ of every log file. At Python's default thresholds (700, 10, 10) the collector wa
 and again: a fifth of a rollback of 44,600 files, and 0.6 to 0.8 s of a materialization's checks at
 10,000 retained batches (five full collections), went there. ``fewer_collections`` raises the
 thresholds for the duration of such work and restores them afterwards, also after a failure. Cycles
-are still collected, less often; peak memory is unchanged (``benchmarks/memory.py``).
+are still collected, less often; the CLI's peak memory at 500,000 ledgered batches is unchanged
+(``benchmarks/memory.py``).
 
-Used by the CLI around each command and by the Dagster layer around its compat check, its check
-pass and its health check; never around a Spark run or user code.
+Used by the CLI around each command, and by the Dagster layer around its compat check (which also
+builds the user's query to read its plan, and may restart it on a scratch copy), its check pass and
+its health check; not around the materialization's Spark run.
 """
 
 from __future__ import annotations
