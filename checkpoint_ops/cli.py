@@ -19,7 +19,7 @@ import traceback
 from dataclasses import dataclass
 
 from . import __version__
-from .collector import BULK_GC_THRESHOLDS, fewer_collections
+from .collector import fewer_collections
 from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
@@ -175,17 +175,12 @@ def _is_storage_client_error(e: Exception) -> bool:
     return type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
 
 
-# The collector's thresholds while a command runs (collector.py: a command's big structures hold no cycles).
-COMMAND_GC_THRESHOLDS = BULK_GC_THRESHOLDS
-_command_gc = fewer_collections
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     as_json = getattr(args, "json", False)
     try:
-        with _command_gc():
+        with fewer_collections():  # a command's big structures hold no cycles (collector.py)
             return args.func(args)
     except CheckpointOpsError as e:
         if as_json:

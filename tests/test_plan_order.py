@@ -3,7 +3,8 @@
 import gc
 import random
 
-from checkpoint_ops.cli import COMMAND_GC_THRESHOLDS, _command_gc, main
+from checkpoint_ops.cli import main
+from checkpoint_ops.collector import BULK_GC_THRESHOLDS, fewer_collections
 from checkpoint_ops.plan import PHASES, FileAction, Plan
 
 NAMES = ["12.delta", ".12.delta.crc", "12_1f0e.zip", "metadata", "x", "..5.y", "7", "7.", "0012.snapshot", "abc.1",
@@ -37,15 +38,15 @@ def test_ordered_is_phase_then_directory_then_newest_batch_first():
 
 
 def test_a_command_runs_with_raised_collector_thresholds_and_restores_them():
-    """Inside a command the collector's thresholds are ``COMMAND_GC_THRESHOLDS``; after it, also after a
+    """Inside a command the collector's thresholds are ``BULK_GC_THRESHOLDS``; after it, also after a
     failure, they are what they were (``main`` is called in-process by benchmarks and tests)."""
     before = gc.get_threshold()
-    assert before != COMMAND_GC_THRESHOLDS
-    with _command_gc():
-        assert gc.get_threshold() == COMMAND_GC_THRESHOLDS
+    assert before != BULK_GC_THRESHOLDS
+    with fewer_collections():
+        assert gc.get_threshold() == BULK_GC_THRESHOLDS
     assert gc.get_threshold() == before
     try:
-        with _command_gc():
+        with fewer_collections():
             raise KeyError("boom")
     except KeyError:
         pass
