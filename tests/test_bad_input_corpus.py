@@ -416,22 +416,6 @@ def truncated_latest_delta(run, n):
     return (rel,)
 
 
-def truncated_latest_state_read(run, n):
-    """The newest version's state file that a restart after the last commit reads, cut in half: its delta
-    in a partition without a snapshot of that version, else its snapshot. Spark's maintenance writes
-    snapshots on its own clock, and where the newest version has one the delta is not read (a torn delta
-    there is no damage to the restart)."""
-    version = run.last_batch + 1
-    for part in (0, 1):
-        if not os.path.exists(ck(run, f"state/0/{part}/{version}.snapshot")):
-            rel = f"state/0/{part}/{version}.delta"
-            break
-    else:
-        rel = f"state/0/0/{version}.snapshot"
-    halve(ck(run, rel))
-    return (rel,)
-
-
 def zero_commit_between(run, n):
     b = n + 2
     write(ck(run, f"commits/{b}"), b"")
@@ -744,7 +728,7 @@ SOURCE_CASES = [
     SourceCase("source_missing_metadata", "rocksdb", _at_last_commit(missing_metadata)),
     SourceCase("source_v99_latest_offsets", "hdfs", _at_last_commit(v99_latest_offsets)),
     SourceCase("source_binary_latest_sink_log", "rocksdb_v2", _at_last_commit(binary_latest_sink_log)),
-    SourceCase("source_truncated_latest_state_file", "hdfs", _at_last_commit(truncated_latest_state_read)),
+    SourceCase("source_truncated_latest_state_file", "hdfs", _at_last_commit(truncated_chain_file)),
     SourceCase("source_missing_rocksdb_version", "rocksdb", _at_last_commit(missing_state_version)),
     SourceCase("source_garbage_rocksdb_zip", "rocksdb", _at_last_commit(garbage_base_zip)),
     SourceCase("source_v2_unique_id_without_file", "rocksdb_v2", _at_last_commit(v2_uid_without_file)),
