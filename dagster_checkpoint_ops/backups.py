@@ -69,32 +69,48 @@ def backup_job(queries: list[StreamingQuery], name: str = "checkpoint_backup_job
                            "Back up every streaming query's checkpoint (each in its checkpoint's pool).", ops)
 
 
+FRESHNESS_CHECK = "backup_freshness_check"
+FRESHNESS_DESCRIPTION = "The query's newest verified backup is younger than backup_max_age."
+
+
+def freshness_result(query: StreamingQuery, streaming_settings: StreamingSettings,
+                     checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
+    """The freshness check's evaluation: the age of the newest verified backup in the query's destination."""
+    dest = streaming_settings.backup_dest_of(query)
+    limit = parse_duration(streaming_settings.backup_max_age, "backup_max_age")
+    keys = {"asset_key": query.name, "check_name": FRESHNESS_CHECK}
+    try:
+        rows = list_backups(Repository.open(dest, checkpoint_files.options()))
+    except BadInputError as e:
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"no backup yet: {e.problem}",
+                                   metadata={"destination": dg.MetadataValue.text(dest)})
+    good = [r for r in rows if r.status == VERIFIED]
+    if not good:
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"{len(rows)} backup(s), none verified",
+                                   metadata={"destination": dg.MetadataValue.text(dest)})
+    newest = good[-1]
+    age = time.time() - calendar.timegm(time.strptime(newest.created, TIME_FORMAT))
+    return dg.AssetCheckResult(
+        **keys, passed=age <= limit, severity=dg.AssetCheckSeverity.WARN,
+        description=f"newest verified backup {newest.id} (batch {newest.batch}) is {int(age)} s old "
+        f"(limit {streaming_settings.backup_max_age})",
+        metadata={"newest_backup": dg.MetadataValue.text(newest.id), "age_s": dg.MetadataValue.int(int(age)),
+                  "batch": dg.MetadataValue.int(newest.batch if newest.batch is not None else -1),
+                  "destination": dg.MetadataValue.text(dest)})
+
+
+def freshness_spec(query: StreamingQuery) -> dg.AssetCheckSpec:
+    """The freshness check of a query these definitions run: evaluated inside its asset's step."""
+    return dg.AssetCheckSpec(FRESHNESS_CHECK, asset=query.name, description=FRESHNESS_DESCRIPTION)
+
+
 def freshness_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=query.name, name="backup_freshness_check",
-                    description="The query's newest verified backup is younger than backup_max_age.")
+    """The freshness check of a query that runs elsewhere: a step of its own."""
+    @dg.asset_check(asset=query.name, name=FRESHNESS_CHECK, description=FRESHNESS_DESCRIPTION)
     def _check(streaming_settings: StreamingSettings,
                checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
-        dest = streaming_settings.backup_dest_of(query)
-        limit = parse_duration(streaming_settings.backup_max_age, "backup_max_age")
-        try:
-            rows = list_backups(Repository.open(dest, checkpoint_files.options()))
-        except BadInputError as e:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       description=f"no backup yet: {e.problem}",
-                                       metadata={"destination": dg.MetadataValue.text(dest)})
-        good = [r for r in rows if r.status == VERIFIED]
-        if not good:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       description=f"{len(rows)} backup(s), none verified",
-                                       metadata={"destination": dg.MetadataValue.text(dest)})
-        newest = good[-1]
-        age = time.time() - calendar.timegm(time.strptime(newest.created, TIME_FORMAT))
-        return dg.AssetCheckResult(
-            passed=age <= limit, severity=dg.AssetCheckSeverity.WARN,
-            description=f"newest verified backup {newest.id} (batch {newest.batch}) is {int(age)} s old "
-            f"(limit {streaming_settings.backup_max_age})",
-            metadata={"newest_backup": dg.MetadataValue.text(newest.id), "age_s": dg.MetadataValue.int(int(age)),
-                      "batch": dg.MetadataValue.int(newest.batch if newest.batch is not None else -1),
-                      "destination": dg.MetadataValue.text(dest)})
+        return freshness_result(query, streaming_settings, checkpoint_files)
 
     return _check

@@ -4,7 +4,7 @@
 space, lets Spark restart the query there against a ``noop`` sink (``checkpoint_ops.drill``), and reports
 the result, the recovery point (age of the newest backup that passed a drill) and the recovery time
 (restore plus restart) as an observation of the asset and as the evaluation of its ``restore_drill_check``.
-Run by ``checkpoint_restore_drill_schedule``. Executed on its own (or after a materialization), the check
+Run by ``checkpoint_restore_drill_schedule``. Executed on its own (or in a materialization's step), the check
 reports the newest drill recorded in the backup destination, without drilling again.
 """
 
@@ -113,38 +113,44 @@ def drill_schedule(job: dg.JobDefinition, cron: str, name: str = "checkpoint_res
                                  description="Drill every query's newest backup (restore and restart) on a schedule.")
 
 
-def drill_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=query.name, name=CHECK,
-                    description="The newest restore drill of the query's backups passed (restore, then Spark "
-                    "restarts the query on it); checkpoint_restore_drill_job runs the drills.")
-    def _check(streaming_settings: StreamingSettings,
-               checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
-        dest = streaming_settings.backup_dest_of(query)
-        try:
-            repo = Repository.open(dest, checkpoint_files.options())
-            records = drill_records(repo)
-        except BadInputError as e:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       description=f"no backup yet: {e.problem}",
-                                       metadata={"backup_destination": dg.MetadataValue.text(dest)})
-        if not records:
-            return dg.AssetCheckResult(passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                       description="no restore drill yet (checkpoint_restore_drill_job runs them)",
-                                       metadata={"backup_destination": dg.MetadataValue.text(dest)})
-        backup_id, record = max(records.items(), key=lambda item: item[1].get("drilled_at", ""))
-        point, age = recovery_point(repo)
-        drilled = calendar.timegm(time.strptime(record["drilled_at"], "%Y-%m-%dT%H:%M:%SZ"))
-        return dg.AssetCheckResult(
-            passed=bool(record.get("passed")), severity=dg.AssetCheckSeverity.ERROR,
-            description=(f"newest drill ({backup_id}, {int(time.time() - drilled)} s ago) "
-                         + ("passed" if record.get("passed") else f"failed at {record.get('stage')}: "
-                            f"{record.get('cause')}")),
-            metadata={"drill_backup_id": dg.MetadataValue.text(backup_id),
-                      "drill_passed": dg.MetadataValue.bool(bool(record.get("passed"))),
-                      "recovery_time_s": dg.MetadataValue.float(
-                          float(record.get("restore_s", 0)) + float(record.get("restart_s", 0))),
-                      "recovery_point_backup": dg.MetadataValue.text(point or "none"),
-                      "recovery_point_s": dg.MetadataValue.float(round(age, 1) if age is not None else -1.0),
-                      "backup_destination": dg.MetadataValue.text(dest)})
+DESCRIPTION = ("The newest restore drill of the query's backups passed (restore, then Spark restarts the query on "
+               "it); checkpoint_restore_drill_job runs the drills.")
 
-    return _check
+
+def drill_spec(query: StreamingQuery) -> dg.AssetCheckSpec:
+    """The drill check: evaluated by ``checkpoint_restore_drill_job`` (``drill_query``) and, reporting the
+    newest recorded drill (``drill_result``), inside each materialization's step."""
+    return dg.AssetCheckSpec(CHECK, asset=query.name, description=DESCRIPTION)
+
+
+def drill_result(query: StreamingQuery, streaming_settings: StreamingSettings,
+                 checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
+    """The newest drill recorded in the query's backup destination, without drilling again."""
+    dest = streaming_settings.backup_dest_of(query)
+    keys = {"asset_key": query.name, "check_name": CHECK}
+    try:
+        repo = Repository.open(dest, checkpoint_files.options())
+        records = drill_records(repo)
+    except BadInputError as e:
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"no backup yet: {e.problem}",
+                                   metadata={"backup_destination": dg.MetadataValue.text(dest)})
+    if not records:
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description="no restore drill yet (checkpoint_restore_drill_job runs them)",
+                                   metadata={"backup_destination": dg.MetadataValue.text(dest)})
+    backup_id, record = max(records.items(), key=lambda item: item[1].get("drilled_at", ""))
+    point, age = recovery_point(repo)
+    drilled = calendar.timegm(time.strptime(record["drilled_at"], "%Y-%m-%dT%H:%M:%SZ"))
+    return dg.AssetCheckResult(
+        **keys, passed=bool(record.get("passed")), severity=dg.AssetCheckSeverity.ERROR,
+        description=(f"newest drill ({backup_id}, {int(time.time() - drilled)} s ago) "
+                     + ("passed" if record.get("passed") else f"failed at {record.get('stage')}: "
+                        f"{record.get('cause')}")),
+        metadata={"drill_backup_id": dg.MetadataValue.text(backup_id),
+                  "drill_passed": dg.MetadataValue.bool(bool(record.get("passed"))),
+                  "recovery_time_s": dg.MetadataValue.float(
+                      float(record.get("restore_s", 0)) + float(record.get("restart_s", 0))),
+                  "recovery_point_backup": dg.MetadataValue.text(point or "none"),
+                  "recovery_point_s": dg.MetadataValue.float(round(age, 1) if age is not None else -1.0),
+                  "backup_destination": dg.MetadataValue.text(dest)})

@@ -1,19 +1,30 @@
 """Checkpoint health: an fsck check on each streaming asset, and fsck findings after a failed run."""
 
+from typing import Optional
+
 import dagster as dg
 
 from checkpoint_ops.check_pass import shared_fsck
 from checkpoint_ops.collector import fewer_collections
+from checkpoint_ops.errors import CheckpointOpsError
+from checkpoint_ops.fsck import Finding
 from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
 
-def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -> tuple[list, dict]:
-    """fsck of a query's checkpoint and file sinks: (error findings, metadata)."""
-    with fewer_collections():  # listings and models that hold no cycles (collector.py)
-        ckpt = files.checkpoint(query.checkpoint)
-        sinks = [files.sink(s) for s in query.sinks]
-        findings = shared_fsck(ckpt, sinks)  # the materialization's pass, if nothing changed since
+CHECK = "checkpoint_health_check"
+DESCRIPTION = "fsck: nothing in the checkpoint or its sinks that would stop a restart or lose data."
+
+
+def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource,
+                  findings: Optional[list[Finding]] = None) -> tuple[list, dict]:
+    """fsck of a query's checkpoint and file sinks: (error findings, metadata). ``findings``: those a pass
+    just made under the run's lease (nothing is read again), else fsck runs (``shared_fsck``)."""
+    if findings is None:
+        with fewer_collections():  # listings and models that hold no cycles (collector.py)
+            ckpt = files.checkpoint(query.checkpoint)
+            sinks = [files.sink(s) for s in query.sinks]
+            findings = shared_fsck(ckpt, sinks)  # the materialization's pass, if nothing changed since
     errors = [f for f in findings if f.severity == "error"]
     return errors, {
         "errors": dg.MetadataValue.int(len(errors)),
@@ -22,14 +33,32 @@ def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource) -
     }
 
 
+def health_result(query: StreamingQuery, files: CheckpointFileManagerResource,
+                  findings: Optional[list[Finding]] = None) -> dg.AssetCheckResult:
+    """The health check's evaluation (``findings`` as in ``fsck_metadata``). A checkpoint fsck cannot read at
+    all fails it with the tool's reason (the file, what is wrong, what to do)."""
+    keys = {"asset_key": query.name, "check_name": CHECK, "severity": dg.AssetCheckSeverity.ERROR}
+    try:
+        errors, md = fsck_metadata(query, files, findings)
+    except CheckpointOpsError as e:
+        return dg.AssetCheckResult(**keys, passed=False, description=f"fsck could not run: {e.render()}",
+                                   metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""})
+    return dg.AssetCheckResult(
+        **keys, passed=not errors, metadata=md,
+        description=f"{len(errors)} error(s): {errors[0].path}: {errors[0].problem}" if errors else "healthy")
+
+
+def health_spec(query: StreamingQuery) -> dg.AssetCheckSpec:
+    """The health check of a query these definitions run: evaluated inside its asset's step, on the
+    materialization's own pass (``streaming.streaming_asset``); blocking."""
+    return dg.AssetCheckSpec(CHECK, asset=query.name, blocking=True, description=DESCRIPTION)
+
+
 def health_check(query: StreamingQuery) -> dg.AssetChecksDefinition:
-    @dg.asset_check(asset=query.name, name="checkpoint_health_check", blocking=True, pool=pool_name(query.name),
-                    description="fsck: nothing in the checkpoint or its sinks that would stop a restart or lose data.")
+    """The health check of a query that runs elsewhere: a step of its own, in the checkpoint's pool."""
+    @dg.asset_check(asset=query.name, name=CHECK, blocking=True, pool=pool_name(query.name), description=DESCRIPTION)
     def _check(checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
-        errors, md = fsck_metadata(query, checkpoint_files)
-        return dg.AssetCheckResult(
-            passed=not errors, severity=dg.AssetCheckSeverity.ERROR, metadata=md,
-            description=f"{len(errors)} error(s): {errors[0].path}: {errors[0].problem}" if errors else "healthy")
+        return health_result(query, checkpoint_files)
 
     return _check
 

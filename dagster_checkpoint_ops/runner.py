@@ -7,6 +7,8 @@ import json
 import re
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Optional
 
 import dagster as dg
 
@@ -14,6 +16,7 @@ from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.collector import fewer_collections
 from checkpoint_ops.errors import CheckpointOpsError, parameter_names
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
+from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.operation import RunOptions, run
@@ -199,7 +202,16 @@ def hold_leases(context, query, files) -> LeaseSet:
     return leases
 
 
-def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
+@dataclass(frozen=True)
+class StreamRun:
+    """What one materialization produced: its metadata, and the fsck findings of the pass it made after the
+    run under its leases (``None`` when no pass ran: a dry run). The health check reports those findings."""
+
+    metadata: dict
+    findings: Optional[list[Finding]] = None
+
+
+def run_stream(context, query, config, spark, files) -> StreamRun:
     """The whole materialization, under the leases: rollback if asked, the run, the ledger, and what happened."""
     t0 = time.monotonic()
     md: dict = {}
@@ -208,19 +220,20 @@ def run_stream(context, query, config, spark, files) -> dg.MaterializeResult:
             md.update(rollback(context, query, config, files, leases))
             if config.dry_run:
                 md["dry_run"] = dg.MetadataValue.bool(True)
-                return dg.MaterializeResult(metadata=md)
+                return StreamRun(md)
         elif config.dry_run:
-            return dg.MaterializeResult(metadata={"dry_run": dg.MetadataValue.bool(True),
-                                                  "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
+            return StreamRun({"dry_run": dg.MetadataValue.bool(True),
+                              "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
         with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
             md.update(check_before_run(context, query, config, spark, files))
         progress = run_query(context, query, spark, files)
         md.update(undo_metadata(query, md, progress))
         with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
-            md.update(describe(query, files, progress))
+            described, findings = describe(query, files, progress)
+        md.update(described)
         leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
-    return dg.MaterializeResult(metadata=md)
+    return StreamRun(md, findings)
 
 
 def _input_rows(progress: dict) -> int:
@@ -228,8 +241,9 @@ def _input_rows(progress: dict) -> int:
     return sum(int(src.get("numInputRows") or 0) for src in progress.get("sources", []))
 
 
-def describe(query, files, progress: list[dict]) -> dict:
-    """Metadata after a run: batches, rows, offsets, state, sinks, ledger, rollback window."""
+def describe(query, files, progress: list[dict]) -> tuple[dict, list[Finding]]:
+    """Metadata after a run (batches, rows, offsets, state, sinks, ledger, rollback window), and the pass's
+    fsck findings."""
     ckpt = files.checkpoint(query.checkpoint)
     sinks = [files.sink(s) for s in query.sinks]
     # ledger sync, inspect and the health check's fsck in one pass, reading only what is new (verdict cache)
@@ -263,7 +277,7 @@ def describe(query, files, progress: list[dict]) -> dict:
         md["sink_files"] = dg.MetadataValue.int(sum(s["files"] for s in report["sinks"]))
         md["sink_bytes"] = dg.MetadataValue.int(sum(s["bytes"] for s in report["sinks"]))
     md.update(on_call_metadata(ckpt, Ledger.for_checkpoint(ckpt), progress, w))
-    return md
+    return md, checked.findings
 
 
 def on_call_metadata(ckpt, ledger, progress: list[dict], window: dict) -> dict:

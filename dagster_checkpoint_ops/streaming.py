@@ -25,10 +25,12 @@ from typing import Optional, Sequence
 import dagster as dg
 from pydantic import Field
 
-from dagster_checkpoint_ops.backups import backup_job, freshness_check
+from dagster_checkpoint_ops.backups import FRESHNESS_CHECK, backup_job, freshness_check, freshness_result, freshness_spec
 from dagster_checkpoint_ops.compaction import compaction_job
-from dagster_checkpoint_ops.drill import drill_check, drill_job, drill_schedule
-from dagster_checkpoint_ops.health import failure_sensor, health_check
+from dagster_checkpoint_ops.drill import CHECK as DRILL_CHECK
+from dagster_checkpoint_ops.drill import drill_job, drill_result, drill_schedule, drill_spec
+from dagster_checkpoint_ops.health import CHECK as HEALTH_CHECK
+from dagster_checkpoint_ops.health import failure_sensor, health_check, health_result, health_spec
 from dagster_checkpoint_ops.observe import SENSOR as PROGRESS_SENSOR
 from dagster_checkpoint_ops.observe import progress_sensor
 from dagster_checkpoint_ops.operations import RESTORE_JOB, UNDO_JOB, external_rollback_job, restore_job, undo_job
@@ -75,19 +77,37 @@ class ReprocessConfig(dg.Config):
 
 
 def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
+    """The query's asset, with its three checks evaluated inside its step: the health check on the
+    materialization's own pass (no second listing, no step of its own), the backup and drill checks from
+    the backup destination. Each check can also run on its own (the UI's Execute, a check-only job): the
+    step then evaluates just the selected checks, and neither Spark nor the query starts."""
     description = query.description or f"Streaming query {query.name}, run until its input is drained."
     extra = {}
     if query.automation_condition is not None:
         extra["automation_condition"] = query.automation_condition
     if query.freshness_policy is not None:
         extra["freshness_policy"] = query.freshness_policy
+    spec = dg.AssetSpec(query.name, kinds={"spark"}, group_name=query.group, description=description,
+                        tags=query.tags or None, **extra)
+    key = dg.AssetKey(query.name)
 
-    @dg.asset(name=query.name, kinds={"spark"}, group_name=query.group, pool=pool_name(query.name),
-              description=description, tags=query.tags or None, **extra)
+    @dg.multi_asset(name=query.name, specs=[spec], pool=pool_name(query.name), can_subset=True,
+                    check_specs=[health_spec(query), freshness_spec(query), drill_spec(query)])
     def _asset(context: dg.AssetExecutionContext, config: ReprocessConfig, spark: SparkResource,
-               checkpoint_files: CheckpointFileManagerResource) -> dg.MaterializeResult:
-        warn_if_pool_unlimited(context)
-        return run_stream(context, query, config, spark.spark_session, checkpoint_files)
+               checkpoint_files: CheckpointFileManagerResource, streaming_settings: StreamingSettings):
+        findings = None  # the health check runs fsck, unless the materialization's pass just did
+        if key in context.selected_asset_keys:
+            warn_if_pool_unlimited(context)
+            materialized = run_stream(context, query, config, spark.spark_session, checkpoint_files)
+            findings = materialized.findings
+            yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
+        wanted = {check.name for check in context.selected_asset_check_keys}
+        if HEALTH_CHECK in wanted:
+            yield health_result(query, checkpoint_files, findings)
+        if FRESHNESS_CHECK in wanted:
+            yield freshness_result(query, streaming_settings, checkpoint_files)
+        if DRILL_CHECK in wanted:
+            yield drill_result(query, streaming_settings, checkpoint_files)
 
     return _asset
 
@@ -139,7 +159,8 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
     home = home or default_home()
     backup_url = backup_url or f"{home.rstrip('/')}/backups"
     assets = [streaming_asset(q) for q in built] + [external_asset(q) for q in external]
-    checks = [c for q in queries for c in (health_check(q), freshness_check(q))] + [drill_check(q) for q in built]
+    # a built query's checks are its asset's (streaming_asset); one that runs elsewhere has them as steps
+    checks = [c for q in external for c in (health_check(q), freshness_check(q))]
     asset_jobs = [dg.define_asset_job(job_name(q.name), selection=dg.AssetSelection.assets(q.name),
                                       tags={"checkpoint/query": q.name},
                                       description=f"Run {q.name} (with run config: roll back and reprocess first).")

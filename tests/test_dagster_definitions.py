@@ -56,9 +56,32 @@ def test_one_pool_per_checkpoint(tmp_path):
         for node in job.graph.iterate_op_defs():
             pools[node.name] = node.pool
     assert pools["alpha"] == pools["backup_alpha"] == pools["compact_alpha"] == "checkpoint-alpha"
-    assert pools["alpha_checkpoint_health_check"] == "checkpoint-alpha"
+    # the health check is evaluated in the asset's own step (on its pass), so in the same pool
+    checks = {(k.asset_key.to_user_string(), k.name) for k in repo.assets_defs_by_key[dg.AssetKey("alpha")].check_keys}
+    assert ("alpha", "checkpoint_health_check") in checks
     assert pools["beta"] == pools["backup_beta"] == "checkpoint-beta"
     assert "compact_beta" not in pools  # beta has no file sink
+
+
+def test_a_check_run_on_its_own_starts_neither_spark_nor_the_query(tmp_path):
+    """Executing the asset's checks without the asset (the UI's Execute on a check) evaluates just them: the
+    query is not built (``_build`` raises) and no Spark session starts (its master URL is not one).
+    On a directory that holds no checkpoint, the health check fails saying so, and the step fails for it
+    (the check is blocking), not for Spark."""
+    defs = make_defs(tmp_path, names=("alpha",), spark_config={"spark.master": "no-such-master"})
+    os.makedirs(tmp_path / "ckpt" / "alpha")
+    only_checks = dg.define_asset_job("alpha_checks_job", selection=dg.AssetSelection.checks_for_assets("alpha"))
+    job = dg.Definitions.merge(defs, dg.Definitions(jobs=[only_checks])).resolve_job_def("alpha_checks_job")
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    assert not result.asset_materializations_for_node("alpha")
+    verdicts = {c.check_name: c for c in result.get_asset_check_evaluations()}
+    assert set(verdicts) == {"checkpoint_health_check", "backup_freshness_check", "restore_drill_check"}
+    health = verdicts["checkpoint_health_check"]
+    assert not health.passed and health.severity == dg.AssetCheckSeverity.ERROR
+    assert str(tmp_path / "ckpt" / "alpha") in health.description and health.metadata["fix"].value
+    assert not verdicts["backup_freshness_check"].passed and "no backup" in verdicts["backup_freshness_check"].description
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "blocking asset check failed" in failure.step_failure_data.error.message
 
 
 def test_launchpad_run_config(tmp_path):

@@ -13,6 +13,7 @@ from checkpoint_ops.backup import Repository, list_backups
 from checkpoint_ops.model import Checkpoint
 from pipelines.event_counts import (counts_writer, expected_windows, flush_files, read_output, write_bad_event_file,
                                     write_event_files)
+from dagster_checkpoint_ops.backups import freshness_result
 from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.dagster_queries import counts_query, expected_totals, read_totals, totals_query
 from tests.helpers import tree_snapshot
@@ -184,7 +185,9 @@ def test_backup_and_compaction_jobs(spark, tmp_path, instance):
     defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
     write_event_files(str(tmp_path / "q" / "input"), 0, 12)
     flush_files(str(tmp_path / "q" / "input"), 11)
-    assert materialize(defs, "kept", instance).success
+    first = materialize(defs, "kept", instance)
+    assert first.success
+    assert checks(first)["backup_freshness_check"] is False  # evaluated in the step: no backup yet
     unload_state_stores(spark)
     out_before = read_output(spark, query.sinks[0])
 
@@ -199,10 +202,7 @@ def test_backup_and_compaction_jobs(spark, tmp_path, instance):
     assert [b.id for b in rows] == [md["backup_id"].value]
 
     # the freshness check (which failed in the first materialization: no backup yet) now passes
-    freshness = next(c for k, c in defs.get_repository_def().asset_checks_defs_by_key.items()
-                     if k.name == "backup_freshness_check")
-    res = freshness(streaming_settings=defs.resources["streaming_settings"],
-                    checkpoint_files=defs.resources["checkpoint_files"])
+    res = freshness_result(query, defs.resources["streaming_settings"], defs.resources["checkpoint_files"])
     assert res.passed, res.description
 
     r = defs.resolve_job_def("sink_compaction_job").execute_in_process(instance=instance)

@@ -16,7 +16,7 @@ from checkpoint_ops.backup import Repository, apply_backup_prune, create_backup,
 from checkpoint_ops.drill import drill_records, run_drill
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.restart_judge import restart_files
-from dagster_checkpoint_ops.drill import drill_check
+from dagster_checkpoint_ops.drill import drill_result
 from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.compat_queries import agg_writer, restart_for_real, use_session_conf
 from tests.helpers import cli_json, tree_snapshot
@@ -144,6 +144,6 @@ def test_dagster_drill_job_and_check(spark, agg, tmp_path):
     (observation,) = [e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"]
     assert observation.asset_key == dg.AssetKey("drilled")
 
-    check = drill_check(query)  # run on its own: the newest recorded drill, without drilling again
-    verdict = check(streaming_settings=settings, checkpoint_files=defs.resources["checkpoint_files"])
+    # evaluated on its own (or in a materialization's step): the newest recorded drill, without drilling again
+    verdict = drill_result(query, settings, defs.resources["checkpoint_files"])
     assert verdict.passed and verdict.metadata["drill_backup_id"].value == good

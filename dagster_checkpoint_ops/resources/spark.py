@@ -5,6 +5,7 @@ from typing import Any, Optional
 
 import dagster as dg
 from dagster_pyspark import PySparkResource
+from dagster_pyspark.resources import spark_session_from_config
 from pydantic import Field
 
 # Local Spark with settings that suit short availableNow runs of streaming queries.
@@ -49,9 +50,19 @@ class SparkResource(PySparkResource):
     )
 
     def setup_for_execution(self, context: dg.InitResourceContext) -> None:
+        """Nothing starts yet: the session starts on first use of ``spark_session``, so a step that only
+        evaluates checks (a streaming asset's health check run on its own) never starts Spark."""
+        self._spark_session = None
+
+    @property
+    def spark_session(self) -> Any:
+        if self._spark_session is None:
+            self._spark_session = self._start()
+        return self._spark_session
+
+    def _start(self) -> Any:
         if not self.spark_remote:
-            super().setup_for_execution(context)
-            return
+            return spark_session_from_config(self.spark_config)
         from pyspark.sql import SparkSession
 
         url = self.spark_remote.rstrip("/")
@@ -61,7 +72,7 @@ class SparkResource(PySparkResource):
         for key, value in _flatten(self.spark_config).items():
             if key.startswith("spark.sql."):
                 session.conf.set(key, value)
-        self._spark_session = session
+        return session
 
 
 def _flatten(conf: dict, prefix: str = "") -> dict[str, str]:
