@@ -72,35 +72,56 @@ def _stamp(info) -> str:
 
 class _IdHashes:
     """XOR of the hashes of every file of one log directory, by batch id (a file and its ``.crc``
-    sidecar, ``n`` and ``n.compact`` share an id), with prefix XORs for ranges."""
+    sidecar, ``n`` and ``n.compact`` share an id), for single ids and ranges.
+
+    Computed per id when first asked, from the names a file of that id can have (``n``, ``n.compact``,
+    each with and without a leading dot and a ``.crc`` suffix): a pass asks for the ids of the batches
+    it judges, not for every file of a directory of 10,000s. Where the directory holds a name whose id
+    has a leading zero (``007``: Spark's ``isBatchFile`` takes it as batch 7), every name is grouped by
+    its id up front, as the pattern reads it."""
 
     def __init__(self, listing: Listing, rel_dir: str):
+        self.rel_dir = rel_dir
+        self._files = listing.files_in(rel_dir)
+        self._by_id: dict[int, int] = {}
+        odd = [name for name in self._files if name.startswith(("0", ".0")) and _leading_zero(name)]
+        self._all = self._group_all() if odd else None
+
+    def _group_all(self) -> dict[int, int]:
         parts: dict[int, list[str]] = {}
         match = _LOG_NAME.match
-        for name, info in listing.files_in(rel_dir).items():
+        for name, info in self._files.items():
             m = match(name)
             if m:
                 parts.setdefault(int(m.group(1)), []).append(f"{name}\t{_stamp(info)}")
-        by_id = {b: _h(rel_dir, *sorted(names)) for b, names in parts.items()}
-        self.by_id = by_id
-        self.low = min(by_id) if by_id else 0
-        high = max(by_id) if by_id else -1
-        prefix = [0]
-        acc = 0
-        for b in range(self.low, high + 1):
-            acc ^= by_id.get(b, 0)
-            prefix.append(acc)
-        self._prefix = prefix
+        return {b: _h(self.rel_dir, *sorted(names)) for b, names in parts.items()}
 
     def one(self, b: int) -> int:
-        return self.by_id.get(b, 0)
+        if self._all is not None:
+            return self._all.get(b, 0)
+        got = self._by_id.get(b)
+        if got is None:
+            files = self._files
+            names = [f"{name}\t{_stamp(files[name])}" for name in _names_of(b) if name in files]
+            got = self._by_id[b] = _h(self.rel_dir, *sorted(names)) if names else 0
+        return got
 
     def range(self, first: int, last: int) -> int:
         """XOR over ids ``first..last`` (inclusive)."""
-        n = len(self._prefix) - 1
-        lo = min(max(first - self.low, 0), n)
-        hi = min(max(last - self.low + 1, 0), n)
-        return self._prefix[hi] ^ self._prefix[lo] if hi > lo else 0
+        acc = 0
+        for b in range(max(first, 0), last + 1):
+            acc ^= self.one(b)
+        return acc
+
+
+def _names_of(b: int) -> list[str]:
+    """Every name ``_LOG_NAME`` reads as id ``b`` when written without leading zeros."""
+    return [f"{dot}{b}{compact}{crc}" for dot in ("", ".") for compact in ("", ".compact") for crc in ("", ".crc")]
+
+
+def _leading_zero(name: str) -> bool:
+    m = _LOG_NAME.match(name)
+    return m is not None and len(m.group(1)) > 1 and m.group(1)[0] == "0"
 
 
 class WindowMemo:

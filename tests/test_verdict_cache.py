@@ -313,3 +313,32 @@ def test_window_memo_damaged_or_tampered_changes_no_verdict(hdfs_run):
         p, findings, report = _pass(run)
         assert p.window_hits == 0, what
         assert (findings, report) == want, what
+
+
+def test_window_memo_hashes_each_id_by_every_name_it_can_have(tmp_path):
+    """The memo hashes a log directory per batch id from the names a file of that id can have (``7``,
+    ``7.compact``, with a leading dot and ``.crc``), so a pass reads the stamps of the batches it asks
+    about only; each id's hash is the one grouping every name by the pattern gives. A name with a leading
+    zero (``007``, which Spark's ``isBatchFile`` takes as batch 7) is still part of id 7's hash."""
+    from checkpoint_ops.model.listing import Listing
+    from checkpoint_ops.window_memo import _IdHashes
+
+    top = tmp_path / "log"
+    top.mkdir()
+    for name in ("0", ".0.crc", "6", ".6.crc", "7", ".7.crc", "8.compact", ".8.compact.crc", "9", "notes.txt"):
+        (top / name).write_bytes(b"v1\n" + name.encode())
+    fm, root = open_file_manager(str(tmp_path))
+
+    def hashes():
+        return _IdHashes(Listing.scan(fm, root), "log")
+
+    lazy = hashes()
+    assert lazy._all is None  # no leading-zero name: nothing is grouped up front
+    eager = lazy._group_all()
+    assert {b: lazy.one(b) for b in range(12)} == {b: eager.get(b, 0) for b in range(12)}
+    assert lazy.range(5, 9) == eager[6] ^ eager[7] ^ eager[8] ^ eager[9]
+    before = lazy.one(7)
+    (top / "007").write_bytes(b"planted")
+    planted = hashes()
+    assert planted._all is not None and planted.one(7) != before
+    assert {b: planted.one(b) for b in (0, 6, 8, 9)} == {b: lazy.one(b) for b in (0, 6, 8, 9)}
