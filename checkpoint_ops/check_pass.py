@@ -56,8 +56,8 @@ def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Ver
     sinks = list(sinks)
     if cache is None:
         cache = VerdictCache.for_checkpoint(ckpt)
-    synced = sync_ledger(ckpt, sinks) if sync else {}
-    ledger = Ledger.for_checkpoint(ckpt)
+    ledger = Ledger.for_checkpoint(ckpt)  # one index for the sync and the pass (the sync adds its segment)
+    synced = sync_ledger(ckpt, sinks, ledger) if sync else {}
     sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
     report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets)
     findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()

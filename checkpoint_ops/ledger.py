@@ -170,20 +170,7 @@ class Ledger:
                         del index[b]
                         more.pop(b, None)
                     continue
-                for offset, line in self._lines(n):
-                    rec = json.loads(line)
-                    b = rec["batch"]
-                    if not isinstance(b, int):
-                        raise TypeError
-                    kinds = 0
-                    for k, bit in _KINDS.items():
-                        if rec.get(k) is not None:
-                            kinds |= bit
-                    prev = index.get(b)
-                    if prev is not None:
-                        more.setdefault(b, []).append(prev >> _MASK_BITS)
-                        kinds |= prev & ((1 << _MASK_BITS) - 1)
-                    index[b] = (((offset << _SEG_BITS) | seg) << _MASK_BITS) | kinds
+                _index_lines(seg, self._lines(n), index, more)
             except FileNotFoundError:
                 continue  # merged away since the listing: its records are in the merged segment
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -306,9 +293,18 @@ class Ledger:
     def _write_segment(self, kind: str, body: bytes, suffix: str | None = None) -> str:
         name = f"{utc_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
-        self.segments.append(name)
         self._close()
-        self._records = None  # indexed again when next asked (positions name segments by their order)
+        records = self._records
+        if records is not None and kind == "sync" and (not self.segments or name > self.segments[-1]):
+            # the new last segment: index its lines from the body just written, not every segment again
+            seg = len(self.segments)
+            self.segments.append(name)
+            touched = _index_lines(seg, _body_lines(body), records._index, records._more)
+            for b in touched:
+                records._recent.pop(b, None)
+        else:
+            self.segments.append(name)
+            self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
 
     def record_pairing(self, record: PairingRecord) -> str:
@@ -386,6 +382,39 @@ class Ledger:
             _merge(current, rec)
         if current is not None:
             yield json.dumps(current, separators=(",", ":")).encode()
+
+
+def _index_lines(seg: int, lines, index: dict[int, int], more: dict[int, list[int]]) -> list[int]:
+    """Add the record lines of segment number ``seg`` (``(byte offset, line)`` pairs) to the index: each
+    batch's newest line, its earlier ones in ``more``. Returns the batches the lines hold."""
+    touched = []
+    for offset, line in lines:
+        rec = json.loads(line)
+        b = rec["batch"]
+        if not isinstance(b, int):
+            raise TypeError
+        kinds = 0
+        for k, bit in _KINDS.items():
+            if rec.get(k) is not None:
+                kinds |= bit
+        prev = index.get(b)
+        if prev is not None:
+            more.setdefault(b, []).append(prev >> _MASK_BITS)
+            kinds |= prev & ((1 << _MASK_BITS) - 1)
+        index[b] = (((offset << _SEG_BITS) | seg) << _MASK_BITS) | kinds
+        touched.append(b)
+    return touched
+
+
+def _body_lines(body: bytes):
+    """(byte offset, line) of each non-empty line of a segment's bytes, as ``Ledger._lines`` reads them."""
+    offset = 0
+    pieces = body.split(b"\n")
+    for i, piece in enumerate(pieces):
+        line = piece + b"\n" if i < len(pieces) - 1 else piece
+        if line.strip():
+            yield offset, line
+        offset += len(line)
 
 
 def _merge(into: dict, rec: dict) -> None:

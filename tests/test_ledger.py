@@ -63,3 +63,25 @@ def test_streamed_index_and_merge_give_the_records_the_format_defines(tmp_path):
     assert merged
     assert _naive(fm, path) == want
     assert dict(Ledger(fm, path).records.items()) == want
+
+
+def test_a_loaded_ledger_indexes_the_segment_it_writes_as_a_fresh_load_would(tmp_path):
+    """A ledger already read (a pass: the sync's index serves the pass that follows) indexes the sync
+    segment it writes from the bytes it wrote: its records, kinds and recently read records then equal
+    those of a ledger loaded from disk, including lines that add to a batch read before."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = f"{root}/ledger"
+    sink = "file:///out"
+    ledger = Ledger(fm, path)
+    ledger._write_segment("sync", b'{"batch":0,"offsets":"o0"}\n{"batch":1,"offsets":"o1"}\n')
+    assert ledger.records[1] == {"batch": 1, "offsets": "o1"}  # loaded, and batch 1 read (kept as recent)
+    bodies = [b'{"batch":1,"commits":"c1"}\n\n{"batch":2,"offsets":"o2"}',
+              json.dumps({"batch": 2, "commits": "c2", "sinks": {sink: {"entries": ["{}"]}}}).encode() + b"\n"]
+    for body in bodies:
+        ledger._write_segment("sync", body)
+        assert ledger._records is not None  # indexed in place, not dropped for a full load
+    fresh = Ledger(fm, path)
+    assert dict(ledger.records.items()) == dict(fresh.records.items()) == _naive(fm, path)
+    assert ledger.records[1] == {"batch": 1, "offsets": "o1", "commits": "c1"}
+    assert [ledger.records.kinds(b) for b in range(3)] == [fresh.records.kinds(b) for b in range(3)]
+    assert ledger.batches("commits") == [1, 2] and ledger.has("sinks", 2)
