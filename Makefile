@@ -55,15 +55,10 @@ reliability: check-java $(STAMP)
 	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
 	rm -f .reliability.jsonl
 
-# All benchmarks, one after another (about 40 minutes on 2 cores); results go in docs/benchmarks.md.
+# All benchmarks, one after another in one run (benchmarks/run_all.py lists them); each report is recorded
+# in docs/benchmarks.md, in the section run_all.py marks (the rest of the file is left as it is).
 bench: check-java $(STAMP)
-	$(PY) benchmarks/rollback.py
-	$(PY) benchmarks/sink_compaction.py
-	$(PY) benchmarks/backup.py
-	$(PY) benchmarks/check_pass.py --sizes 10,1000,10000
-	$(PY) benchmarks/asset_overhead.py --sizes 10,1000,10000
-	$(PY) benchmarks/memory.py --batches 500000
-	$(PY) benchmarks/s3_load.py --batches 100000 --partitions 1000
+	$(PY) benchmarks/run_all.py --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) demo_data .pytest_cache .checkpoint-ops-home
