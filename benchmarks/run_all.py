@@ -61,9 +61,10 @@ def run_one(name: str, args: list[str]) -> Outcome:
                    os.getloadavg()[0])
 
 
-def section(outcomes: list[Outcome], commit: str, started: str) -> str:
+def section(outcomes: list[Outcome], commit: str, started: str, planned: int | None = None) -> str:
+    partial = f"; {len(outcomes)} of {planned} benchmarks so far" if planned and len(outcomes) < planned else ""
     lines = [BEGIN, "",
-             f"## `make bench`, one run ({started}, commit {commit})", "",
+             f"## `make bench`, one run ({started}, commit {commit}{partial})", "",
              f"Every benchmark of `make bench` in one run ({platform.machine()}, {os.cpu_count()} cores, "
              f"Python {platform.python_version()}), one after another; each report below is exactly what the "
              "benchmark printed, each figure beside its baseline from the same run. The analysis of each "
@@ -114,8 +115,10 @@ def main(argv=None) -> int:
                       text=True).stdout.strip():
         commit += " with uncommitted changes"
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    outcomes = [run_one(name, cmd) for name, cmd in chosen]
-    record(args.out, section(outcomes, commit, started))
+    outcomes: list[Outcome] = []
+    for name, cmd in chosen:  # recorded after each: an interrupted run keeps the reports it finished
+        outcomes.append(run_one(name, cmd))
+        record(args.out, section(outcomes, commit, started, len(chosen)))
     print(f"[bench] recorded in {args.out}", file=sys.stderr)
     return 1 if any(o.exit_code for o in outcomes) else 0
 

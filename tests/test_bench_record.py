@@ -21,3 +21,11 @@ def test_a_second_run_replaces_the_section_and_keeps_the_rest(tmp_path):
     assert "second run" in text and "first run" not in text and "def5678" in text
     assert "**Failed** (exit 2)" in text and "Traceback: boom" in text
     assert "| `python benchmarks/memory.py` | 2 | 12 | 0.5 → 1.5 |" in text
+
+
+def test_an_unfinished_run_says_how_far_it_got(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    record(str(doc), section([_outcome("rollback")], "abc1234", "2026-11-24 11:00 UTC", planned=7))
+    assert "1 of 7 benchmarks so far" in doc.read_text()
+    record(str(doc), section([_outcome(f"b{i}") for i in range(7)], "abc1234", "2026-11-24 11:00 UTC", planned=7))
+    assert "so far" not in doc.read_text()
