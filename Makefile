@@ -55,7 +55,7 @@ reliability: check-java $(STAMP)
 	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
 	rm -f .reliability.jsonl
 
-# All benchmarks, one after another in one run (benchmarks/run_all.py lists them); each report is recorded
+# All benchmarks, one after another in one run (about an hour on 2 cores; benchmarks/run_all.py lists them); each report is recorded
 # in docs/benchmarks.md, in the section run_all.py marks (the rest of the file is left as it is).
 bench: check-java $(STAMP)
 	$(PY) benchmarks/run_all.py --out docs/benchmarks.md
