@@ -120,6 +120,11 @@ class LedgerRecords(Mapping):
     def __contains__(self, batch) -> bool:
         return batch in self._index
 
+    def add_lines(self, seg: int, lines) -> None:
+        """Index the record lines of segment number ``seg``, written after every segment indexed so far."""
+        for b in _index_lines(seg, lines, self._index, self._more):
+            self._recent.pop(b, None)
+
     def kinds(self, batch: int) -> int:
         return self._index.get(batch, 0) & ((1 << _MASK_BITS) - 1)
 
@@ -294,16 +299,12 @@ class Ledger:
         name = f"{utc_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self._close()
-        records = self._records
-        if records is not None and kind == "sync" and (not self.segments or name > self.segments[-1]):
+        last = self.segments[-1] if self.segments else ""
+        self.segments.append(name)
+        if self._records is not None and kind == "sync" and name > last:
             # the new last segment: index its lines from the body just written, not every segment again
-            seg = len(self.segments)
-            self.segments.append(name)
-            touched = _index_lines(seg, _body_lines(body), records._index, records._more)
-            for b in touched:
-                records._recent.pop(b, None)
+            self._records.add_lines(len(self.segments) - 1, _body_lines(body))
         else:
-            self.segments.append(name)
             self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
 

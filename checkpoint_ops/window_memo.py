@@ -84,7 +84,7 @@ class _IdHashes:
         self.rel_dir = rel_dir
         self._files = listing.files_in(rel_dir)
         self._by_id: dict[int, int] = {}
-        odd = [name for name in self._files if name.startswith(("0", ".0")) and _leading_zero(name)]
+        odd = any(name.startswith(("0", ".0")) and _leading_zero(name) for name in self._files)
         self._all = self._group_all() if odd else None
 
     def _group_all(self) -> dict[int, int]:
