@@ -189,3 +189,37 @@ def test_unusable_input_exits_2(tmp_path):
     (tmp_path / "random" / "file.txt").write_text("hi")
     code, r = cli_json("fsck", str(tmp_path / "random"))
     assert code == 2 and "not a Spark checkpoint" in r["problem"]
+
+
+def test_deep_fsck_names_the_hole_in_a_v2_lineage(spark_runs):
+    """Version V loads through its changelog's lineage. With version V-1 gone (zip and changelog) and no
+    zip left in the lineage, two things are wrong: the lineage has no snapshot, and V-1 has no file. The
+    finding names V-1, the hole nearest the version Spark loads, whatever zips maintenance had uploaded
+    below it (which one existed was timing: the corpus case once named a snapshot far below instead)."""
+    run = spark_runs("rocksdb_v2")
+    run.reset()
+    try:
+        last = run.last_batch
+        version = last + 1
+        d = os.path.join(run.checkpoint, "state", "0", "0")
+
+        def uid_of(batch):
+            doc = json.loads(open(os.path.join(run.checkpoint, "commits", str(batch))).read().split("\n")[1])
+            return doc["stateUniqueIds"]["0"][0][0]
+
+        hole = f"{version - 1}_{uid_of(last - 1)}"
+        assert os.path.exists(os.path.join(d, f"{version}_{uid_of(last)}.changelog"))
+        assert os.path.exists(os.path.join(d, f"{hole}.changelog"))
+        for name in os.listdir(d):
+            stem, _, ext = name.partition(".")
+            if ext in ("zip", "zip.crc") or (stem == hole and not name.startswith(".")):
+                os.remove(os.path.join(d, name))
+        before = tree_snapshot(run.checkpoint, run.output)
+        code, r = fsck(run, "--deep")
+        assert tree_snapshot(run.checkpoint, run.output) == before
+        assert code == 1, r
+        missing = [f for f in r["findings"] if f["code"] == "state-missing" and "/state/0/0/" in f["path"]]
+        assert missing and missing[0]["path"].endswith(f"state/0/0/{hole}.changelog"), missing
+        assert "no snapshot" not in missing[0]["problem"], missing[0]
+    finally:
+        run.reset()

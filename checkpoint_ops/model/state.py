@@ -361,7 +361,17 @@ class StateModel:
             return Build(False, reason=f"{store.label}: cannot read the lineage of {c.name}", missing=c.rel,
                          missing_version=version)
         lineage = sorted(items + [(version, uid)])
-        base = next(((v, u) for v, u in reversed(lineage) if store.file(v, "zip", u)), None)
+        # Spark loads from the newest zip of the lineage and replays the changelogs above it. Walking down
+        # from the top names the nearest version that has neither (the hole a user or a bad copy made),
+        # whatever snapshots Spark's maintenance happened to have uploaded below it.
+        base = None
+        for v, u in reversed(lineage):
+            if store.file(v, "zip", u):
+                base = (v, u)
+                break
+            if store.file(v, "changelog", u) is None:
+                return Build(False, reason=f"{store.label}: lineage of {c.name} needs {v}_{u}.changelog, which is missing",
+                             missing=f"{store.rel_dir}/{v}_{u}.changelog", missing_version=v)
         if base is None:
             if lineage[0][0] != 1:
                 first_v, first_u = lineage[0]
