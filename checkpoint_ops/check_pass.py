@@ -50,16 +50,18 @@ class CheckPass:
 
 
 def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: VerdictCache | None = None,
-                   sync: bool = True, save: bool = True) -> CheckPass:
+                   sync: bool = True, save: bool = True, batches: bool = True) -> CheckPass:
     """Ledger sync (if ``sync``), inspect and fsck of ``ckpt`` and its file sinks in one pass. ``cache``
-    (default: the checkpoint's own, beside its ledger) is read, and written back if ``save``."""
+    (default: the checkpoint's own, beside its ledger) is read, and written back if ``save``.
+    ``batches=False``: inspect's report without its per-batch list (``inspect_checkpoint``), so the pass
+    reads no retained offsets or commits file that fsck's verdict cache already vouches for."""
     sinks = list(sinks)
     if cache is None:
         cache = VerdictCache.for_checkpoint(ckpt)
     ledger = Ledger.for_checkpoint(ckpt)  # one index for the sync and the pass (the sync adds its segment)
     synced = sync_ledger(ckpt, sinks, ledger) if sync else {}
     sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
-    report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets)
+    report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets, batches=batches)
     findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:

@@ -6,6 +6,8 @@ Spark fails or misbehaves; ``warning`` means harmless today but a trap (stale fi
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import asdict, dataclass
 
 from .fence import recovery_advice
@@ -66,6 +68,8 @@ class Fsck:
         self._crc_known: dict[str, bool] = {}  # big files checked streamed: whether their .crc matches
         self.findings: list[Finding] = []
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
+        self._sound_offsets: dict[int, str] = {}  # offsets files taken from the cache: "version:sources"
+        self._parsed_offsets: dict = {}
         self.cmd = f"checkpoint-ops rollback {ckpt.url}"
 
     def add(self, severity: str, code: str, path: str, problem: str, fix: str) -> None:
@@ -78,8 +82,17 @@ class Fsck:
         self._recorded_sinks()  # first: every sink the run judges is known before anything is read (the cache)
         self._metadata()
         errors: list[LogFormatError] = []
-        offsets = self.ckpt.load_offsets(errors=errors, raw=self._read)
-        commits = self.ckpt.load_commits(errors=errors, raw=self._read)
+        # offsets and commits files an earlier run found sound are not read again (the verdict cache); of
+        # each such offsets file the cache keeps what the restart rules ask of every one: its sources
+        self._sound_offsets = self._sound_batch_files("offsets", self.ckpt.offset_files)
+        sound_commits = self._sound_batch_files("commits", self.ckpt.commit_files)
+        offsets = self.ckpt.load_offsets([b for b in self.ckpt.offset_files if b not in self._sound_offsets],
+                                         errors=errors, raw=self._read)
+        commits = self.ckpt.load_commits([b for b in self.ckpt.commit_files if b not in sound_commits],
+                                         errors=errors, raw=self._read)
+        self._parsed_offsets = offsets
+        self._read_judged("offsets", self.ckpt.offset_files, offsets)
+        self._read_judged("commits", self.ckpt.commit_files, commits)
         for e in errors:
             self._log_error(e)
         self._restart_rules(offsets, commits)
@@ -121,6 +134,36 @@ class Fsck:
         return {b for b, f in log.files.items() if (root, f.rel) not in live
                 and self.cache.is_sound("log", root, f.rel, file_stamp(listing, f.rel))}
 
+    def _sound_batch_files(self, kind: str, files: dict) -> dict[int, str]:
+        """Batch id -> recorded detail of the ``offsets/`` or ``commits/`` files an earlier run found sound
+        (parsed, sidecar matching) that Spark can no longer rewrite."""
+        if self.cache is None or self.ckpt.fence is not None:
+            return {}
+        from .verdicts import file_stamp
+
+        live, listing = self._live_rels(), self.ckpt.listing
+        sound = {}
+        for b, f in files.items():
+            if ("checkpoint", f.rel) in live:
+                continue
+            detail = self.cache.sound_detail(kind, "checkpoint", f.rel, file_stamp(listing, f.rel))
+            # what this tool records ("version:sources" of an offsets file, nothing of a commit); anything
+            # else is a damaged entry: the file is judged again
+            if detail is not None and (re.fullmatch(r"\d+:\d+", detail) if kind == "offsets" else detail == ""):
+                sound[b] = detail
+        return sound
+
+    def _read_judged(self, kind: str, files: dict, parsed: dict) -> None:
+        """The bytes of the files judged now that an earlier reader (the window, in a shared pass) parsed
+        without keeping them, so their checksum sidecars are checked by content like the rest."""
+        from .storage.checksums import hadoop_crc_name
+
+        L = self.ckpt.listing
+        again = [p for b in parsed if (p := L.abs(files[b].rel)) not in self._read
+                 and f"{kind}/{hadoop_crc_name(files[b].name)}" in L]
+        if again:
+            self._read.update({p: d for p, d in L.fm.read_many(again, errors={}).items() if d is not None})
+
     def _record_sound(self) -> None:
         """Every log file this run read and found nothing wrong with (nor with its sidecar)."""
         if self.cache is None or self.ckpt.fence is not None:
@@ -130,6 +173,19 @@ class Fsck:
 
         named = {f.path for f in self.findings}
         live = self._live_rels()
+        listing = self.ckpt.listing
+        for kind, files in (("offsets", self.ckpt.offset_files), ("commits", self.ckpt.commit_files)):
+            for b, f in files.items():
+                if ("checkpoint", f.rel) in live or listing.abs(f.rel) not in self._read:
+                    continue
+                crc = f"{kind}/{hadoop_crc_name(f.name)}"
+                if listing.url(f.rel) in named or listing.url(crc) in named:
+                    continue
+                o = self._parsed_offsets.get(b) if kind == "offsets" else None
+                if kind == "offsets" and o is None:
+                    continue
+                detail = f"{o.version}:{len(o.offsets)}" if o is not None else ""
+                self.cache.record_sound(kind, "checkpoint", f.rel, file_stamp(listing, f.rel), detail)
         for root, listing, logs in self._roots():
             for log in logs:
                 for f in log.files.values():
@@ -250,6 +306,11 @@ class Fsck:
             pass  # nothing committed yet but several planned: covered by offsets-gap if any
         # v1 offsets name sources by position: every file must list the same number.
         counts = {b: len(o.offsets) for b, o in offsets.items() if o.version == 1}
+        for b, detail in self._sound_offsets.items():  # what the cache kept of files not read again
+            version, _, n = detail.partition(":")
+            if version == "1":
+                counts[b] = int(n)
+        counts = dict(sorted(counts.items()))
         if counts:
             expected = counts[max(counts)]
             for b, n in counts.items():
@@ -328,8 +389,9 @@ class Fsck:
                 if blob is None:
                     continue
                 raw[path] = blob
-                if small[path] not in log._entries:
+                if not log.is_checked(small[path]):  # the window may have checked it already
                     check_log_stream(io.BytesIO(blob), url, log.kind)
+                    log.mark_checked(small[path])
             except LogFormatError as e:
                 errors.append(e)
         for b in big:

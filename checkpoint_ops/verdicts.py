@@ -11,7 +11,10 @@ remembers those verdicts between runs so that a materialization reads only what 
 ``.crc`` sidecar (or it still has none). Anything else is a different file and is judged again.
 
 **What is cached.** Only verdicts of *sound*: a damaged file is judged again on every run (damage is
-rare, and its finding must name what is there now). Verdicts that depend on other files say so in
+rare, and its finding must name what is there now). The files of ``offsets/`` and ``commits/`` are judged
+like the logs; of an offsets file the verdict keeps what fsck asks of every one without reading it again
+(its format version and number of sources, ``record_sound(detail=...)``); inspect's per-batch list still
+reads them all, so a materialization's pass leaves it out (``check_pass``). Verdicts that depend on other files say so in
 their key: that a sink log file's entries all have their data file holds while no file of the sink's
 output that existed when it was judged has gone (``DataSeal``).
 
@@ -243,9 +246,25 @@ class VerdictCache:
         self.misses += 1
         return False
 
-    def record_sound(self, scope: str, root: str, rel: str, stamp: str | None) -> None:
+    def record_sound(self, scope: str, root: str, rel: str, stamp: str | None, detail: str | None = None) -> None:
+        """``detail``: a fact the judge found in the file and needs again without reading it (kept with
+        the stamp, given back by ``sound_detail``)."""
         if stamp is not None:
-            self._new[self._key(scope, root, rel)] = stamp
+            self._new[self._key(scope, root, rel)] = stamp if detail is None else f"{stamp}#{detail}"
+
+    def sound_detail(self, scope: str, root: str, rel: str, stamp: str | None) -> str | None:
+        """The ``detail`` recorded with this very file's verdict of sound (None: judge it again). A stamp
+        has no ``#``: size and mtime of the file and of its sidecar."""
+        if stamp is None:
+            return None
+        key = self._key(scope, root, rel)
+        for got in (self._new.get(key), self._old.get(key)):
+            if got is not None and got.startswith(stamp + "#"):
+                self._new[key] = got
+                self.hits += 1
+                return got[len(stamp) + 1:]
+        self.misses += 1
+        return None
 
     def keep_unjudged(self, listings: dict[str, Listing]) -> None:
         """Keep the stored verdicts this run did not judge again (a caller that judged only part of what

@@ -54,11 +54,14 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     sets = sets or RestartSets(ckpt, sinks, ledger, deep=False)
     # batches an earlier pass found sound on exactly these files are not judged again (with a cache only)
     memo = WindowMemo(ckpt, sinks, sets.cache) if sets.cache is not None else None
-    ckpt.load_offsets(errors=[])  # every retained file in one concurrent read; bad ones are judged below
-    ckpt.load_commits(errors=[])
     known = set(ckpt.commit_files) | (set(ledger.batches("commits")) if ledger else set())
     # every batch id from the newest down, holes included: a missing commit stops the window there
     candidates = list(range(last, min(known) - 1, -1))
+    # the files of the batches to judge, read ahead in concurrent batches (bad ones are judged below): not
+    # those of batches the memo answers from the listing alone (the newest is always judged), nor far below
+    # where the window stops
+    judge = [t for t in candidates if memo is None or t == last or not memo.answers(t)]
+    ahead = _ReadAhead(ckpt, judge)
     earliest = latest = None
     reason = latest_reason = None
     stop = None
@@ -72,6 +75,7 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
                 latest = t
             earliest = t
             continue
+        ahead.before(t)
         rs = sets.of(t)
         judged = True
         if memo is not None:
@@ -96,3 +100,25 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
         reason = (f"batch {lowest - 1}: commits/{lowest - 1} is gone (purged after minBatchesToRetain)"
                   if lowest > 0 else "batch 0 is the first batch")
     return RollbackWindow(earliest, latest, reason, latest_reason, stop)
+
+
+class _ReadAhead:
+    """Reads the offsets and commits files of the batches the window will judge (``batches``, newest first)
+    a run at a time, each run in one concurrent read (object stores), the runs doubling from 16 to 256: a
+    window that stops early reads little past its stop, a long one in few round trips."""
+
+    def __init__(self, ckpt: Checkpoint, batches: list[int]):
+        self.ckpt, self.batches = ckpt, batches
+        self.position = {t: i for i, t in enumerate(batches)}
+        self.read_to = 0  # batches[:read_to] are read
+        self.run = 16
+
+    def before(self, batch: int) -> None:
+        i = self.position.get(batch)
+        if i is None or i < self.read_to:
+            return
+        chunk = self.batches[i:i + self.run]
+        self.read_to = i + len(chunk)
+        self.run = min(self.run * 2, 256)
+        self.ckpt.load_offsets(sorted({b for t in chunk for b in (t - 1, t)}), errors=[])
+        self.ckpt.load_commits(sorted(chunk), errors=[])

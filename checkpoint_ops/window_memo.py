@@ -41,7 +41,15 @@ rules: the memo lives in it (``verdicts.py``), is an optimisation only, and a da
 A stamp is enough for the other files: what the shallow set judges of a state file or a sink data file
 (there, size, readable, sidecar size) is what the listing says, and the stamp is that.
 
-**Size.** One entry per remembered batch: its id and a 16-hex-digit digest, about 27 bytes in the cache.
+**Nothing read for a remembered batch.** Its entry keeps, beside the digest, each source log's offset in
+``offsets/t`` as the pass that remembered it read them. The digest covers ``offsets/t`` by its stamp, so
+while the digest matches, ``offsets/t`` is the file those offsets were read from (the verdict cache's own
+premise), and the digest is computed from the listing alone: a pass reads the files of the batches it
+judges, not of every retained one. An entry without them (written by an earlier version) is checked by
+reading ``offsets/t``, and rewritten with them.
+
+**Size.** One entry per remembered batch: its id, a 16-hex-digit digest and the source logs' offsets,
+about 35 bytes in the cache for one source.
 """
 
 from __future__ import annotations
@@ -136,6 +144,7 @@ class WindowMemo:
         self.trusted = self.usable and all(self.cache.seal_holds(f"sink{i}", s.listing)
                                            for i, s in enumerate(self.sinks) if s.log.latest is not None)
         self._live: set | None = None
+        self._answers: dict[int, bool] = {}
         if self.usable:
             self._prepare()
 
@@ -209,19 +218,27 @@ class WindowMemo:
                 break
         return base
 
-    def digest(self, batch: int) -> str | None:
-        """The dependency digest of ``batch`` now (None: it cannot be computed, e.g. offsets/``batch``
-        does not parse)."""
+    def _log_offsets(self, batch: int) -> list[int | None] | None:
+        """Each source log's offset in ``offsets/batch`` (in ``source_logs`` order); None if it does not parse."""
         offsets = self.ckpt.load_offsets([batch], errors=[]).get(batch)
         if offsets is None:
             return None
+        return [so.log_offset if (so := offsets.source(sid)) else None for sid, _, _ in self.source_logs]
+
+    def digest(self, batch: int, log_offsets: list[int | None] | None = None) -> str | None:
+        """The dependency digest of ``batch`` now (None: it cannot be computed, e.g. offsets/``batch``
+        does not parse). ``log_offsets``: the source logs' offsets of ``offsets/batch`` as an earlier pass
+        read them (``remember``), so that nothing is read: the digest covers ``offsets/batch`` by its
+        stamp, so while it is the same it is the same file, and these are still its offsets."""
+        if log_offsets is None:
+            log_offsets = self._log_offsets(batch)
+            if log_offsets is None:
+                return None
         acc = _mix(self.context, batch)
         acc = _mix(acc, self.offsets.one(batch - 1))
         acc = _mix(acc, self.offsets.one(batch))
         acc = _mix(acc, self.commits.one(batch))
-        for sid, log, ids in self.source_logs:
-            so = offsets.source(sid)
-            k = so.log_offset if so else None
+        for (sid, log, ids), k in zip(self.source_logs, log_offsets):
             acc = _mix(acc, _h("k", sid, k))
             if k is not None:
                 acc = _mix(acc, ids.range(k - log.interval - 1, k))
@@ -237,17 +254,43 @@ class WindowMemo:
         return f"{acc:016x}"
 
     # -- what earlier passes found -----------------------------------------------------------------
-    def is_sound(self, batch: int) -> bool:
-        """Whether an earlier pass found ``batch``'s restart set sound on exactly these files."""
+    def _entry(self, batch: int, digest: str, log_offsets: list[int | None]) -> str:
+        """What the cache keeps for a batch: its digest, and the source logs' offsets it was computed with."""
+        return digest + "|" + ",".join("-" if k is None else str(k) for k in log_offsets)
+
+    def _parse_entry(self, entry: str) -> tuple[str, list[int | None] | None]:
+        """(digest, log offsets or None: an entry without them, or with a count that is not this
+        checkpoint's, is checked by reading ``offsets/batch``)."""
+        digest, sep, rest = entry.partition("|")
+        if not sep:
+            return digest, None
+        parts = rest.split(",") if rest else []
+        if len(parts) != len(self.source_logs) or not all(p == "-" or p.isdigit() for p in parts):
+            return digest, None
+        return digest, [None if p == "-" else int(p) for p in parts]
+
+    def answers(self, batch: int) -> bool:
+        """Whether an earlier pass found ``batch``'s restart set sound on exactly these files. Reads
+        nothing when the entry carries its log offsets; changes nothing (``is_sound`` takes the answer)."""
         if not self.trusted:
             return False
-        want = self.cache.window_digest(batch)
-        if want is None:
+        if batch not in self._answers:
+            entry = self.cache.window_digest(batch)
+            ok = False
+            if entry is not None:
+                want, log_offsets = self._parse_entry(entry)
+                ok = self.digest(batch, log_offsets) == want
+            self._answers[batch] = ok
+        return self._answers[batch]
+
+    def is_sound(self, batch: int) -> bool:
+        """``answers``, and the batch stays remembered (with its log offsets) for the next pass."""
+        if not self.answers(batch):
             return False
-        got = self.digest(batch)
-        if got is None or got != want:
-            return False
-        self.cache.remember_window(batch, got)
+        want, log_offsets = self._parse_entry(self.cache.window_digest(batch))
+        if log_offsets is None:  # an entry of an earlier version: offsets/batch was read to check it
+            log_offsets = self._log_offsets(batch)
+        self.cache.remember_window(batch, self._entry(batch, want, log_offsets))
         self.cache.window_hits += 1
         return True
 
@@ -261,9 +304,10 @@ class WindowMemo:
             self._live = live_rels(self.ckpt, self.sinks) - {("checkpoint", "metadata")}
         if any((f.root, f.rel) in self._live for f in restart_set.files):
             return
-        got = self.digest(batch)
+        log_offsets = self._log_offsets(batch)
+        got = self.digest(batch, log_offsets) if log_offsets is not None else None
         if got is not None:
-            self.cache.remember_window(batch, got)
+            self.cache.remember_window(batch, self._entry(batch, got, log_offsets))
 
 
 __all__ = ["WindowMemo"]

@@ -246,8 +246,9 @@ def describe(query, files, progress: list[dict]) -> tuple[dict, list[Finding]]:
     fsck findings."""
     ckpt = files.checkpoint(query.checkpoint)
     sinks = [files.sink(s) for s in query.sinks]
-    # ledger sync, inspect and the health check's fsck in one pass, reading only what is new (verdict cache)
-    checked = run_check_pass(ckpt, sinks)
+    # ledger sync, inspect and the health check's fsck in one pass, reading only what is new (verdict cache);
+    # the metadata shows this run's batches (on_call_metadata), not inspect's list of every retained one
+    checked = run_check_pass(ckpt, sinks, batches=False)
     ledger, report = checked.synced, checked.report
     batches = [p["batchId"] for p in progress]
     offsets = {}

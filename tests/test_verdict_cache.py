@@ -138,6 +138,86 @@ def test_deleted_or_damaged_cache_changes_no_verdict(hdfs_run):
     assert tree_snapshot(run.checkpoint, run.output) == before  # the pass wrote nothing of Spark's
 
 
+def test_a_pass_without_the_batch_list_reads_only_what_is_new(hdfs_run):
+    """``batches=False`` (a materialization's pass): the same findings, and inspect's report with no per-batch
+    list but otherwise the same; a warm pass then reads no offsets or commits file but those Spark may
+    still rewrite, where the full report reads every one. Damage in an old offsets file is still found,
+    by fsck (which judges every file, cached or not)."""
+    run = hdfs_run
+    ckpt, sinks = _model(run)
+    sync_ledger(ckpt, sinks)
+    old = sorted(int(n) for n in os.listdir(os.path.join(run.checkpoint, "offsets")) if n.isdigit())[2]
+    victim = os.path.join(run.checkpoint, "offsets", str(old))
+    st = os.stat(victim)
+    body = open(victim, "rb").read().replace(b'"batchWatermarkMs"', b'"batchWatermarkMs" oops', 1)
+    open(victim, "wb").write(body)
+    open(os.path.join(run.checkpoint, "offsets", f".{old}.crc"), "wb").write(hadoop_crc_bytes(body))
+    os.utime(victim, (st.st_atime, st.st_mtime))
+    want_findings, want_report = _without_cache(run)
+    assert any(f["path"].endswith(f"/offsets/{old}") for f in want_findings), want_findings
+
+    def reads(**kw):
+        ckpt, sinks = _model(run)
+        seen: list[str] = []
+        read_many, read_bytes = ckpt.fm.read_many, ckpt.fm.read_bytes
+
+        def spy_many(paths, *a, **k):
+            seen.extend(paths)
+            return read_many(paths, *a, **k)
+
+        def spy_bytes(path, *a, **k):
+            seen.append(path)
+            return read_bytes(path, *a, **k)
+
+        ckpt.fm.read_many, ckpt.fm.read_bytes = spy_many, spy_bytes
+        p = run_check_pass(ckpt, sinks, sync=False, **kw)
+        logs = {os.path.relpath(x, run.checkpoint) for x in seen
+                if ("/offsets/" in x or "/commits/" in x) and os.path.basename(x).isdigit()}
+        return p, [f.to_dict() for f in p.findings], p.report, logs
+
+    for batches in (False, True, False):  # cold, warm (the full report), warm
+        p, findings, report, logs = reads(batches=batches)
+        assert findings == want_findings, batches
+        assert report == (want_report if batches else {**want_report, "batches": None,
+                                                       "damaged": [d for d in want_report["damaged"]
+                                                                   if not d["path"].endswith(f"/offsets/{old}")]})
+    everything = {f"{d}/{b}" for d in ("offsets", "commits") for b in os.listdir(os.path.join(run.checkpoint, d))
+                  if b.isdigit()}
+    last = max(int(x.split("/")[1]) for x in everything)
+    # what the warm pass may read: the newest batches (Spark may still rewrite their files; the window
+    # judges the newest), the damaged file (never cached) and the batches whose restart sets read it (the
+    # window stops there), with the window's read-ahead below. Not the sound batches in between.
+    between = {f"offsets/{b}" for b in range(old + 2, last - 2)} | {f"commits/{b}" for b in range(old + 2, last - 1)}
+    assert len(between) >= 6 and between <= everything
+    assert f"offsets/{old}" in logs and not logs & between, sorted(logs)
+    _, _, _, full = reads(batches=True)
+    assert full == everything
+
+
+
+
+def test_sources_of_an_offsets_file_not_read_again_still_count(hdfs_run):
+    """fsck compares the number of sources of every offsets file with the newest one's. A file taken from the
+    cache is not read, so the cache keeps its count: when the newest file lists one source more, the warm
+    pass names every older file, as fsck without a cache does."""
+    run = hdfs_run
+    _pass(run)
+    warm, _, _ = _pass(run)
+    assert warm.cache_hits > 0
+    top = max(int(n) for n in os.listdir(os.path.join(run.checkpoint, "offsets")) if n.isdigit())
+    newest = os.path.join(run.checkpoint, "offsets", str(top))
+    lines = open(newest, "rb").read().split(b"\n")
+    body = b"\n".join(lines + [lines[-1]])  # a second source, as a truncated write of another query's file
+    open(newest, "wb").write(body)
+    open(os.path.join(run.checkpoint, "offsets", f".{top}.crc"), "wb").write(hadoop_crc_bytes(body))
+    want_findings, want_report = _without_cache(run)
+    named = {f["path"].rsplit("/", 1)[-1] for f in want_findings if f["code"] == "source-count-mismatch"}
+    assert len(named) >= 5, want_findings
+    p, findings, report = _pass(run)
+    assert p.cache_hits > 0
+    assert (findings, report) == (want_findings, want_report)
+
+
 def test_rewritten_files_are_judged_again(hdfs_run):
     run = hdfs_run
     _pass(run)
@@ -305,13 +385,23 @@ def test_window_memo_damaged_or_tampered_changes_no_verdict(hdfs_run):
     tampered = {
         # a digest that no longer matches (as if the files had changed): judged again, not trusted
         "wrong digests": {**good, "window": {b: "0" * 16 for b in good["window"]}},
+        # the source logs' offsets kept with a digest, changed: the digest computed with them differs
+        "wrong log offsets": {**good, "window": {b: v.split("|")[0] + "|999" for b, v in good["window"].items()}},
+        # the offsets of the digests' files as an entry of an earlier version had none: read to check
+        "no log offsets": ({**good, "window": {b: v.split("|")[0] for b, v in good["window"].items()}}, True),
+        # a recorded offsets file whose kept sources are not "version:count": judged again
+        "damaged offsets facts": {**good, "sound": {k: (v.split("#")[0] + "#x" if k.startswith("offsets\t") else v)
+                                                    for k, v in good["sound"].items()}},
         "wrong shape": {**good, "window": {"x": 1}},
         "not a map": {**good, "window": [1, 2]},
     }
+    assert all("|" in v for v in good["window"].values())  # each entry keeps its source logs' offsets
+    assert any(k.startswith("offsets\t") and "#1:" in v for k, v in good["sound"].items())
     for what, doc in tampered.items():
+        doc, answered = doc if isinstance(doc, tuple) else (doc, what == "damaged offsets facts")
         open(_cache_path(run), "wb").write(json.dumps(doc).encode())
         p, findings, report = _pass(run)
-        assert p.window_hits == 0, what
+        assert (p.window_hits > 0) == answered, what
         assert (findings, report) == want, what
 
 

@@ -93,6 +93,7 @@ class CompactibleLog:
         self.interval, self.interval_source = infer_interval(self.compact_ids, default_interval)
         self._entries: dict[int, list[LogEntry]] = {}
         self._bad: dict[int, LogFormatError] = {}  # files that failed to read or parse, once
+        self._checked: set[int] = set()  # files ``check`` (or a caller's own check) found readable, once
 
     @property
     def batch_ids(self) -> list[int]:
@@ -139,7 +140,7 @@ class CompactibleLog:
         """Raise what ``read([batch_id])`` would raise for this file, without keeping its entries: the
         file is streamed a line at a time, so memory stays flat however many entries a compact file
         holds (the file source log of a long-running query holds every file it ever read)."""
-        if batch_id in self._entries or batch_id not in self.files:
+        if batch_id in self._entries or batch_id in self._checked or batch_id not in self.files:
             return
         if batch_id in self._bad:
             raise self._bad[batch_id]
@@ -148,6 +149,7 @@ class CompactibleLog:
         try:
             with self.listing.fm.open_read(path) as f:
                 check_log_stream(f, url, self.kind)
+            self._checked.add(batch_id)
         except FileNotFoundError:
             self._bad[batch_id] = e = LogFormatError("file vanished while reading (is a query running?)",
                                                      path=url, kind="missing")
@@ -158,6 +160,14 @@ class CompactibleLog:
         except LogFormatError as e:
             self._bad[batch_id] = e
             raise
+
+    def is_checked(self, batch_id: int) -> bool:
+        """Whether this file was already found readable (parsed, or checked by ``check``) by this model."""
+        return batch_id in self._entries or batch_id in self._checked
+
+    def mark_checked(self, batch_id: int) -> None:
+        """A caller checked this file's bytes with ``check_log_stream`` and found it readable."""
+        self._checked.add(batch_id)
 
     def read(self, batch_ids) -> dict[int, list[LogEntry]]:
         """Entries of these batch files (reading each file at most once); raises on a bad file."""
