@@ -59,10 +59,14 @@ def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Ver
     if cache is None:
         cache = VerdictCache.for_checkpoint(ckpt)
     ledger = Ledger.for_checkpoint(ckpt)  # one index for the sync and the pass (the sync adds its segment)
-    synced = sync_ledger(ckpt, sinks, ledger) if sync else {}
-    sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
-    report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets, batches=batches)
-    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+    ckpt.kept_bytes = {}  # what the sync and the window read of offsets/ and commits/, for fsck's sidecar check
+    try:
+        synced = sync_ledger(ckpt, sinks, ledger) if sync else {}
+        sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
+        report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets, batches=batches)
+        findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+    finally:
+        ckpt.kept_bytes = None
     _seal_and_remember(ckpt, sinks, cache, findings)
     if save:
         cache.save()

@@ -158,9 +158,11 @@ class Fsck:
         without keeping them, so their checksum sidecars are checked by content like the rest."""
         from .storage.checksums import hadoop_crc_name
 
-        L = self.ckpt.listing
+        L, kept = self.ckpt.listing, self.ckpt.kept_bytes or {}
         again = [p for b in parsed if (p := L.abs(files[b].rel)) not in self._read
                  and f"{kind}/{hadoop_crc_name(files[b].name)}" in L]
+        self._read.update({p: kept[p] for p in again if p in kept})
+        again = [p for p in again if p not in kept]
         if again:
             self._read.update({p: d for p, d in L.fm.read_many(again, errors={}).items() if d is not None})
 

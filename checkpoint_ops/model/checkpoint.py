@@ -43,6 +43,9 @@ class Checkpoint:
         self._offsets: dict[int, OffsetSeq] = {}
         self._commits: dict[int, CommitMetadata] = {}
         self._bad: dict[tuple[str, int], LogFormatError] = {}  # files that failed to read or parse, once
+        # bytes of the offsets and commits files read while ``keep_bytes`` is on (one pass: its fsck checks
+        # their sidecars by content without reading them again)
+        self.kept_bytes: dict[str, bytes] | None = None
         self.metadata_error: LogFormatError | None = None  # set when metadata exists but cannot be read
 
     @classmethod
@@ -173,6 +176,8 @@ class Checkpoint:
                     continue
                 if raw is not None:
                     raw[path] = data
+                if self.kept_bytes is not None:
+                    self.kept_bytes[path] = data
                 try:
                     cache[b] = parse(data, self.fm.url(path), b)
                 except LogFormatError as e:
