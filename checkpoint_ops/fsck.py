@@ -7,7 +7,6 @@ Spark fails or misbehaves; ``warning`` means harmless today but a trap (stale fi
 from __future__ import annotations
 
 import re
-
 from dataclasses import asdict, dataclass
 
 from .fence import recovery_advice
