@@ -86,9 +86,13 @@ class Mirror:
                     if self.sent.get(key) != mtime:
                         items.append((key, path))
                         self.sent[key] = mtime
+        def put(item) -> None:
+            key, path = item
+            with open(path, "rb") as f:
+                self.s3.put_object(Bucket=self.bucket, Key=key, Body=f.read())
+
         with concurrent.futures.ThreadPoolExecutor(16) as ex:
-            list(ex.map(lambda kv: self.s3.put_object(Bucket=self.bucket, Key=kv[0],
-                                                      Body=open(kv[1], "rb").read()), items))
+            list(ex.map(put, items))
         return len(items)
 
 

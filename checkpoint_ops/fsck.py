@@ -90,8 +90,8 @@ class Fsck:
         commits = self.ckpt.load_commits([b for b in self.ckpt.commit_files if b not in sound_commits],
                                          errors=errors, raw=self._read)
         self._parsed_offsets = offsets
-        self._read_judged("offsets", self.ckpt.offset_files, offsets)
-        self._read_judged("commits", self.ckpt.commit_files, commits)
+        self._read_for_sidecars(self.ckpt.listing, [self.ckpt.offset_files[b].rel for b in offsets]
+                                + [self.ckpt.commit_files[b].rel for b in commits])
         for e in errors:
             self._log_error(e)
         self._restart_rules(offsets, commits)
@@ -152,16 +152,24 @@ class Fsck:
                 sound[b] = detail
         return sound
 
-    def _read_judged(self, kind: str, files: dict, parsed: dict) -> None:
-        """The bytes of the files judged now that an earlier reader (the window, in a shared pass) parsed
-        without keeping them, so their checksum sidecars are checked by content like the rest."""
+    def _read_for_sidecars(self, L, rels) -> None:
+        """The bytes of these files that an earlier reader parsed without keeping them (the sync, the
+        window or the pairing, in a shared pass), so their Hadoop sidecars are checked by content like
+        the rest: only files that have a sidecar, from the pass's kept bytes where it has them."""
         from .storage.checksums import hadoop_crc_name
 
-        L, kept = self.ckpt.listing, self.ckpt.kept_bytes or {}
-        again = [p for b in parsed if (p := L.abs(files[b].rel)) not in self._read
-                 and f"{kind}/{hadoop_crc_name(files[b].name)}" in L]
-        self._read.update({p: kept[p] for p in again if p in kept})
-        again = [p for p in again if p not in kept]
+        kept = (self.ckpt.kept_bytes or {}) if L is self.ckpt.listing else {}
+        again = []
+        for rel in rels:
+            path = L.abs(rel)
+            parent, _, name = rel.rpartition("/")
+            sidecar = f"{parent}/{hadoop_crc_name(name)}" if parent else hadoop_crc_name(name)
+            if path in self._read or sidecar not in L:
+                continue
+            if path in kept:
+                self._read[path] = kept[path]
+            else:
+                again.append(path)
         if again:
             self._read.update({p: d for p, d in L.fm.read_many(again, errors={}).items() if d is not None})
 
@@ -352,15 +360,10 @@ class Fsck:
         self._read.update(raw)
         # files parsed before this check (the pairing, or the window in a shared pass) came from the
         # model without their bytes: read those too, so their checksum sidecars are checked like the rest
-        from .storage.checksums import hadoop_crc_name
-
         bad = {e.path for e in errors}
         L = log.listing
-        again = [p for b, f in log.files.items() if b not in skip and (p := L.abs(f.rel)) not in self._read
-                 and p not in self._crc_known and L.url(f.rel) not in bad
-                 and f"{log.rel_dir}/{hadoop_crc_name(f.name)}" in L]
-        if again:
-            self._read.update({p: d for p, d in log.listing.fm.read_many(again, errors={}).items() if d is not None})
+        self._read_for_sidecars(L, [f.rel for b, f in log.files.items() if b not in skip
+                                    and L.abs(f.rel) not in self._crc_known and L.url(f.rel) not in bad])
         for e in errors:
             self._log_error(e)
         return not errors

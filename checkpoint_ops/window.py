@@ -60,6 +60,8 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     # the files of the batches to judge, read ahead in concurrent batches (bad ones are judged below): not
     # those of batches the memo answers from the listing alone (the newest is always judged), nor far below
     # where the window stops
+    if memo is not None:  # entries an earlier version wrote are checked by reading offsets/t: in one go
+        ckpt.load_offsets(memo.without_log_offsets(candidates), errors=[])
     judge = [t for t in candidates if memo is None or t == last or not memo.answers(t)]
     ahead = _ReadAhead(ckpt, judge)
     earliest = latest = None

@@ -254,7 +254,8 @@ class WindowMemo:
         return f"{acc:016x}"
 
     # -- what earlier passes found -----------------------------------------------------------------
-    def _entry(self, batch: int, digest: str, log_offsets: list[int | None]) -> str:
+    @staticmethod
+    def _entry(digest: str, log_offsets: list[int | None]) -> str:
         """What the cache keeps for a batch: its digest, and the source logs' offsets it was computed with."""
         return digest + "|" + ",".join("-" if k is None else str(k) for k in log_offsets)
 
@@ -268,6 +269,18 @@ class WindowMemo:
         if len(parts) != len(self.source_logs) or not all(p == "-" or p.isdigit() for p in parts):
             return digest, None
         return digest, [None if p == "-" else int(p) for p in parts]
+
+    def without_log_offsets(self, batches) -> list[int]:
+        """Of these batches, those remembered by an entry without its log offsets (an earlier version's):
+        answering them reads ``offsets/t``, so a caller reads those in one go first."""
+        if not self.trusted:
+            return []
+        out = []
+        for b in batches:
+            entry = self.cache.window_digest(b)
+            if entry is not None and self._parse_entry(entry)[1] is None:
+                out.append(b)
+        return out
 
     def answers(self, batch: int) -> bool:
         """Whether an earlier pass found ``batch``'s restart set sound on exactly these files. Reads
@@ -290,7 +303,7 @@ class WindowMemo:
         want, log_offsets = self._parse_entry(self.cache.window_digest(batch))
         if log_offsets is None:  # an entry of an earlier version: offsets/batch was read to check it
             log_offsets = self._log_offsets(batch)
-        self.cache.remember_window(batch, self._entry(batch, want, log_offsets))
+        self.cache.remember_window(batch, self._entry(want, log_offsets))
         self.cache.window_hits += 1
         return True
 
@@ -307,7 +320,7 @@ class WindowMemo:
         log_offsets = self._log_offsets(batch)
         got = self.digest(batch, log_offsets) if log_offsets is not None else None
         if got is not None:
-            self.cache.remember_window(batch, self._entry(batch, got, log_offsets))
+            self.cache.remember_window(batch, self._entry(got, log_offsets))
 
 
 __all__ = ["WindowMemo"]

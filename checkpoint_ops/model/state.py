@@ -364,31 +364,26 @@ class StateModel:
         # Spark loads from the newest zip of the lineage and replays the changelogs above it. Walking down
         # from the top names the nearest version that has neither (the hole a user or a bad copy made),
         # whatever snapshots Spark's maintenance happened to have uploaded below it.
-        base = None
+        base_v, chain = None, []  # changelogs from the top down, then the zip they replay onto
         for v, u in reversed(lineage):
-            if store.file(v, "zip", u):
-                base = (v, u)
+            z = store.file(v, "zip", u)
+            if z is not None:
+                base_v = v
+                chain.append(z)
                 break
-            if store.file(v, "changelog", u) is None:
-                return Build(False, reason=f"{store.label}: lineage of {c.name} needs {v}_{u}.changelog, which is missing",
-                             missing=f"{store.rel_dir}/{v}_{u}.changelog", missing_version=v)
-        if base is None:
-            if lineage[0][0] != 1:
-                first_v, first_u = lineage[0]
-                return Build(False, reason=f"{store.label}: no snapshot of the lineage of {c.name} "
-                                            f"({lineage[0][0]}..{version}) exists",
-                             missing=f"{store.rel_dir}/{first_v - 1}_<id>.zip", missing_version=first_v - 1)
-            base_v, chain = 0, []
-        else:
-            base_v, chain = base[0], [store.file(base[0], "zip", base[1])]
-        for v, u in lineage:
-            if v <= base_v:
-                continue
             f = store.file(v, "changelog", u)
             if f is None:
                 return Build(False, reason=f"{store.label}: lineage of {c.name} needs {v}_{u}.changelog, which is missing",
                              missing=f"{store.rel_dir}/{v}_{u}.changelog", missing_version=v)
             chain.append(f)
+        if base_v is None:
+            if lineage[0][0] != 1:
+                first_v, first_u = lineage[0]
+                return Build(False, reason=f"{store.label}: no snapshot of the lineage of {c.name} "
+                                            f"({lineage[0][0]}..{version}) exists",
+                             missing=f"{store.rel_dir}/{first_v - 1}_<id>.zip", missing_version=first_v - 1)
+            base_v = 0
+        chain.reverse()
         return self._with_ssts(store, Build(True, chain, base_version=base_v), True)
 
     def _with_ssts(self, store: Store, build: Build, exact: bool) -> Build:
