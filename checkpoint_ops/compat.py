@@ -214,7 +214,7 @@ _READ = object()  # read the recorded profile beside the checkpoint
 
 def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequence[str] = (),
                  recorded: ProfileRecord | None | object = _READ, scratch_url: str | None = None,
-                 storage_options: dict | None = None, reuse_judged: bool = False) -> CompatReport:
+                 storage_options: dict | None = None, reuse_judged: bool = False, writer=None) -> CompatReport:
     """Judge the query ``build(spark)`` makes against ``ckpt`` (see module docstring). Reads only: the
     checkpoint is copied (its restart set) into ``scratch_url`` (default: a local temporary directory),
     and the copy is removed afterwards.
@@ -224,16 +224,21 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     a query with this plan fingerprint on this checkpoint (``ProfileRecord.proven``: the Dagster step, cheap
     when nothing changed); the checks Spark does not make always run. Unusable input (a damaged restart set,
     a fenced checkpoint, a query function that fails) raises ``BadInputError``.
+
+    ``writer``: what ``build_writer(build, spark)`` returned, when the caller built it already (to start it
+    afterwards). It is changed only when Spark's restart ran (``report.judge`` is not None: its sink was
+    replaced by ``noop`` and it was started on the copy); otherwise it is as built, and may be started.
     """
-    if len(ckpt.listing) == 0:  # a new query: Spark creates the checkpoint at its first batch
+    fresh = len(ckpt.listing) == 0  # a new query: Spark creates the checkpoint at its first batch
+    if not fresh and ckpt.kind != "structured":
+        raise BadInputError(f"a {ckpt.kind} checkpoint: compat judges Structured Streaming checkpoints",
+                            path=ckpt.url)
+    if writer is None:
         writer = build_writer(build, spark)
+    if fresh:
         profile = describe_query(spark, writer)
         return CompatReport(ckpt.url, None, True, None, (), ("no checkpoint yet: Spark starts this query fresh",),
                             profile)
-    if ckpt.kind != "structured":
-        raise BadInputError(f"a {ckpt.kind} checkpoint: compat judges Structured Streaming checkpoints",
-                            path=ckpt.url)
-    writer = build_writer(build, spark)
     profile = describe_query(spark, writer)
     record = read_profile(ckpt.fm, ckpt.root) if recorded is _READ else recorded
     notes: list[str] = []

@@ -8,27 +8,43 @@ the checkpoint (``checkpoint_ops.compat``).
   checkpoint): Spark is not restarted again, only the checks Spark does not make run (a few reads).
 
 Run config ``skip_compat_check: true`` skips it, for the user who knows. The step reuses the run's Spark
-session; the scratch copy goes to a local temporary directory.
+session; the scratch copy goes to a local temporary directory. The query is built once: when Spark's restart
+did not run on a copy, the run starts the writer the check judged (``CompatStep.writer``).
 """
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
 import dagster as dg
 
-from checkpoint_ops.compat import FAILS, SILENT, CompatReport, accept, check_compat
+from checkpoint_ops.compat import FAILS, SILENT, CompatReport, accept, build_writer, check_compat
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.model import Checkpoint
 
 
-def check_before_run(context, query, config, spark, files) -> dict:
-    """Judge ``query`` against its checkpoint before it runs; metadata for the materialization. Raises
-    ``dg.Failure`` when Spark would refuse the restart (or the checkpoint cannot be judged)."""
+@dataclass(frozen=True)
+class CompatStep:
+    """What the compat step gives the run: metadata for the materialization, and the query's writer while it
+    is still as ``query.build`` made it (Spark's restart did not run on a copy with it), for the run to start
+    instead of building the query again. ``writer`` None: the run builds it."""
+
+    metadata: dict
+    writer: Optional[Any] = field(default=None, repr=False)
+
+
+def check_before_run(context, query, config, spark, files) -> CompatStep:
+    """Judge ``query`` against its checkpoint before it runs. Raises ``dg.Failure`` when Spark would refuse
+    the restart (or the checkpoint cannot be judged)."""
     if getattr(config, "skip_compat_check", False):
         context.log.warning(f"{query.name}: compat check skipped (skip_compat_check): a changed query may fail at "
                             "restart or silently behave differently")
-        return {"compat": dg.MetadataValue.text("skipped (skip_compat_check)")}
+        return CompatStep({"compat": dg.MetadataValue.text("skipped (skip_compat_check)")})
     fm, root = files.file_manager(query.checkpoint)
     ckpt = Checkpoint(fm, root)
     try:
-        report = check_compat(ckpt, spark, query.build, storage_options=files.options(), reuse_judged=True)
+        writer = build_writer(query.build, spark)
+        report = check_compat(ckpt, spark, query.build, storage_options=files.options(), reuse_judged=True,
+                              writer=writer)
     except CheckpointOpsError as e:
         raise dg.Failure(description=f"compat check of {query.name} could not judge the checkpoint: {e.render()}",
                          metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""}) from None
@@ -44,7 +60,7 @@ def check_before_run(context, query, config, spark, files) -> dict:
         accept(ckpt, report)
     except CheckpointOpsError as e:  # no place beside the checkpoint (a bucket root): the next run judges again
         context.log.warning(f"{query.name}: query profile not recorded: {e.render()}")
-    return md
+    return CompatStep(md, writer if report.judge is None else None)  # a judged writer was changed (noop sink)
 
 
 def report_metadata(report: CompatReport) -> dict:

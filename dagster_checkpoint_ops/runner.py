@@ -148,13 +148,14 @@ def release_state_stores(spark, stateful: bool) -> None:
     time.sleep(min(interval + 1, 120))
 
 
-def run_query(context, query, spark, files) -> list[dict]:
+def run_query(context, query, spark, files, writer=None) -> list[dict]:
     """Start the user's writer on the query's checkpoint with Trigger.AvailableNow (the run holds the
-    checkpoint's lease)."""
+    checkpoint's lease). ``writer``: the one the compat step built and left as built (else built here)."""
     _refuse_if_fenced(query, files)
     spark.conf.set(NUM_PROGRESS, "100000")  # metadata covers every batch of the run
     with query_spark_conf(spark, query):
-        writer = query.build(spark)
+        if writer is None:
+            writer = query.build(spark)
         if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
             raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
                              f"(df.writeStream...), not {type(writer).__name__}")
@@ -225,8 +226,9 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
             return StreamRun({"dry_run": dg.MetadataValue.bool(True),
                               "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
         with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
-            md.update(check_before_run(context, query, config, spark, files))
-        progress = run_query(context, query, spark, files)
+            compat = check_before_run(context, query, config, spark, files)
+        md.update(compat.metadata)
+        progress = run_query(context, query, spark, files, compat.writer)  # the query built once
         md.update(undo_metadata(query, md, progress))
         with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
             described, findings = describe(query, files, progress)

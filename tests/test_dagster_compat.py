@@ -1,7 +1,7 @@
 """The compat step of a streaming materialization on real Spark: a new query passes, an unchanged one is
 not restarted again (cheap), a change Spark refuses fails the run with its error class before the query
 starts (and ``skip_compat_check`` lets it run into Spark's own refusal), a silently different one warns and
-runs."""
+runs. The query is built once a materialization, unless Spark's restart judged (and so changed) the writer."""
 
 import os
 
@@ -13,7 +13,8 @@ from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitio
 from tests.helpers import tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
 
-VARIANT = {"key_changed": False, "partitions": None}
+VARIANT = {"key_changed": False, "partitions": None, "scale": 1}
+BUILDS: list = []  # one entry per call of the query's build function
 
 
 def guarded_query(base: str) -> StreamingQuery:
@@ -22,6 +23,7 @@ def guarded_query(base: str) -> StreamingQuery:
     def build(spark):
         from pyspark.sql import functions as F
 
+        BUILDS.append(dict(VARIANT))
         for key, value in FLAVOURS["hdfs"].items():
             spark.conf.set(key, value)
         partitions = VARIANT["partitions"] or SESSION_CONF["spark.sql.shuffle.partitions"]
@@ -29,7 +31,7 @@ def guarded_query(base: str) -> StreamingQuery:
         events = read_events(spark, inp)
         if VARIANT["key_changed"]:
             events = events.withColumn("key", F.length("key"))
-        return windowed_counts(events).writeStream.format("parquet").option("path", out)
+        return windowed_counts(events, VARIANT["scale"]).writeStream.format("parquet").option("path", out)
 
     return StreamingQuery(name="guarded", build=build, checkpoint=os.path.join(base, "checkpoint"), sinks=[out])
 
@@ -56,7 +58,8 @@ def failure(result):
 
 
 def test_compat_step_before_every_run(spark, tmp_path, instance):
-    VARIANT.update(key_changed=False, partitions=None)
+    VARIANT.update(key_changed=False, partitions=None, scale=1)
+    BUILDS.clear()
     base = str(tmp_path / "q")
     query = guarded_query(base)
     defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
@@ -67,15 +70,30 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert first.success, first.all_events
         md = metadata(first)
         assert md["compat"] == "compatible" and md["compat_spark_restart"] == "not needed (new checkpoint)"
+        assert len(BUILDS) == 1, "the run started the writer the compat step built"
 
         write_event_files(inp, 3, 4)
         second = materialize(defs, instance)  # nothing changed: Spark is not restarted on a copy again
         assert second.success
         assert metadata(second)["compat_spark_restart"] == "not needed (unchanged)"
+        assert len(BUILDS) == 2
+
+        # a change Spark accepts: judged on a copy with the writer (its sink replaced by noop), so the run
+        # builds the query again and writes to the real sink
+        VARIANT["scale"] = 2
+        unload_state_stores(spark)
+        write_event_files(inp, 4, 5)
+        judged = materialize(defs, instance)
+        assert judged.success, judged.all_events
+        md = metadata(judged)
+        assert md["compat_spark_restart"].startswith("restarted batch"), md["compat_spark_restart"]
+        assert len(BUILDS) == 4
+        ran = md["last_committed_batch"]
+        assert md["batches_run"] >= 1 and os.path.isfile(os.path.join(query.sinks[0], "_spark_metadata", str(ran)))
 
         VARIANT["key_changed"] = True
         unload_state_stores(spark)
-        write_event_files(inp, 4, 5)
+        write_event_files(inp, 5, 6)
         before = tree_snapshot(query.checkpoint, *query.sinks)
         refused = materialize(defs, instance)
         assert not refused.success
@@ -98,8 +116,9 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert diff["aspect"] == "conf" and diff["now"] == "spark.sql.shuffle.partitions=4"
         # the plan is the one Spark already accepted: the pinned setting is checked without restarting Spark
         assert md["compat_spark_restart"] == "not needed (unchanged)"
+        assert len(BUILDS) == 7, "refused: built once; skipped: built by the run; warned: built once"
         logs = [e.user_message for e in instance.all_logs(warned.run_id)]
         assert any("silently different after the restart" in m and "shuffle.partitions" in m for m in logs)
     finally:
-        VARIANT.update(key_changed=False, partitions=None)
+        VARIANT.update(key_changed=False, partitions=None, scale=1)
         unload_state_stores(spark)
