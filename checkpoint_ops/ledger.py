@@ -36,6 +36,7 @@ from .model.logfile import LogFormatError, parse_json_line
 from .model.offsets import OffsetSeq, parse_offsets
 from .model.sink import SinkOutput
 from .storage import CheckpointFileManager
+from .storage.checksums import hadoop_crc_target, is_hadoop_crc_name, sidecar_names
 from .storage.paths import join
 
 FORMAT = 1
@@ -334,11 +335,20 @@ class Ledger:
             self.fm.delete(join(self.path, n))
 
     def compact_segments(self, max_run: int = MAX_SYNC_RUN) -> list[str]:
-        """Merge each run of consecutive sync segments longer than ``max_run`` into one, so the file
-        count grows with rollbacks (each leaves a truncation segment, kept so undo can remove it), not
-        with every sync. The merged segment sorts where the run's last segment was; it is written
-        before the run is deleted, and records merge idempotently, so a crash in between is harmless.
-        Returns the names of the merged segments written."""
+        """Keep the segment count small without rewriting the whole ledger: in each run of consecutive
+        sync segments (truncations, kept so undo can remove them, split runs) longer than ``max_run``,
+        merge the newest segments into one, so the file count grows with rollbacks, not with every sync.
+
+        Which segments (``_to_merge``): the newest two, then each older one while it is no bigger than
+        those taken so far together. Sizes then halve at least from one merged segment to the next older
+        one, like a binary counter: a record is rewritten about log2(syncs) times in its life, and a run
+        keeps at most ``max_run`` segments, of which about log2 are merged ones. (Merging the whole run each
+        time rewrote every record every ``max_run`` syncs: a year of batches, read and written again.)
+
+        The merged segment sorts where the last merged one was; it is written before the merged ones are
+        deleted, and records merge idempotently, so a crash in between is harmless. The merged segments'
+        checksum sidecars go with them, and so do sidecars whose segment is gone (an earlier release left
+        them). Returns the names of the merged segments written."""
         if self._records is None:
             self.segments = self._segment_names()
         runs: list[list[str]] = [[]]
@@ -348,22 +358,37 @@ class Ledger:
             else:
                 runs[-1].append(n)
         written = []
+        listed = None
         for run in runs:
             if len(run) <= max_run:
                 continue
-            stamp = run[-1].split("-", 1)[0]
+            if listed is None:
+                listed = {f.name: f for f in self.fm.list(self.path) if not f.is_dir}
+            merge = _to_merge(run, {n: listed[n].size if n in listed else 0 for n in run})
+            stamp = merge[-1].split("-", 1)[0]
             name = f"{stamp}-merged-{uuid.uuid4().hex[:8]}.jsonl"
             with self.fm.create_atomic(join(self.path, name), overwrite=False) as out:
                 first = True
-                for line in self._merged_lines(run):
+                for line in self._merged_lines(merge):
                     out.write(line if first else b"\n" + line)
                     first = False
-            self.fm.delete_many([join(self.path, n) for n in run])
-            self.segments = sorted([n for n in self.segments if n not in run] + [name])
+            self._delete_segments(merge)
+            self.segments = sorted([n for n in self.segments if n not in merge] + [name])
             self._close()
             self._records = None
             written.append(name)
+        if listed is not None:  # sidecars of segments gone before this release deleted them
+            self._delete_segments([], orphans=[n for n in listed if is_hadoop_crc_name(n)
+                                                and hadoop_crc_target(n) not in listed])
         return written
+
+    def _delete_segments(self, names: list[str], orphans: list[str] = ()) -> None:
+        """Delete segments with their checksum sidecars (sidecars first), and ``orphans`` (sidecar names)."""
+        sidecars = [n for seg in names for n in sidecar_names(seg) if self.fm.hadoop_crc or not n.startswith(".")]
+        if sidecars or orphans:
+            self.fm.delete_many([join(self.path, n) for n in [*sidecars, *orphans]])
+        if names:
+            self.fm.delete_many([join(self.path, n) for n in names])
 
     def _merged_lines(self, run: list[str]):
         """One line per batch, in batch order, merging the run's segments (each written in batch order)
@@ -383,6 +408,19 @@ class Ledger:
             _merge(current, rec)
         if current is not None:
             yield json.dumps(current, separators=(",", ":")).encode()
+
+
+def _to_merge(run: list[str], sizes: dict[str, int]) -> list[str]:
+    """The newest segments of ``run`` (oldest first) that ``compact_segments`` merges: the newest two, then
+    each older one while it is no bigger than those taken so far together."""
+    taken = run[-2:]
+    total = sum(sizes[n] for n in taken)
+    for n in reversed(run[:-2]):
+        if sizes[n] > total:
+            break
+        taken.insert(0, n)
+        total += sizes[n]
+    return taken
 
 
 def _index_lines(seg: int, lines, index: dict[int, int], more: dict[int, list[int]]) -> list[int]:

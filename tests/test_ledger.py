@@ -85,3 +85,51 @@ def test_a_loaded_ledger_indexes_the_segment_it_writes_as_a_fresh_load_would(tmp
     assert ledger.records[1] == {"batch": 1, "offsets": "o1", "commits": "c1"}
     assert [ledger.records.kinds(b) for b in range(3)] == [fresh.records.kinds(b) for b in range(3)]
     assert ledger.batches("commits") == [1, 2] and ledger.has("sinks", 2)
+
+
+def test_compaction_rewrites_each_record_a_few_times_not_the_whole_ledger_each_run(tmp_path):
+    """300 syncs, each followed by the compaction ``sync`` runs: the run never holds more than
+    ``max_run`` segments, the records are exactly what the format defines, and the bytes the merges write
+    stay within a few times the ledger's size (about log2 of the syncs), where merging the whole run each
+    time wrote the ledger again every ``max_run`` syncs (about 19 times its size here). No checksum
+    sidecar of a merged-away segment stays behind."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = f"{root}/ledger"
+    ledger = Ledger(fm, path)
+    written = 0
+    for k in range(300):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}" + "x" * 40}).encode() + b"\n")
+        for name in ledger.compact_segments(max_run=8):
+            written += fm.info(f"{path}/{name}").size
+        assert len(ledger.segments) <= 8
+    data = sum(f.size for f in fm.list(path) if not f.is_dir and not f.name.startswith("."))
+    assert written <= 10 * data, (written, data)
+    want = _naive(fm, path)
+    assert sorted(want) == list(range(300))
+    assert dict(Ledger(fm, path).records.items()) == want
+    names = {f.name for f in fm.list(path) if not f.is_dir}
+    assert all(n[1:-4] in names for n in names if n.startswith(".") and n.endswith(".crc")), sorted(names)
+    assert any(n.startswith(".") and n.endswith(".crc") for n in names)  # sidecars are kept where Hadoop's are
+
+
+def test_compaction_removes_sidecars_an_earlier_release_left_behind(tmp_path):
+    """Releases before this one deleted merged segments without their ``.crc`` sidecars: the next
+    compaction removes those (and only those)."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = f"{root}/ledger"
+    ledger = Ledger(fm, path)
+    stray = f"{path}/.20260101T000000.000000Z-sync-0badc0de.jsonl.crc"
+    for k in range(3):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}"}).encode() + b"\n")
+    with open(stray, "wb") as f:  # as Hadoop writes it: no sidecar of its own
+        f.write(b"crc\x00\x00\x00\x02\x00")
+    ledger.compact_segments(max_run=8)
+    assert fm.exists(stray), "no run was merged: nothing is listed or deleted"
+    for k in range(3, 9):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}"}).encode() + b"\n")
+    assert ledger.compact_segments(max_run=8)
+    assert not fm.exists(stray)
+    names = {f.name for f in fm.list(path) if not f.is_dir}
+    crcs = [n for n in names if n.startswith(".") and n.endswith(".crc")]
+    assert crcs and all(n[1:-4] in names for n in crcs), sorted(names)
+    assert dict(Ledger(fm, path).records.items()) == _naive(fm, path) and len(_naive(fm, path)) == 9
