@@ -62,7 +62,7 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     # where the window stops
     if memo is not None:  # entries an earlier version wrote are checked by reading offsets/t: in one go
         ckpt.load_offsets(memo.without_log_offsets(candidates), errors=[])
-    judge = [t for t in candidates if memo is None or t == last or not memo.answers(t)]
+    judge = candidates if memo is None else [t for t in candidates if t == last or not memo.answers(t)]
     ahead = _ReadAhead(ckpt, judge)
     earliest = latest = None
     reason = latest_reason = None
@@ -107,19 +107,24 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
 class _ReadAhead:
     """Reads the offsets and commits files of the batches the window will judge (``batches``, newest first)
     a run at a time, each run in one concurrent read (object stores), the runs doubling from 16 to 256: a
-    window that stops early reads little past its stop, a long one in few round trips."""
+    window that stops early reads little past its stop, a long one in few round trips. ``before`` is asked
+    in the window's order (newest first), so a cursor finds each batch: no map of a window that reaches
+    back through a ledger of 100,000s of batches."""
 
     def __init__(self, ckpt: Checkpoint, batches: list[int]):
         self.ckpt, self.batches = ckpt, batches
-        self.position = {t: i for i, t in enumerate(batches)}
+        self.cursor = 0  # batches[cursor] is the next batch at or below the last one asked for
         self.read_to = 0  # batches[:read_to] are read
         self.run = 16
 
     def before(self, batch: int) -> None:
-        i = self.position.get(batch)
-        if i is None or i < self.read_to:
+        batches, i = self.batches, self.cursor
+        while i < len(batches) and batches[i] > batch:
+            i += 1
+        self.cursor = i
+        if i >= len(batches) or batches[i] != batch or i < self.read_to:
             return
-        chunk = self.batches[i:i + self.run]
+        chunk = batches[i:i + self.run]
         self.read_to = i + len(chunk)
         self.run = min(self.run * 2, 256)
         self.ckpt.load_offsets(sorted({b for t in chunk for b in (t - 1, t)}), errors=[])
