@@ -16,13 +16,24 @@ Spark's folders. It is a sequence of immutable segment files, applied in name (=
 Beside the segments, ``pairing/<time>-<id>.json`` records which file-sink outputs the checkpoint's query
 writes (``PairingRecord``; the same record sits beside each sink log, see ``pairing.py``). They live in a
 subdirectory so that releases before them, which read only the segments, still read the ledger.
+
+**Segment indexes** (``.index/<segment>.idx``): where each line of a sync or merged segment starts, its
+batch and which of offsets, commits and sink entries it holds, so that a load reads a few bytes per
+batch, not every record (a ledger of a year of batches holds hundreds of MB). Written with the segment
+(sync, merge), and for a segment that has none by the next ``sync`` that reads it. An optimisation only:
+an index whose header does not name the segment by name and size, or whose digest does not match, is
+ignored and the segment read instead; a record read through an index that is not the batch it should be
+is refused, naming the segment. Deleted with their segment.
 """
 
 from __future__ import annotations
 
+import array
 import collections
+import hashlib
 import heapq
 import json
+import sys
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -42,6 +53,8 @@ from .storage.paths import join
 FORMAT = 1
 MAX_SYNC_RUN = 8  # consecutive sync segments kept before they are merged into one
 PAIRING_DIR = "pairing"
+INDEX_DIR = ".index"  # <segment>.idx: each line's batch, offset and kinds (module docstring)
+INDEX_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -106,7 +119,7 @@ class LedgerRecords(Mapping):
         packed = self._index[batch]  # KeyError: not recorded
         rec: dict = {"batch": batch}
         for pos in self._more.get(batch, []) + [packed >> _MASK_BITS]:
-            _merge(rec, self._ledger._read_line(pos & ((1 << _SEG_BITS) - 1), pos >> _SEG_BITS))
+            _merge(rec, self._ledger._read_line(pos & ((1 << _SEG_BITS) - 1), pos >> _SEG_BITS, batch))
         self._recent[batch] = rec
         if len(self._recent) > 256:
             self._recent.popitem(last=False)
@@ -123,7 +136,11 @@ class LedgerRecords(Mapping):
 
     def add_lines(self, seg: int, lines) -> None:
         """Index the record lines of segment number ``seg``, written after every segment indexed so far."""
-        for b in _index_lines(seg, lines, self._index, self._more):
+        self.add_entries(seg, _entries(lines))
+
+    def add_entries(self, seg: int, entries: "array.array") -> None:
+        """Index segment ``seg`` from its entries (``_entries``), written after every segment indexed so far."""
+        for b in _apply_entries(seg, entries, self._index, self._more):
             self._recent.pop(b, None)
 
     def kinds(self, batch: int) -> int:
@@ -144,6 +161,7 @@ class Ledger:
     segments: list[str] = field(default_factory=list)
     _pairings: list[PairingRecord] = field(default_factory=list)
     _handle: tuple | None = field(default=None, repr=False)  # (segment index, open reader) of _read_line
+    writes_index: bool = False  # a load writes the index of each segment it had to read (``sync`` sets it)
 
     @classmethod
     def for_checkpoint(cls, ckpt: Checkpoint) -> "Ledger":
@@ -157,15 +175,21 @@ class Ledger:
 
     # -- reading ---------------------------------------------------------------------------------
     def load(self) -> None:
-        """Index every segment, one line at a time (memory stays flat however many batches it holds)."""
-        found = [f.path[len(self.path) + 1:] for f in self.fm.walk(self.path)]
+        """Index every segment: from its stored index (``INDEX_DIR``), else reading it one line at a time
+        (memory stays flat however many batches it holds)."""
+        found_infos = self.fm.walk(self.path)
+        found = [f.path[len(self.path) + 1:] for f in found_infos]
         names = sorted(r for r in found if "/" not in r and not r.startswith("."))
+        names_set = set(names)
         pairing = sorted(r for r in found if r.startswith(PAIRING_DIR + "/") and "/" not in r[len(PAIRING_DIR) + 1:]
                          and not r.rsplit("/", 1)[-1].startswith("."))
         self.segments = names
         data = self.fm.read_many([join(self.path, r) for r in pairing])
         self._pairings = [PairingRecord.parse(data[join(self.path, r)], self.fm.url(join(self.path, r)))
                           for r in pairing if data.get(join(self.path, r)) is not None]
+        sizes = {f.path[len(self.path) + 1:]: f.size for f in found_infos if f.path[len(self.path) + 1:] in names_set}
+        have = {r[len(INDEX_DIR) + 1:-len(".idx")] for r in found if r.startswith(INDEX_DIR + "/") and r.endswith(".idx")}
+        stored = self._stored_indexes([n for n in names if n in have], sizes)
         index: dict[int, int] = {}
         more: dict[int, list[int]] = {}
         for seg, n in enumerate(names):
@@ -176,7 +200,12 @@ class Ledger:
                         del index[b]
                         more.pop(b, None)
                     continue
-                _index_lines(seg, self._lines(n), index, more)
+                entries = stored.get(n)
+                if entries is None:
+                    entries = _entries(self._lines(n))
+                    if self.writes_index:
+                        self._save_index(n, sizes[n], entries)
+                _apply_entries(seg, entries, index, more)
             except FileNotFoundError:
                 continue  # merged away since the listing: its records are in the merged segment
             except (ValueError, KeyError, TypeError, AttributeError):
@@ -205,9 +234,10 @@ class Ledger:
                     yield offset, line
                 offset += n
 
-    def _read_line(self, seg: int, offset: int) -> dict:
-        """The record line at ``offset`` of segment ``seg``. The last segment read stays open: records
-        asked for in batch order are neighbours, and a buffered reader seeks within what it holds."""
+    def _read_line(self, seg: int, offset: int, batch: int | None = None) -> dict:
+        """The record line at ``offset`` of segment ``seg`` (of ``batch``, when given: anything else is
+        refused). The last segment read stays open: records asked for in batch order are neighbours, and a
+        buffered reader seeks within what it holds."""
         handle = self._handle
         if handle is None or handle[0] != seg:
             if handle is not None:
@@ -215,7 +245,43 @@ class Ledger:
             self._handle = handle = (seg, self.fm.open_read(join(self.path, self.segments[seg])))
         f = handle[1]
         f.seek(offset)
-        return json.loads(f.readline())
+        try:
+            rec = json.loads(f.readline())
+            if batch is not None and rec["batch"] != batch:
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            name = self.segments[seg]
+            raise BadInputError(f"batch ledger segment does not hold the record of batch {batch} at byte {offset}, "
+                                "where its index says it is (changed since it was written)",
+                                path=self.fm.url(join(self.path, name)),
+                                fix=f"delete {INDEX_DIR}/{name}.idx beside it (the segment is then read again); if "
+                                "the segment itself is damaged, restore the ledger from a backup") from None
+        return rec
+
+    # -- segment indexes ---------------------------------------------------------------------------
+    def _index_path(self, name: str) -> str:
+        return join(self.path, INDEX_DIR, f"{name}.idx")
+
+    def _stored_indexes(self, names: list[str], sizes: dict[str, int]) -> dict[str, "array.array"]:
+        """The stored index of each of ``names`` (segments whose index is listed) that is whole and names
+        the segment as it is (by name and size); the others are left out (their segments are read)."""
+        if not names:
+            return {}
+        paths = {n: self._index_path(n) for n in names}
+        data = self.fm.read_many(list(paths.values()), errors={})
+        out = {}
+        for n, path in paths.items():
+            entries = _parse_index(data.get(path), n, sizes.get(n))
+            if entries is not None:
+                out[n] = entries
+        return out
+
+    def _save_index(self, name: str, size: int, entries: "array.array") -> None:
+        """Write a segment's index (best effort: a ledger that cannot hold one is only read whole)."""
+        try:
+            self.fm.write_bytes(self._index_path(name), _index_bytes(name, size, entries), overwrite=True)
+        except OSError:
+            pass
 
     @property
     def pairings(self) -> list[PairingRecord]:
@@ -302,9 +368,12 @@ class Ledger:
         self._close()
         last = self.segments[-1] if self.segments else ""
         self.segments.append(name)
-        if self._records is not None and kind == "sync" and name > last:
+        entries = _entries(_body_lines(body)) if kind == "sync" else None
+        if entries is not None:
+            self._save_index(name, len(body), entries)
+        if self._records is not None and entries is not None and name > last:
             # the new last segment: index its lines from the body just written, not every segment again
-            self._records.add_lines(len(self.segments) - 1, _body_lines(body))
+            self._records.add_entries(len(self.segments) - 1, entries)
         else:
             self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
@@ -367,24 +436,36 @@ class Ledger:
             merge = _to_merge(run, {n: listed[n].size if n in listed else 0 for n in run})
             stamp = merge[-1].split("-", 1)[0]
             name = f"{stamp}-merged-{uuid.uuid4().hex[:8]}.jsonl"
+            entries = array.array("q")
+            offset = 0
             with self.fm.create_atomic(join(self.path, name), overwrite=False) as out:
-                first = True
-                for line in self._merged_lines(merge):
-                    out.write(line if first else b"\n" + line)
-                    first = False
+                for batch, kinds, line in self._merged_lines(merge):
+                    chunk = line if offset == 0 else b"\n" + line
+                    entries.extend((batch, offset + len(chunk) - len(line), kinds))
+                    out.write(chunk)
+                    offset += len(chunk)
+            self._save_index(name, offset, entries)
             self._delete_segments(merge)
             self.segments = sorted([n for n in self.segments if n not in merge] + [name])
             self._close()
             self._records = None
             written.append(name)
-        if listed is not None:  # sidecars of segments gone before this release deleted them
+        if listed is not None:  # sidecars of segments gone before this release deleted them, stray indexes
             self._delete_segments([], orphans=[n for n in listed if is_hadoop_crc_name(n)
                                                 and hadoop_crc_target(n) not in listed])
+            present = set(self.segments)  # as they are now, merged ones included
+            self._delete_segments([], orphans=[
+                f"{INDEX_DIR}/{f.name}" for f in self.fm.list(join(self.path, INDEX_DIR))
+                if not f.is_dir and _indexed_segment(f.name) not in present])
         return written
 
     def _delete_segments(self, names: list[str], orphans: list[str] = ()) -> None:
-        """Delete segments with their checksum sidecars (sidecars first), and ``orphans`` (sidecar names)."""
-        sidecars = [n for seg in names for n in sidecar_names(seg) if self.fm.hadoop_crc or not n.startswith(".")]
+        """Delete segments with their checksum sidecars and indexes (those first), and ``orphans`` (names
+        relative to the ledger)."""
+        crc = self.fm.hadoop_crc
+        sidecars = [n for seg in names for n in sidecar_names(seg) if crc or not n.startswith(".")]
+        sidecars += [f"{INDEX_DIR}/{n}" for seg in names for n in [f"{seg}.idx", *sidecar_names(f"{seg}.idx")]
+                     if crc or not n.startswith(".")]
         if sidecars or orphans:
             self.fm.delete_many([join(self.path, n) for n in [*sidecars, *orphans]])
         if names:
@@ -392,7 +473,7 @@ class Ledger:
 
     def _merged_lines(self, run: list[str]):
         """One line per batch, in batch order, merging the run's segments (each written in batch order)
-        as they stream: memory holds one record per segment, not the run."""
+        as they stream: memory holds one record per segment, not the run. Yields (batch, kinds, line)."""
         def records(seg: int, n: str):
             for _, line in self._lines(n):
                 rec = json.loads(line)
@@ -401,13 +482,13 @@ class Ledger:
         current: dict | None = None
         for b, _, rec in heapq.merge(*(records(i, n) for i, n in enumerate(run)), key=lambda t: (t[0], t[1])):
             if current is not None and current["batch"] != b:
-                yield json.dumps(current, separators=(",", ":")).encode()
+                yield current["batch"], _kinds(current), json.dumps(current, separators=(",", ":")).encode()
                 current = None
             if current is None:
                 current = {"batch": b}
             _merge(current, rec)
         if current is not None:
-            yield json.dumps(current, separators=(",", ":")).encode()
+            yield current["batch"], _kinds(current), json.dumps(current, separators=(",", ":")).encode()
 
 
 def _to_merge(run: list[str], sizes: dict[str, int]) -> list[str]:
@@ -423,19 +504,39 @@ def _to_merge(run: list[str], sizes: dict[str, int]) -> list[str]:
     return taken
 
 
-def _index_lines(seg: int, lines, index: dict[int, int], more: dict[int, list[int]]) -> list[int]:
-    """Add the record lines of segment number ``seg`` (``(byte offset, line)`` pairs) to the index: each
-    batch's newest line, its earlier ones in ``more``. Returns the batches the lines hold."""
-    touched = []
+def _indexed_segment(name: str) -> str:
+    """The segment an entry of ``INDEX_DIR`` belongs to (``<segment>.idx``, or its ``.crc`` sidecar)."""
+    if is_hadoop_crc_name(name):
+        name = hadoop_crc_target(name)
+    return name[:-len(".idx")] if name.endswith(".idx") else name
+
+
+def _kinds(rec: dict) -> int:
+    kinds = 0
+    for k, bit in _KINDS.items():
+        if rec.get(k) is not None:
+            kinds |= bit
+    return kinds
+
+
+def _entries(lines) -> "array.array":
+    """``batch, offset, kinds`` of each record line (``(byte offset, line)`` pairs), flat: 24 bytes a line."""
+    out = array.array("q")
     for offset, line in lines:
         rec = json.loads(line)
         b = rec["batch"]
         if not isinstance(b, int):
             raise TypeError
-        kinds = 0
-        for k, bit in _KINDS.items():
-            if rec.get(k) is not None:
-                kinds |= bit
+        out.extend((b, offset, _kinds(rec)))
+    return out
+
+
+def _apply_entries(seg: int, entries: "array.array", index: dict[int, int], more: dict[int, list[int]]) -> list[int]:
+    """Add the lines of segment number ``seg`` (``_entries``) to the index: each batch's newest line, its
+    earlier ones in ``more``. Returns the batches the lines hold."""
+    touched = []
+    it = iter(entries)
+    for b, offset, kinds in zip(it, it, it):
         prev = index.get(b)
         if prev is not None:
             more.setdefault(b, []).append(prev >> _MASK_BITS)
@@ -443,6 +544,40 @@ def _index_lines(seg: int, lines, index: dict[int, int], more: dict[int, list[in
         index[b] = (((offset << _SEG_BITS) | seg) << _MASK_BITS) | kinds
         touched.append(b)
     return touched
+
+
+def _index_bytes(name: str, size: int, entries: "array.array") -> bytes:
+    """A segment's index: a JSON header naming the segment (name, size), the entry count and a digest, then the
+    entries as little-endian 64-bit integers."""
+    payload = _little_endian(entries).tobytes()
+    header = {"format": INDEX_FORMAT, "segment": name, "size": size, "count": len(entries) // 3,
+              "sha256": hashlib.sha256(payload).hexdigest()}
+    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
+
+
+def _parse_index(data: bytes | None, name: str, size: int | None) -> "array.array | None":
+    """The entries of a stored index if it is whole and names segment ``name`` of ``size`` bytes, else None."""
+    if data is None or size is None:
+        return None
+    head, sep, payload = data.partition(b"\n")
+    try:
+        header = json.loads(head)
+        if not sep or header.get("format") != INDEX_FORMAT or header.get("segment") != name \
+                or header.get("size") != size or len(payload) != 24 * header.get("count", -1) \
+                or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
+            return None
+    except (ValueError, TypeError, AttributeError):
+        return None
+    entries = array.array("q")
+    entries.frombytes(payload)
+    return _little_endian(entries)
+
+
+def _little_endian(entries: "array.array") -> "array.array":
+    if sys.byteorder == "big":
+        entries = array.array("q", entries)
+        entries.byteswap()
+    return entries
 
 
 def _body_lines(body: bytes):
@@ -472,6 +607,7 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     sink that is not the query's output is refused (PairingRefused) before anything is recorded.
     Without a checkpoint (``ledger`` given) only the sinks' batches are recorded."""
     ledger = ledger or Ledger.for_checkpoint(ckpt)
+    ledger.writes_index = True  # a writer: the index of a segment it has to read whole is kept for next time
     pairing = []
     if ckpt is not None and sinks:
         from .pairing import record_pairing  # pairing reads the ledger: imported here, not at the top

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from checkpoint_ops.errors import BadInputError
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.storage import open_file_manager
 
@@ -133,3 +136,104 @@ def test_compaction_removes_sidecars_an_earlier_release_left_behind(tmp_path):
     crcs = [n for n in names if n.startswith(".") and n.endswith(".crc")]
     assert crcs and all(n[1:-4] in names for n in crcs), sorted(names)
     assert dict(Ledger(fm, path).records.items()) == _naive(fm, path) and len(_naive(fm, path)) == 9
+
+
+def _ledger_with_history(tmp_path):
+    """Sync segments with records split over them, a truncation, and a merge: (fm, path, records as the
+    format defines them)."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = f"{root}/ledger"
+    ledger = Ledger(fm, path)
+    sink = "file:///out"
+    for k in range(14):
+        lines = [{"batch": 10 * k + i, "offsets": f"o{k}-{i}", "timestamp_ms": k} for i in range(10)]
+        lines += [{"batch": 10 * k - 1, "commits": f"c{k}", "sinks": {sink: {"entries": [f'{{"path":"{k}"}}']}}}]
+        ledger._write_segment("sync", "\n".join(json.dumps(r) for r in sorted(lines, key=lambda r: r["batch"]))
+                              .encode())
+        if k == 5:
+            ledger.truncate(45, "op1")
+        ledger.compact_segments(max_run=3)
+    return fm, path, _naive(fm, path)
+
+
+def _index_files(fm, path) -> dict[str, str]:
+    return {f.name[:-4]: f.path for f in fm.list(f"{path}/.index") if f.name.endswith(".idx")}
+
+
+def test_segment_indexes_are_used_and_give_what_reading_the_segments_gives(tmp_path):
+    """Every sync and merged segment has its index; a load uses them (a segment damaged in place, same size,
+    is not read by the load), gives exactly the records of reading every segment, and a record that is not
+    where its index says is refused, naming the segment."""
+    fm, path, want = _ledger_with_history(tmp_path)
+    segments = [f.name for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")]
+    indexed = _index_files(fm, path)
+    assert set(indexed) == {n for n in segments if "-truncate-" not in n}
+    got = Ledger(fm, path)
+    assert dict(got.records.items()) == want
+    assert [got.records.kinds(b) for b in sorted(want)] == [_kinds_of(want[b]) for b in sorted(want)]
+    # the same records when every index is gone (read from the segments)
+    for p in indexed.values():
+        fm.delete(p)
+    assert dict(Ledger(fm, path).records.items()) == want
+    assert not _index_files(fm, path), "a reader (no sync) writes no index"
+    writer = Ledger(fm, path)
+    writer.writes_index = True
+    assert dict(writer.records.items()) == want
+    assert set(_index_files(fm, path)) == set(indexed), "a sync's load keeps the index of what it read"
+    # a segment overwritten in place with the same size: the load trusts its index, the read refuses
+    seg = max(n for n in indexed if "-merged-" in n)
+    blob = fm.read_bytes(f"{path}/{seg}")
+    with open(f"{path}/{seg}", "wb") as f:
+        f.write(b" " * len(blob))
+    damaged = Ledger(fm, path)
+    batch = json.loads(blob.splitlines()[0])["batch"]
+    with pytest.raises(BadInputError) as e:
+        damaged.records[batch]
+    assert seg in e.value.render() and ".idx" in e.value.render()
+
+
+def _kinds_of(rec: dict) -> int:
+    return sum(bit for k, bit in (("offsets", 1), ("commits", 2), ("sinks", 4)) if rec.get(k) is not None)
+
+
+@pytest.mark.parametrize("damage", ["torn", "other_size", "payload", "not_json", "empty"])
+def test_a_damaged_or_stale_index_is_ignored(tmp_path, damage):
+    """An index that is torn, names another size of its segment, fails its digest or is not one at all
+    changes no record: the segment is read instead (and a sync's load writes a good index again)."""
+    fm, path, want = _ledger_with_history(tmp_path)
+    indexed = _index_files(fm, path)
+    target = indexed[max(indexed)]
+    data = fm.read_bytes(target)
+    head, _, payload = data.partition(b"\n")
+    bad = {"torn": data[: len(data) - 5],
+           "other_size": json.dumps({**json.loads(head), "size": json.loads(head)["size"] + 1}).encode() + b"\n" + payload,
+           "payload": head + b"\n" + bytes([payload[0] ^ 1]) + payload[1:],  # the first entry's batch
+           "not_json": b"{\n" + payload,
+           "empty": b""}[damage]
+    with open(target, "wb") as f:
+        f.write(bad)
+    assert dict(Ledger(fm, path).records.items()) == want
+    writer = Ledger(fm, path)
+    writer.writes_index = True
+    assert dict(writer.records.items()) == want
+    assert fm.read_bytes(target) == data, "the sync's load wrote the index again"
+
+
+def test_indexes_go_with_their_segments(tmp_path):
+    """A merge deletes the indexes of the segments it merged (and their sidecars), and the next merge
+    removes an index whose segment is gone (a crash between deleting a segment and its index)."""
+    fm, path, want = _ledger_with_history(tmp_path)
+    segments = {f.name for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")}
+    names = {f.name for f in fm.list(f"{path}/.index")}
+    assert {n[:-4] for n in names if n.endswith(".idx")} <= segments
+    assert all(n[1:-4] in names for n in names if n.startswith(".") and n.endswith(".crc"))
+    stray = f"{path}/.index/20260101T000000.000000Z-sync-0badc0de.jsonl.idx"
+    with open(stray, "wb") as f:
+        f.write(b"{}\n")
+    ledger = Ledger(fm, path)
+    for k in range(4):
+        ledger._write_segment("sync", json.dumps({"batch": 1000 + k, "offsets": "o"}).encode() + b"\n")
+    assert ledger.compact_segments(max_run=3)
+    assert not fm.exists(stray)
+    segments = {f.name for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")}
+    assert set(_index_files(fm, path)) == {n for n in segments if "-truncate-" not in n}
