@@ -41,22 +41,31 @@ def _naive(fm, path: str) -> dict[int, dict]:
     return records
 
 
-def test_streamed_index_and_merge_give_the_records_the_format_defines(tmp_path):
-    """Records split over segments (offsets first, the commit and sink entries later), truncations, and
-    more syncs than a run keeps: the index reads back exactly the merged records, kinds included, and the
-    streaming merge of a run changes none of them."""
+def _ledger_with_history(tmp_path, syncs: int = 14, merge_run: int | None = 3):
+    """``syncs`` sync segments with records split over them (offsets first, the commit and sink entries in
+    the next one), a truncation after the sixth, and after each sync a merge of runs longer than
+    ``merge_run`` (None: none): (fm, path, records as the format defines them)."""
     fm, root = open_file_manager(str(tmp_path))
     path = f"{root}/ledger"
     ledger = Ledger(fm, path)
     sink = "file:///out"
-    for k in range(12):
+    for k in range(syncs):
         lines = [{"batch": 10 * k + i, "offsets": f"o{k}-{i}", "timestamp_ms": k} for i in range(10)]
         lines += [{"batch": 10 * k - 1, "commits": f"c{k}", "sinks": {sink: {"entries": [f'{{"path":"{k}"}}']}}}]
         ledger._write_segment("sync", "\n".join(json.dumps(r) for r in sorted(lines, key=lambda r: r["batch"]))
                               .encode())
         if k == 5:
             ledger.truncate(45, "op1")
-    want = _naive(fm, path)
+        if merge_run is not None:
+            ledger.compact_segments(max_run=merge_run)
+    return fm, path, _naive(fm, path)
+
+
+def test_streamed_index_and_merge_give_the_records_the_format_defines(tmp_path):
+    """Records split over segments (offsets first, the commit and sink entries later), truncations, and
+    more syncs than a run keeps: the index reads back exactly the merged records, kinds included, and the
+    streaming merge of a run changes none of them."""
+    fm, path, want = _ledger_with_history(tmp_path, syncs=12, merge_run=None)
     got = Ledger(fm, path)
     assert dict(got.records.items()) == want
     assert got.batches("commits") == sorted(b for b, r in want.items() if r.get("commits") is not None)
@@ -138,22 +147,6 @@ def test_compaction_removes_sidecars_an_earlier_release_left_behind(tmp_path):
     assert dict(Ledger(fm, path).records.items()) == _naive(fm, path) and len(_naive(fm, path)) == 9
 
 
-def _ledger_with_history(tmp_path):
-    """Sync segments with records split over them, a truncation, and a merge: (fm, path, records as the
-    format defines them)."""
-    fm, root = open_file_manager(str(tmp_path))
-    path = f"{root}/ledger"
-    ledger = Ledger(fm, path)
-    sink = "file:///out"
-    for k in range(14):
-        lines = [{"batch": 10 * k + i, "offsets": f"o{k}-{i}", "timestamp_ms": k} for i in range(10)]
-        lines += [{"batch": 10 * k - 1, "commits": f"c{k}", "sinks": {sink: {"entries": [f'{{"path":"{k}"}}']}}}]
-        ledger._write_segment("sync", "\n".join(json.dumps(r) for r in sorted(lines, key=lambda r: r["batch"]))
-                              .encode())
-        if k == 5:
-            ledger.truncate(45, "op1")
-        ledger.compact_segments(max_run=3)
-    return fm, path, _naive(fm, path)
 
 
 def _index_files(fm, path) -> dict[str, str]:
