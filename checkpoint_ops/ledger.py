@@ -134,10 +134,6 @@ class LedgerRecords(Mapping):
     def __contains__(self, batch) -> bool:
         return batch in self._index
 
-    def add_lines(self, seg: int, lines) -> None:
-        """Index the record lines of segment number ``seg``, written after every segment indexed so far."""
-        self.add_entries(seg, _entries(lines))
-
     def add_entries(self, seg: int, entries: "array.array") -> None:
         """Index segment ``seg`` from its entries (``_entries``), written after every segment indexed so far."""
         for b in _apply_entries(seg, entries, self._index, self._more):
@@ -451,12 +447,11 @@ class Ledger:
             self._records = None
             written.append(name)
         if listed is not None:  # sidecars of segments gone before this release deleted them, stray indexes
-            self._delete_segments([], orphans=[n for n in listed if is_hadoop_crc_name(n)
-                                                and hadoop_crc_target(n) not in listed])
             present = set(self.segments)  # as they are now, merged ones included
             self._delete_segments([], orphans=[
-                f"{INDEX_DIR}/{f.name}" for f in self.fm.list(join(self.path, INDEX_DIR))
-                if not f.is_dir and _indexed_segment(f.name) not in present])
+                *[n for n in listed if is_hadoop_crc_name(n) and hadoop_crc_target(n) not in listed],
+                *[f"{INDEX_DIR}/{f.name}" for f in self.fm.list(join(self.path, INDEX_DIR))
+                  if not f.is_dir and _indexed_segment(f.name) not in present]])
         return written
 
     def _delete_segments(self, names: list[str], orphans: list[str] = ()) -> None:
