@@ -38,7 +38,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import BadInputError
+from .errors import BadInputError, StorageError
 from .journal import ops_dir, utc_stamp
 from .model.checkpoint import Checkpoint
 from .model.commits import CommitMetadata, parse_commit
@@ -273,10 +273,11 @@ class Ledger:
         return out
 
     def _save_index(self, name: str, size: int, entries: "array.array") -> None:
-        """Write a segment's index (best effort: a ledger that cannot hold one is only read whole)."""
+        """Write a segment's index (best effort: a ledger that cannot hold one, or a store that gave up on
+        the write after its retries, only means the segment is read whole next time)."""
         try:
             self.fm.write_bytes(self._index_path(name), _index_bytes(name, size, entries), overwrite=True)
-        except OSError:
+        except (OSError, StorageError):
             pass
 
     @property
@@ -456,13 +457,21 @@ class Ledger:
 
     def _delete_segments(self, names: list[str], orphans: list[str] = ()) -> None:
         """Delete segments with their checksum sidecars and indexes (those first), and ``orphans`` (names
-        relative to the ledger)."""
+        relative to the ledger). Indexes go best effort: one left behind names a segment that is gone, and
+        is never read (a segment's name is never used again)."""
         crc = self.fm.hadoop_crc
         sidecars = [n for seg in names for n in sidecar_names(seg) if crc or not n.startswith(".")]
-        sidecars += [f"{INDEX_DIR}/{n}" for seg in names for n in [f"{seg}.idx", *sidecar_names(f"{seg}.idx")]
-                     if crc or not n.startswith(".")]
-        if sidecars or orphans:
-            self.fm.delete_many([join(self.path, n) for n in [*sidecars, *orphans]])
+        sidecars += [n for n in orphans if not n.startswith(INDEX_DIR + "/")]
+        indexes = [f"{INDEX_DIR}/{n}" for seg in names for n in [f"{seg}.idx", *sidecar_names(f"{seg}.idx")]
+                   if crc or not n.startswith(".")]
+        indexes += [n for n in orphans if n.startswith(INDEX_DIR + "/")]
+        if indexes:
+            try:
+                self.fm.delete_many([join(self.path, n) for n in indexes])
+            except (OSError, StorageError):
+                pass
+        if sidecars:
+            self.fm.delete_many([join(self.path, n) for n in sidecars])
         if names:
             self.fm.delete_many([join(self.path, n) for n in names])
 

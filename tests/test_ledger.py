@@ -230,3 +230,19 @@ def test_indexes_go_with_their_segments(tmp_path):
     assert not fm.exists(stray)
     segments = {f.name for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")}
     assert set(_index_files(fm, path)) == {n for n in segments if "-truncate-" not in n}
+
+
+def test_a_ledger_that_cannot_hold_indexes_still_works(tmp_path):
+    """An index is an optimisation only: where it cannot be written (here a file stands where ``.index/``
+    goes), syncs and merges still write their segments, and loads read them whole."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = f"{root}/ledger"
+    fm.write_bytes(f"{path}/.index", b"not a directory", overwrite=False)
+    ledger = Ledger(fm, path)
+    ledger.writes_index = True
+    for k in range(10):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}"}).encode() + b"\n")
+    assert ledger.compact_segments(max_run=8)
+    assert fm.read_bytes(f"{path}/.index") == b"not a directory"
+    assert dict(ledger.records.items()) == dict(Ledger(fm, path).records.items()) == _naive(fm, path)
+    assert sorted(_naive(fm, path)) == list(range(10))
