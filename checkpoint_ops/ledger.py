@@ -21,9 +21,11 @@ subdirectory so that releases before them, which read only the segments, still r
 batch and which of offsets, commits and sink entries it holds, so that a load reads a few bytes per
 batch, not every record (a ledger of a year of batches holds hundreds of MB). Written with the segment
 (sync, merge), and for a segment that has none by the next ``sync`` that reads it. An optimisation only:
-an index whose header does not name the segment by name and size, or whose digest does not match, is
-ignored and the segment read instead; a record read through an index that is not the batch it should be
-is refused, naming the segment. Deleted with their segment.
+an index whose header does not name the segment as it is (name, size and mtime, as the verdict cache keys
+its files), whose digest does not match, or that holds an entry no line of the segment can have, is
+ignored and the segment read instead (so a segment changed in place is judged as without an index); a
+record read through an index that is not the batch it should be is refused, naming the segment, and so
+is a merge that meets a line that is not a record. Deleted with their segment.
 """
 
 from __future__ import annotations
@@ -183,9 +185,10 @@ class Ledger:
         data = self.fm.read_many([join(self.path, r) for r in pairing])
         self._pairings = [PairingRecord.parse(data[join(self.path, r)], self.fm.url(join(self.path, r)))
                           for r in pairing if data.get(join(self.path, r)) is not None]
-        sizes = {f.path[len(self.path) + 1:]: f.size for f in found_infos if f.path[len(self.path) + 1:] in names_set}
+        stamps = {f.path[len(self.path) + 1:]: (f.size, f.mtime) for f in found_infos
+                  if f.path[len(self.path) + 1:] in names_set}
         have = {r[len(INDEX_DIR) + 1:-len(".idx")] for r in found if r.startswith(INDEX_DIR + "/") and r.endswith(".idx")}
-        stored = self._stored_indexes([n for n in names if n in have], sizes)
+        stored = self._stored_indexes([n for n in names if n in have], stamps)
         index: dict[int, int] = {}
         more: dict[int, list[int]] = {}
         for seg, n in enumerate(names):
@@ -200,7 +203,7 @@ class Ledger:
                 if entries is None:
                     entries = _entries(self._lines(n))
                     if self.writes_index:
-                        self._save_index(n, sizes[n], entries)
+                        self._save_index(n, stamps[n], entries)
                 _apply_entries(seg, entries, index, more)
             except FileNotFoundError:
                 continue  # merged away since the listing: its records are in the merged segment
@@ -258,25 +261,32 @@ class Ledger:
     def _index_path(self, name: str) -> str:
         return join(self.path, INDEX_DIR, f"{name}.idx")
 
-    def _stored_indexes(self, names: list[str], sizes: dict[str, int]) -> dict[str, "array.array"]:
+    def _stored_indexes(self, names: list[str], stamps: dict[str, tuple]) -> dict[str, "array.array"]:
         """The stored index of each of ``names`` (segments whose index is listed) that is whole and names
-        the segment as it is (by name and size); the others are left out (their segments are read)."""
+        the segment as it is now (by name, size and mtime: ``stamps``); the others are left out (their
+        segments are read)."""
         if not names:
             return {}
         paths = {n: self._index_path(n) for n in names}
         data = self.fm.read_many(list(paths.values()), errors={})
         out = {}
         for n, path in paths.items():
-            entries = _parse_index(data.get(path), n, sizes.get(n))
+            entries = _parse_index(data.get(path), n, stamps.get(n))
             if entries is not None:
                 out[n] = entries
         return out
 
-    def _save_index(self, name: str, size: int, entries: "array.array") -> None:
-        """Write a segment's index (best effort: a ledger that cannot hold one, or a store that gave up on
-        the write after its retries, only means the segment is read whole next time)."""
+    def _save_index(self, name: str, stamp: tuple | None, entries: "array.array") -> None:
+        """Write a segment's index for the segment as ``stamp`` (size, mtime) says it is; None: ask the store
+        (one stat, or HEAD). Best effort: a ledger that cannot hold one, or a store that gave up after its
+        retries, only means the segment is read whole next time."""
         try:
-            self.fm.write_bytes(self._index_path(name), _index_bytes(name, size, entries), overwrite=True)
+            if stamp is None:
+                info = self.fm.info(join(self.path, name))
+                stamp = (info.size, info.mtime) if info is not None else None
+            if stamp is None or stamp[1] is None:
+                return  # no mtime to name the segment by: it is read whole
+            self.fm.write_bytes(self._index_path(name), _index_bytes(name, stamp, entries), overwrite=True)
         except (OSError, StorageError):
             pass
 
@@ -367,7 +377,7 @@ class Ledger:
         self.segments.append(name)
         entries = _entries(_body_lines(body)) if kind == "sync" else None
         if entries is not None:
-            self._save_index(name, len(body), entries)
+            self._save_index(name, None, entries)
         if self._records is not None and entries is not None and name > last:
             # the new last segment: index its lines from the body just written, not every segment again
             self._records.add_entries(len(self.segments) - 1, entries)
@@ -441,7 +451,7 @@ class Ledger:
                     entries.extend((batch, offset + len(chunk) - len(line), kinds))
                     out.write(chunk)
                     offset += len(chunk)
-            self._save_index(name, offset, entries)
+            self._save_index(name, None, entries)
             self._delete_segments(merge)
             self.segments = sorted([n for n in self.segments if n not in merge] + [name])
             self._close()
@@ -479,8 +489,17 @@ class Ledger:
         """One line per batch, in batch order, merging the run's segments (each written in batch order)
         as they stream: memory holds one record per segment, not the run. Yields (batch, kinds, line)."""
         def records(seg: int, n: str):
-            for _, line in self._lines(n):
-                rec = json.loads(line)
+            for offset, line in self._lines(n):
+                try:
+                    rec = json.loads(line)
+                    if not isinstance(rec["batch"], int):
+                        raise TypeError
+                except (ValueError, KeyError, TypeError):
+                    raise BadInputError(f"batch ledger segment is not what this tool writes (byte {offset} is not a "
+                                        "JSON batch record): it cannot be merged",
+                                        path=self.fm.url(join(self.path, n)),
+                                        fix="restore the ledger from a backup, or move this segment away (the ledger "
+                                        "then forgets what it recorded)") from None
                 yield rec["batch"], seg, rec
 
         current: dict | None = None
@@ -550,31 +569,35 @@ def _apply_entries(seg: int, entries: "array.array", index: dict[int, int], more
     return touched
 
 
-def _index_bytes(name: str, size: int, entries: "array.array") -> bytes:
-    """A segment's index: a JSON header naming the segment (name, size), the entry count and a digest, then the
-    entries as little-endian 64-bit integers."""
+def _index_bytes(name: str, stamp: tuple, entries: "array.array") -> bytes:
+    """A segment's index: a JSON header naming the segment (name, size, mtime), the entry count and a digest,
+    then the entries as little-endian 64-bit integers."""
     payload = _little_endian(entries).tobytes()
-    header = {"format": INDEX_FORMAT, "segment": name, "size": size, "count": len(entries) // 3,
-              "sha256": hashlib.sha256(payload).hexdigest()}
+    header = {"format": INDEX_FORMAT, "segment": name, "size": stamp[0], "mtime": stamp[1],
+              "count": len(entries) // 3, "sha256": hashlib.sha256(payload).hexdigest()}
     return json.dumps(header, separators=(",", ":")).encode() + b"\n" + payload
 
 
-def _parse_index(data: bytes | None, name: str, size: int | None) -> "array.array | None":
-    """The entries of a stored index if it is whole and names segment ``name`` of ``size`` bytes, else None."""
-    if data is None or size is None:
+def _parse_index(data: bytes | None, name: str, stamp: tuple | None) -> "array.array | None":
+    """The entries of a stored index if it is whole, names segment ``name`` as ``stamp`` (size, mtime) says it
+    is, and every entry could be one of that segment's lines; else None."""
+    if data is None or stamp is None or stamp[1] is None:
         return None
     head, sep, payload = data.partition(b"\n")
     try:
         header = json.loads(head)
         if not sep or header.get("format") != INDEX_FORMAT or header.get("segment") != name \
-                or header.get("size") != size or len(payload) != 24 * header.get("count", -1) \
+                or header.get("size") != stamp[0] or header.get("mtime") != stamp[1] \
+                or len(payload) != 24 * header.get("count", -1) \
                 or hashlib.sha256(payload).hexdigest() != header.get("sha256"):
             return None
     except (ValueError, TypeError, AttributeError):
         return None
-    entries = array.array("q")
-    entries.frombytes(payload)
-    return _little_endian(entries)
+    entries = _little_endian(array.array("q", payload))
+    if entries and (min(entries[0::3]) < 0 or min(entries[1::3]) < 0 or max(entries[1::3]) >= stamp[0]
+                    or min(entries[2::3]) < 0 or max(entries[2::3]) > 7):
+        return None  # a batch id, offset or kinds no line of this segment can have
+    return entries
 
 
 def _little_endian(entries: "array.array") -> "array.array":

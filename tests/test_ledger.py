@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -173,26 +174,62 @@ def test_segment_indexes_are_used_and_give_what_reading_the_segments_gives(tmp_p
     writer.writes_index = True
     assert dict(writer.records.items()) == want
     assert set(_index_files(fm, path)) == set(indexed), "a sync's load keeps the index of what it read"
-    # a segment overwritten in place with the same size: the load trusts its index, the read refuses
+    # a segment overwritten in place with the same size: a new mtime, so its index no longer names it, and
+    # the load reads the segment and refuses it, as without an index
     seg = max(n for n in indexed if "-merged-" in n)
-    blob = fm.read_bytes(f"{path}/{seg}")
-    with open(f"{path}/{seg}", "wb") as f:
-        f.write(b" " * len(blob))
+    seg_path = f"{path}/{seg}"
+    blob, before = fm.read_bytes(seg_path), os.stat(seg_path)
+    with open(seg_path, "wb") as f:
+        f.write(b"x" * len(blob))
+    os.utime(seg_path, ns=(before.st_atime_ns, before.st_mtime_ns + 10**9))
+    with pytest.raises(BadInputError) as e:
+        Ledger(fm, path).records
+    assert seg in e.value.render() and "not what this tool writes" in e.value.render()
+    # the same damage with the old mtime put back (what no editor does): the load trusts the index, the
+    # read of a record there refuses, and so does a merge that would read the segment
+    os.utime(seg_path, ns=(before.st_atime_ns, before.st_mtime_ns))
     damaged = Ledger(fm, path)
     batch = json.loads(blob.splitlines()[0])["batch"]
     with pytest.raises(BadInputError) as e:
         damaged.records[batch]
     assert seg in e.value.render() and ".idx" in e.value.render()
+    # a merge reads its segments whole: the damage is refused there too, naming the segment
+    fm2, root2 = open_file_manager(str(tmp_path / "second"))
+    small = Ledger(fm2, f"{root2}/ledger")
+    for k in range(3):
+        small._write_segment("sync", json.dumps({"batch": k, "offsets": "o"}).encode() + b"\n")
+    newest = f"{root2}/ledger/{small.segments[-1]}"
+    before = os.stat(newest)
+    with open(newest, "r+b") as f:
+        f.write(b"x")
+    os.utime(newest, ns=(before.st_atime_ns, before.st_mtime_ns))
+    small._write_segment("sync", json.dumps({"batch": 3, "offsets": "o"}).encode() + b"\n")
+    with pytest.raises(BadInputError) as e:
+        small.compact_segments(max_run=3)
+    assert small.segments[-2] in e.value.render() and "cannot be merged" in e.value.render()
 
 
 def _kinds_of(rec: dict) -> int:
     return sum(bit for k, bit in (("offsets", 1), ("commits", 2), ("sinks", 4)) if rec.get(k) is not None)
 
 
-@pytest.mark.parametrize("damage", ["torn", "other_size", "payload", "not_json", "empty"])
+def _forged(head: bytes, payload: bytes, field: int, value: int) -> bytes:
+    """The index with its first entry's ``field`` (0 batch, 1 offset, 2 kinds) set to ``value``, and a digest
+    that matches (what only a deliberate edit makes)."""
+    import hashlib
+    import struct
+
+    payload = payload[:8 * field] + struct.pack("<q", value) + payload[8 * field + 8:]
+    header = {**json.loads(head), "sha256": hashlib.sha256(payload).hexdigest()}
+    return json.dumps(header).encode() + b"\n" + payload
+
+
+@pytest.mark.parametrize("damage", ["torn", "other_size", "other_mtime", "payload", "not_json", "empty",
+                                    "kinds_out_of_range", "offset_past_the_end"])
 def test_a_damaged_or_stale_index_is_ignored(tmp_path, damage):
-    """An index that is torn, names another size of its segment, fails its digest or is not one at all
-    changes no record: the segment is read instead (and a sync's load writes a good index again)."""
+    """An index that is torn, names another size or mtime of its segment, fails its digest, is not one at
+    all, or (digest recomputed) holds an entry no line of its segment can have, changes no record: the
+    segment is read instead (and a sync's load writes a good index again)."""
     fm, path, want = _ledger_with_history(tmp_path)
     indexed = _index_files(fm, path)
     target = indexed[max(indexed)]
@@ -201,8 +238,12 @@ def test_a_damaged_or_stale_index_is_ignored(tmp_path, damage):
     bad = {"torn": data[: len(data) - 5],
            "other_size": json.dumps({**json.loads(head), "size": json.loads(head)["size"] + 1}).encode() + b"\n" + payload,
            "payload": head + b"\n" + bytes([payload[0] ^ 1]) + payload[1:],  # the first entry's batch
+           "other_mtime": json.dumps({**json.loads(head), "mtime": json.loads(head)["mtime"] - 1}).encode() + b"\n"
+           + payload,
            "not_json": b"{\n" + payload,
-           "empty": b""}[damage]
+           "empty": b"",
+           "kinds_out_of_range": _forged(head, payload, 2, 8),
+           "offset_past_the_end": _forged(head, payload, 1, 10**9)}[damage]
     with open(target, "wb") as f:
         f.write(bad)
     assert dict(Ledger(fm, path).records.items()) == want
@@ -246,3 +287,20 @@ def test_a_ledger_that_cannot_hold_indexes_still_works(tmp_path):
     assert fm.read_bytes(f"{path}/.index") == b"not a directory"
     assert dict(ledger.records.items()) == dict(Ledger(fm, path).records.items()) == _naive(fm, path)
     assert sorted(_naive(fm, path)) == list(range(10))
+
+
+def test_on_the_s3_server_loads_use_the_indexes_written_with_the_segments(bucket):
+    """On an object store the index names its segment by the LastModified a HEAD gives after the write;
+    the listing a load takes gives the same, so the indexes of sync and merged segments are used there."""
+    fm, root = open_file_manager(f"s3://{bucket}/indexed")
+    path = f"{root}/ledger"
+    ledger = Ledger(fm, path)
+    for k in range(4):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}"}).encode() + b"\n")
+    assert ledger.compact_segments(max_run=2)
+    ledger._write_segment("sync", json.dumps({"batch": 4, "offsets": "o4"}).encode() + b"\n")
+    fresh = Ledger(fm, path)
+    names = fresh._segment_names()
+    stamps = {f.path.rsplit("/", 1)[-1]: (f.size, f.mtime) for f in fm.walk(path) if f.path.rsplit("/", 1)[-1] in names}
+    assert len(names) >= 2 and set(fresh._stored_indexes(names, stamps)) == set(names)
+    assert dict(fresh.records.items()) == _naive(fm, path) and sorted(_naive(fm, path)) == [0, 1, 2, 3, 4]
