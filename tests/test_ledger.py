@@ -1,5 +1,8 @@
-"""Ledger segments are applied in name order: a sync written right after a rollback's truncation
-(the query ran again at once) must come after it, even within the same second."""
+"""The batch ledger's segments: applied in name order (a sync written right after a rollback's truncation
+comes after it, even within the same second); streamed, indexed and merged to exactly the records the format
+defines; merged like a binary counter (a few rewrites a record, no sidecar left behind); and read through
+their stored indexes, which are an optimisation only (damaged, stale or forged ones are ignored, a segment
+changed under a valid one is refused, naming it)."""
 
 from __future__ import annotations
 
