@@ -180,7 +180,8 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
     """Where batch N started (offsets of N-1) and ended (offsets of N), per source."""
     if ckpt.kind != "structured":
         raise BadInputError("offsets are a Structured Streaming concept; this is a DStream checkpoint", path=ckpt.url)
-    end = ckpt.offsets(batch) if batch in ckpt.offset_files else (ledger.offsets(batch) if ledger and ledger.has("offsets", batch) else None)
+    on_disk = batch in ckpt.offset_files
+    end = ckpt.offsets(batch) if on_disk else (ledger.offsets(batch) if ledger and ledger.has("offsets", batch) else None)
     if end is None:
         have = sorted(ckpt.offset_files)
         span = f"offsets/ holds batches {have[0]}..{have[-1]}" if have else "offsets/ is empty"
@@ -196,7 +197,10 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
             prev = ckpt.offsets(batch - 1)
         elif ledger is not None and ledger.has("offsets", batch - 1):
             prev = ledger.offsets(batch - 1)
-    commit = ckpt.commit(batch) if batch in ckpt.commit_files else None
+    if on_disk:
+        committed = (ckpt.commit(batch) if batch in ckpt.commit_files else None) is not None
+    else:  # purged by Spark: the ledger recorded its commit as it recorded its offsets
+        committed = batch in ckpt.commit_files or ledger.has("commits", batch)
     sources = []
     for so in end.offsets:
         start = prev.source(so.source_id) if prev else None
@@ -213,7 +217,8 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
         "timestamp_ms": end.timestamp_ms,
         "time": _iso(end.timestamp_ms),
         "watermark_ms": end.watermark_ms,
-        "committed": commit is not None,
+        "committed": committed,
+        "recorded_in": "checkpoint" if on_disk else "ledger",
         "start_known": batch == 0 or prev is not None,
         "sources": sources,
     }
@@ -323,7 +328,8 @@ def _render_operator(op: dict) -> list[str]:
 
 def render_offsets(r: dict) -> str:
     state = "committed" if r["committed"] else "not committed"
-    lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, watermark {r['watermark_ms']} ms)"]
+    where = "; purged by Spark, as the batch ledger recorded it" if r.get("recorded_in") == "ledger" else ""
+    lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, watermark {r['watermark_ms']} ms{where})"]
     for s in r["sources"]:
         start = s["start"] if r["start_known"] else "(unknown: offsets of the previous batch were purged)"
         if r["batch"] == 0:

@@ -64,11 +64,22 @@ def test_ledger_reaches_beyond_spark_window(spark, tmp_path):
     target = 6
     assert target < earliest_by_spark - 5, "the target must be far outside Spark's own window"
 
+    # offsets of a batch Spark purged: answered from the ledger, committed as the ledger recorded it
+    code, o = cli_json("offsets", ckpt, "--batch", target, *INTERVALS)
+    assert code == 0, o
+    assert (o["recorded_in"], o["committed"], o["start_known"]) == ("ledger", True, True)
+    code, text, _ = cli("offsets", ckpt, "--batch", str(target), *INTERVALS)
+    assert code == 0 and f"Batch {target} (committed," in text and "as the batch ledger recorded it" in text
+    code, newest = cli_json("offsets", ckpt, "--batch", i["last_committed_batch"], *INTERVALS)
+    assert (newest["recorded_in"], newest["committed"]) == ("checkpoint", True)
+
     # The ledger is what makes it reachable: hide it and the rollback is refused.
     ops = os.path.join(base, ".checkpoint-ops", "checkpoint", "ledger")
     os.rename(ops, ops + ".hidden")
     code, r = cli_json("rollback", ckpt, "--to-batch", target, "--sink", out, *INTERVALS, "--dry-run")
     assert code == 1 and f"earliest reachable batch is {earliest_by_spark}" in r["problem"]
+    code, o = cli_json("offsets", ckpt, "--batch", target, *INTERVALS)
+    assert code == 2 and o["path"].endswith(f"offsets/{target}")
     os.rename(ops + ".hidden", ops)
 
     code, r = cli_json("rollback", ckpt, "--to-batch", target, "--sink", out, *INTERVALS, "--yes")
