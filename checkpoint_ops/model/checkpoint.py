@@ -43,8 +43,8 @@ class Checkpoint:
         self._offsets: dict[int, OffsetSeq] = {}
         self._commits: dict[int, CommitMetadata] = {}
         self._bad: dict[tuple[str, int], LogFormatError] = {}  # files that failed to read or parse, once
-        # bytes of the offsets and commits files read while ``keep_bytes`` is on (one pass: its fsck checks
-        # their sidecars by content without reading them again)
+        # while a dict (``run_check_pass`` sets it for one pass): the bytes of the offsets and commits files
+        # read, so the pass's fsck checks their sidecars by content without reading them again
         self.kept_bytes: dict[str, bytes] | None = None
         self.metadata_error: LogFormatError | None = None  # set when metadata exists but cannot be read
 
