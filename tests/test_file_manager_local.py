@@ -328,3 +328,80 @@ def test_sync_flushes_the_file_system_of_the_managers_root(tmp_path):
     fm2, _ = _lean(tmp_path / "missing")
     fm2.sync()
     assert fm.counter.snapshot()["sync"] == 1 and fm2.counter.snapshot()["sync"] == 1
+
+
+def _moves(tmp_path, dirs: int, files: int) -> list[tuple[str, str]]:
+    """``dirs`` source directories of ``files`` files each (content: its own name), each to be moved into
+    a trash tree of the same shape."""
+    pairs = []
+    for d in range(dirs):
+        (tmp_path / "src" / str(d)).mkdir(parents=True)
+        for i in range(files):
+            name = f"src/{d}/{i}.delta"
+            (tmp_path / name).write_bytes(name.encode())
+            pairs.append((str(tmp_path / name), str(tmp_path / "trash" / name)))
+    return pairs
+
+
+def test_move_many_across_directories(tmp_path):
+    """Several source directories (moved on several threads): every file reaches its destination with its
+    content, the sources are gone, the ones that were never there are reported, and each move is counted."""
+    fm, _ = _lean(tmp_path)
+    pairs = _moves(tmp_path, 12, 25)
+    gone = [(str(tmp_path / "src" / "3" / "absent"), str(tmp_path / "trash" / "src" / "3" / "absent")),
+            (str(tmp_path / "src" / "nowhere" / "x"), str(tmp_path / "trash" / "src" / "nowhere" / "x"))]
+    fm.counter.reset()
+    missing = fm.move_many(pairs[:150] + gone + pairs[150:])
+    assert sorted(missing) == sorted(src for src, _ in gone)
+    for src, dst in pairs:
+        assert not os.path.exists(src)
+        assert open(dst, "rb").read() == os.path.relpath(src, tmp_path).encode()
+        assert os.stat(dst).st_nlink == 1
+    assert fm.counter.snapshot() == {"rename": len(pairs) + 2}
+    # a destination that holds another file is replaced, as a rename replaces it
+    (tmp_path / "again").write_bytes(b"new")
+    assert fm.move_many([(str(tmp_path / "again"), pairs[0][1])]) == []
+    assert open(pairs[0][1], "rb").read() == b"new" and not (tmp_path / "again").exists()
+
+
+def test_move_many_killed_between_link_and_unlink_is_finished_by_the_next_call(tmp_path):
+    """The crash switch counts the link and the unlink of each move: killed between the two, the file is
+    under both names (one file, two links). The next call for the same moves finds the destination
+    already linked to its source and only unlinks the source; the moves before the kill are done, the
+    later ones untouched (one directory's files go in the order given)."""
+    import signal
+    import subprocess
+    import sys
+
+    pairs = _moves(tmp_path, 1, 5)
+    code = ("import json, sys; from checkpoint_ops.storage import open_file_manager\n"
+            "fm, root = open_file_manager(sys.argv[1]); fm.move_many([tuple(p) for p in json.loads(sys.argv[2])])\n")
+    import json
+
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="6")  # move i: points 2i+1 (link), 2i+2 (unlink)
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path), json.dumps(pairs)], env=env, capture_output=True)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    (s0, d0), (s1, d1), (s2, d2), *later = pairs
+    assert not os.path.exists(s0) and not os.path.exists(s1) and os.path.exists(d0) and os.path.exists(d1)
+    assert os.path.samefile(s2, d2) and os.stat(s2).st_nlink == 2  # linked, not yet unlinked
+    assert all(os.path.exists(s) and not os.path.exists(d) for s, d in later)
+
+    fm, _ = _lean(tmp_path)
+    assert fm.move_many(pairs) == [s0, s1]  # already moved: reported as not there, as before
+    for src, dst in pairs:
+        assert not os.path.exists(src) and os.stat(dst).st_nlink == 1
+        assert open(dst, "rb").read() == os.path.relpath(src, tmp_path).encode()
+
+
+def test_move_many_without_hard_links_renames(tmp_path, monkeypatch):
+    """Where the file system refuses hard links (EPERM, as FAT or a protected_hardlinks policy does), each
+    file is renamed instead."""
+    fm, _ = _lean(tmp_path)
+    pairs = _moves(tmp_path, 3, 4)
+
+    def refuse(*_, **__):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", refuse)
+    assert fm.move_many(pairs) == []
+    assert all(not os.path.exists(s) and os.path.exists(d) for s, d in pairs)

@@ -104,15 +104,17 @@ class Listing:
         return rel_dir in self._children or rel_dir in self._dirs()
 
     def under(self, rel_dir: str) -> Iterator[tuple[str, FileInfo]]:
-        """Every file below ``rel_dir`` (recursively)."""
+        """Every file below ``rel_dir`` (recursively), directory by directory: one test per directory, not
+        per file of the whole listing."""
         rel_dir = rel_dir.strip("/")
         if not rel_dir:
             yield from self.files.items()
             return
         prefix = rel_dir + "/"
-        for rel, f in self.files.items():
-            if rel.startswith(prefix):
-                yield rel, f
+        for parent, names in self._children.items():
+            if parent == rel_dir or parent.startswith(prefix):
+                for name, f in names.items():
+                    yield f"{parent}/{name}", f
 
     def __len__(self) -> int:
         return len(self.files)

@@ -351,7 +351,10 @@ class CheckpointFileManager(abc.ABC):
         """Move files to fresh destinations nobody else writes (our trash, a keep directory).
 
         Renames where the file system can, else copies and deletes. Returns the sources that did
-        not exist (already moved, or never there).
+        not exist (already moved, or never there). Files of one source directory are moved in the
+        order given (a log shrinks from the top); a strategy may move different directories at once,
+        and may be stopped by a crash with a file under both names (local disk: linked, not yet
+        unlinked), which the next call for the same pairs finishes.
         """
         missing = []
         for src, dst in pairs:
