@@ -675,7 +675,7 @@ def _move_group(pairs: list[tuple[str, str]]) -> list[str]:
                 os.makedirs(folder, exist_ok=True)
                 if dst_fd >= 0:
                     os.close(dst_fd)
-                dst_fd, dst_folder = -1, None
+                    dst_fd = -1  # closed: the ``finally`` must not close it again if the open below fails
                 dst_fd, dst_folder = os.open(folder, os.O_RDONLY | os.O_DIRECTORY), folder
             name = src.rpartition("/")[2]
             try:
