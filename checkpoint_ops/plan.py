@@ -13,6 +13,7 @@ import json
 import heapq
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DELETE = "delete"  # moved aside into the journal's trash (kept for undo)
 WRITE = "write"  # a new file, published atomically
@@ -25,8 +26,11 @@ SIDECAR_PREFIX = "checksum sidecars of: "
 PHASES = ("write", "replace", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data", "trash")
 
 
-@dataclass(frozen=True, slots=True)
-class FileAction:
+class FileAction(NamedTuple):
+    """One file the plan deletes, writes, rewrites or keeps. Immutable; a named tuple rather than a frozen
+    dataclass because a large plan makes one per file (a frozen dataclass's constructor costs about five
+    times as much: 0.05 s of a 44,600-file rollback)."""
+
     kind: str  # DELETE | WRITE | KEEP
     root: str  # "checkpoint" or "sink0", "sink1", ...
     rel: str  # path relative to the root
@@ -37,17 +41,20 @@ class FileAction:
     dest: str | None = None  # keep: destination path, relative to the keep directory
 
     def to_dict(self) -> dict:
-        d = {"kind": self.kind, "root": self.root, "rel": self.rel, "reason": self.reason, "phase": self.phase}
-        for k in ("size", "sha256", "dest"):
-            v = getattr(self, k)
-            if v is not None:
-                d[k] = v
+        kind, root, rel, reason, phase, size, sha256, dest = self
+        d = {"kind": kind, "root": root, "rel": rel, "reason": reason, "phase": phase}
+        if size is not None:
+            d["size"] = size
+        if sha256 is not None:
+            d["sha256"] = sha256
+        if dest is not None:
+            d["dest"] = dest
         return d
 
     def to_row(self, reasons: dict[str, int]) -> list:
         """Compact journal form: the reason as an index into a shared table."""
-        return [self.kind, self.root, self.rel, reasons.setdefault(self.reason, len(reasons)), self.phase,
-                self.size, self.sha256, self.dest]
+        kind, root, rel, reason, phase, size, sha256, dest = self
+        return [kind, root, rel, reasons.setdefault(reason, len(reasons)), phase, size, sha256, dest]
 
 
 @dataclass

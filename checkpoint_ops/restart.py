@@ -724,41 +724,51 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
     listings = {CKPT: ckpt.listing, **{f"sink{i}": s.listing for i, s in enumerate(sinks)}}
     checker = RestartSets(ckpt, sinks)
     out = []
-    removed = []
-    newest: dict[tuple[str, str], tuple[int, str]] = {}
+    # the removed files of each directory, by name: one pass over the plan, then each directory's names
+    by_dir: dict[tuple[str, str, str], list[str]] = {}
     for a in plan.actions:
-        if a.kind != "delete" or a.phase not in ("offsets", "commits", "source-log", "sink-log", "state") \
+        if a.kind != "delete" or a.phase not in _JUDGED_PHASES or a.root not in listings \
                 or a.reason.startswith("checksum sidecars"):
             continue
-        listing = listings.get(a.root)
-        if listing is None:
-            continue
-        removed.append((a, listing))
         parent, _, name = a.rel.rpartition("/")
-        bid = name.split(".", 1)[0].split("_", 1)[0]
-        if bid.isdigit() and not name.startswith("."):
-            key = (a.root, parent, a.phase == "state")
-            cur = newest.get(key)
-            if cur is None or int(bid) > cur[0]:
-                newest[key] = (int(bid), [a.rel])
-            elif int(bid) == cur[0]:
-                cur[1].append(a.rel)
+        names = by_dir.get(key := (a.root, parent, a.phase))
+        if names is None:
+            names = by_dir[key] = []
+        names.append(name)
+    newest: dict[tuple[str, str, bool], tuple[int, list[str]]] = {}
+    for (root, parent, phase), names in by_dir.items():
+        prefix = f"{parent}/" if parent else ""
+        for name in names:
+            head = name.split(".", 1)[0].split("_", 1)[0]
+            if not head.isdigit() or name.startswith("."):
+                continue
+            bid = int(head)
+            cur = newest.get(key := (root, parent, phase == "state"))
+            if cur is None or bid > cur[0]:
+                newest[key] = (bid, [prefix + name])
+            elif bid == cur[0]:
+                cur[1].append(prefix + name)
     judged_whole = {(root, rel) for (root, _, _), (_, rels) in newest.items() for rel in rels}
     damaged = set()
-    for a, listing in removed:
-        info = listing.get(a.rel)
-        if info is None or (info.known_size is None and (a.root, a.rel) not in judged_whole):
-            continue
-        d = None
-        if info.error is not None:
-            d = f"{a.rel} is unreadable ({info.error.strerror or info.error})"
-        elif info.size == 0:
-            d = f"{a.rel} is torn (0 bytes)"
-        elif checker._hadoop_crc(a.root, listing, a.rel, a.phase, None):
-            d = f"{a.rel} has a stale checksum"
-        if d:
-            out.append(d)
-            damaged.add((a.root, a.rel))
+    for (root, parent, phase), names in by_dir.items():
+        listing = listings[root]
+        files = listing.files
+        prefix = f"{parent}/" if parent else ""
+        for name in names:
+            rel = prefix + name
+            info = files.get(rel)
+            if info is None or (info.known_size is None and (root, rel) not in judged_whole):
+                continue
+            d = None
+            if info.error is not None:
+                d = f"{rel} is unreadable ({info.error.strerror or info.error})"
+            elif info.size == 0:
+                d = f"{rel} is torn (0 bytes)"
+            elif checker._hadoop_crc(root, listing, rel, phase, None):
+                d = f"{rel} has a stale checksum"
+            if d:
+                out.append(d)
+                damaged.add((root, rel))
     for key, (bid, rels) in list(newest.items()):  # a file found damaged above is not read for its content
         kept = [rel for rel in rels if (key[0], rel) not in damaged]
         if kept:
@@ -766,7 +776,9 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
         else:
             del newest[key]
     parsers = {"offsets": ckpt.load_offsets, "commits": ckpt.load_commits}
-    state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files}
+    stores = {s.rel_dir: s for s in ckpt.state.stores()} if any(k[2] for k in newest) else {}
+    state_files = {f.rel: f for (root, parent, is_state) in newest if is_state and root == CKPT and parent in stores
+                   for f in stores[parent].files}
     newest_state = [rel for (root, _, is_state), (_, rels) in newest.items() if is_state for rel in rels
                     if rel in state_files]
     if newest_state:
@@ -794,6 +806,9 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
         if errors:
             out.append(_log_damage(root, rel, parent, errors[0]).summary)
     return [f"{w}; it is removed with the batches after {target}" for w in out]
+
+
+_JUDGED_PHASES = frozenset(("offsets", "commits", "source-log", "sink-log", "state"))
 
 
 def _log_for(ckpt: Checkpoint, sinks: list[SinkOutput], root: str, rel_dir: str) -> CompactibleLog | None:

@@ -78,13 +78,15 @@ class _Builder:
     # -- helpers -----------------------------------------------------------------------------
     def delete(self, root: str, listing: Listing, rel: str, reason: str, phase: str,
                known_sidecars: list[str] | None = None, size: int | None = None) -> None:
-        for r in [rel, *(sidecars(listing, rel) if known_sidecars is None else known_sidecars)]:
-            if r in self.deleted[root] or r not in listing:
+        gone, listed, plan = self.deleted[root], listing.files, self.plan
+        for r in (rel, *(sidecars(listing, rel) if known_sidecars is None else known_sidecars)):
+            info = listed.get(r)
+            if info is None or r in gone:
                 continue
-            self.deleted[root].add(r)
+            gone.add(r)
             # sizes only where they are known without a stat per file (object-store listings, sink logs)
-            known = size if r == rel and size is not None else listing.get(r).known_size
-            self.plan.delete(root, r, reason if r == rel else SIDECAR_PREFIX + reason, phase, known)
+            known = size if r == rel and size is not None else info.known_size
+            plan.delete(root, r, reason if r == rel else SIDECAR_PREFIX + reason, phase, known)
 
     def write(self, root: str, listing: Listing, rel: str, content: bytes, reason: str) -> None:
         if rel in listing:
