@@ -28,8 +28,8 @@ PHASES = ("write", "replace", "sink-log", "commits", "offsets", "source-log", "s
 
 class FileAction(NamedTuple):
     """One file the plan deletes, writes, rewrites or keeps. Immutable; a named tuple rather than a frozen
-    dataclass because a large plan makes one per file (a frozen dataclass's constructor costs about five
-    times as much: 0.05 s of a 44,600-file rollback)."""
+    dataclass because a large plan makes one per file (a frozen dataclass's constructor sets each field through
+    ``object.__setattr__``: 0.064 s for 44,600 of them, against 0.020 s for this)."""
 
     kind: str  # DELETE | WRITE | KEEP
     root: str  # "checkpoint" or "sink0", "sink1", ...
