@@ -360,10 +360,12 @@ class Fsck:
         self._read.update(raw)
         # files parsed before this check (the pairing, or the window in a shared pass) came from the
         # model without their bytes: read those too, so their checksum sidecars are checked like the rest
-        bad = {e.path for e in errors}
+        # a file found damaged before (by the window) is read too: its sidecar is judged like the rest, as
+        # when this check parses it itself; only one that cannot be read at all is not tried again
+        unreadable_urls = {e.path for e in errors if e.kind == "unreadable"}
         L = log.listing
         self._read_for_sidecars(L, [f.rel for b, f in log.files.items() if b not in skip
-                                    and L.abs(f.rel) not in self._crc_known and L.url(f.rel) not in bad])
+                                    and L.abs(f.rel) not in self._crc_known and L.url(f.rel) not in unreadable_urls])
         for e in errors:
             self._log_error(e)
         return not errors
