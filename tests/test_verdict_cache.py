@@ -338,14 +338,21 @@ def _delete_state_delta(run) -> None:
 
 
 def _truncate_sink_log_file(run) -> None:
-    """A bad copy: a plain sink-log file of an old batch cut short, its mtime kept."""
+    """A bad copy: a plain sink-log file of an old batch cut short, its mtime kept, beside a checksum sidecar
+    of the size the cut file's would have and other content. Only the sidecar's content shows it stale, and
+    in a pass the window parses the file before fsck (the file's size depends on the paths in its entries: a
+    sidecar left as it was would be caught by its size on some machines and not on others)."""
     sets = _window_batch_files(run, "sink log")
     rels = sorted({r for t in sorted(sets)[:3] for r in sets[t] if not r.endswith(".compact")})
     path = os.path.join(run.output, rels[0])
-    st = os.stat(path)
+    side = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
+    st, side_st = os.stat(path), os.stat(side)
     data = open(path, "rb").read()
-    open(path, "wb").write(data[: len(data) // 2])
+    cut = len(data) // 2
+    open(path, "wb").write(data[:cut])
+    open(side, "wb").write(hadoop_crc_bytes(data[-cut:]))  # the right size, the wrong content
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.utime(side, ns=(side_st.st_atime_ns, side_st.st_mtime_ns))
 
 
 def _purge_by_retention(run) -> None:
