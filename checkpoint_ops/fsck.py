@@ -90,8 +90,13 @@ class Fsck:
         commits = self.ckpt.load_commits([b for b in self.ckpt.commit_files if b not in sound_commits],
                                          errors=errors, raw=self._read)
         self._parsed_offsets = offsets
-        self._read_for_sidecars(self.ckpt.listing, [self.ckpt.offset_files[b].rel for b in offsets]
-                                + [self.ckpt.commit_files[b].rel for b in commits])
+        # the damaged ones too (a shared pass's window may have parsed them first: their bytes are kept), as
+        # when they are read here; only a file that cannot be read at all is not tried again
+        unreadable_urls = {e.path for e in errors if e.kind == "unreadable"}
+        judged = [f.rel for b, f in self.ckpt.offset_files.items() if b not in self._sound_offsets] + \
+                 [f.rel for b, f in self.ckpt.commit_files.items() if b not in sound_commits]
+        self._read_for_sidecars(self.ckpt.listing, [rel for rel in judged
+                                                    if self.ckpt.listing.url(rel) not in unreadable_urls])
         for e in errors:
             self._log_error(e)
         self._restart_rules(offsets, commits)

@@ -355,6 +355,21 @@ def _truncate_sink_log_file(run) -> None:
     os.utime(side, ns=(side_st.st_atime_ns, side_st.st_mtime_ns))
 
 
+def _truncate_offsets_file(run) -> None:
+    """The same bad copy of an old batch's offsets file (the window reads it before fsck in a pass)."""
+    sets = _window_batch_files(run, "offsets")
+    rel = sorted(sets[min(sets)])[-1]
+    path = os.path.join(run.checkpoint, rel)
+    side = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
+    st, side_st = os.stat(path), os.stat(side)
+    data = open(path, "rb").read()
+    cut = len(data) // 2
+    open(path, "wb").write(data[:cut])
+    open(side, "wb").write(hadoop_crc_bytes(data[-cut:]))  # the right size, the wrong content
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.utime(side, ns=(side_st.st_atime_ns, side_st.st_mtime_ns))
+
+
 def _purge_by_retention(run) -> None:
     """Spark's retention after a later run: the oldest offsets and commits files (and sidecars) go."""
     for d in ("offsets", "commits"):
@@ -366,8 +381,10 @@ def _purge_by_retention(run) -> None:
                     os.remove(os.path.join(top, name))
 
 
-@pytest.mark.parametrize("damage", [_delete_state_delta, _truncate_sink_log_file, _purge_by_retention],
-                         ids=["state delta deleted", "sink-log file truncated", "purged by retention"])
+@pytest.mark.parametrize("damage", [_delete_state_delta, _truncate_sink_log_file, _truncate_offsets_file,
+                                    _purge_by_retention],
+                         ids=["state delta deleted", "sink-log file truncated", "offsets file truncated",
+                              "purged by retention"])
 def test_window_memo_sees_a_change_to_an_old_batch(hdfs_run, damage):
     run = hdfs_run
     window_before = _warm(run)
