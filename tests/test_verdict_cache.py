@@ -337,14 +337,10 @@ def _delete_state_delta(run) -> None:
     os.remove(os.path.join(run.checkpoint, rel))
 
 
-def _truncate_sink_log_file(run) -> None:
-    """A bad copy: a plain sink-log file of an old batch cut short, its mtime kept, beside a checksum sidecar
-    of the size the cut file's would have and other content. Only the sidecar's content shows it stale, and
-    in a pass the window parses the file before fsck (the file's size depends on the paths in its entries: a
-    sidecar left as it was would be caught by its size on some machines and not on others)."""
-    sets = _window_batch_files(run, "sink log")
-    rels = sorted({r for t in sorted(sets)[:3] for r in sets[t] if not r.endswith(".compact")})
-    path = os.path.join(run.output, rels[0])
+def _cut_beside_a_stale_sidecar(path: str) -> None:
+    """A bad copy: ``path`` cut short, its mtime kept, beside a checksum sidecar of the size the cut file's
+    would have and other content. Only the sidecar's content shows it stale (a file's size depends on the
+    paths in it: a sidecar left as it was would be caught by its size on some machines and not on others)."""
     side = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
     st, side_st = os.stat(path), os.stat(side)
     data = open(path, "rb").read()
@@ -353,21 +349,19 @@ def _truncate_sink_log_file(run) -> None:
     open(side, "wb").write(hadoop_crc_bytes(data[-cut:]))  # the right size, the wrong content
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.utime(side, ns=(side_st.st_atime_ns, side_st.st_mtime_ns))
+
+
+def _truncate_sink_log_file(run) -> None:
+    """A plain sink-log file of an old batch, badly copied (in a pass the window parses it before fsck)."""
+    sets = _window_batch_files(run, "sink log")
+    rels = sorted({r for t in sorted(sets)[:3] for r in sets[t] if not r.endswith(".compact")})
+    _cut_beside_a_stale_sidecar(os.path.join(run.output, rels[0]))
 
 
 def _truncate_offsets_file(run) -> None:
-    """The same bad copy of an old batch's offsets file (the window reads it before fsck in a pass)."""
+    """An offsets file of the window's oldest batch, badly copied (the window reads it before fsck too)."""
     sets = _window_batch_files(run, "offsets")
-    rel = sorted(sets[min(sets)])[-1]
-    path = os.path.join(run.checkpoint, rel)
-    side = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.crc")
-    st, side_st = os.stat(path), os.stat(side)
-    data = open(path, "rb").read()
-    cut = len(data) // 2
-    open(path, "wb").write(data[:cut])
-    open(side, "wb").write(hadoop_crc_bytes(data[-cut:]))  # the right size, the wrong content
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
-    os.utime(side, ns=(side_st.st_atime_ns, side_st.st_mtime_ns))
+    _cut_beside_a_stale_sidecar(os.path.join(run.checkpoint, sorted(sets[min(sets)])[-1]))
 
 
 def _purge_by_retention(run) -> None:
