@@ -85,16 +85,15 @@ class Fsck:
         # each such offsets file the cache keeps what the restart rules ask of every one: its sources
         self._sound_offsets = self._sound_batch_files("offsets", self.ckpt.offset_files)
         sound_commits = self._sound_batch_files("commits", self.ckpt.commit_files)
-        offsets = self.ckpt.load_offsets([b for b in self.ckpt.offset_files if b not in self._sound_offsets],
-                                         errors=errors, raw=self._read)
-        commits = self.ckpt.load_commits([b for b in self.ckpt.commit_files if b not in sound_commits],
-                                         errors=errors, raw=self._read)
+        offset_ids = [b for b in self.ckpt.offset_files if b not in self._sound_offsets]
+        commit_ids = [b for b in self.ckpt.commit_files if b not in sound_commits]
+        offsets = self.ckpt.load_offsets(offset_ids, errors=errors, raw=self._read)
+        commits = self.ckpt.load_commits(commit_ids, errors=errors, raw=self._read)
         self._parsed_offsets = offsets
         # the damaged ones too (a shared pass's window may have parsed them first: their bytes are kept), as
         # when they are read here; only a file that cannot be read at all is not tried again
         unreadable_urls = {e.path for e in errors if e.kind == "unreadable"}
-        judged = [f.rel for b, f in self.ckpt.offset_files.items() if b not in self._sound_offsets] + \
-                 [f.rel for b, f in self.ckpt.commit_files.items() if b not in sound_commits]
+        judged = [self.ckpt.offset_files[b].rel for b in offset_ids] + [self.ckpt.commit_files[b].rel for b in commit_ids]
         self._read_for_sidecars(self.ckpt.listing, [rel for rel in judged
                                                     if self.ckpt.listing.url(rel) not in unreadable_urls])
         for e in errors:
