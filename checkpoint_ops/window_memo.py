@@ -13,7 +13,8 @@ with their Hadoop ``.crc`` sidecar:
 
 * the *context*, shared by every batch: ``metadata``; the state provider, checkpoint format and every
   state store directory; every file under ``state/`` that is not a state file of a store (operator
-  metadata, state schema files); each source log's directory and compact interval; each sink's
+  metadata, the v3 schema files, each store's ``_metadata/schema``; not a store's ``SSTs/`` and ``logs/``,
+  which only a deep check reads); each source log's directory and compact interval; each sink's
   location and compact interval;
 * ``offsets/t-1``, ``offsets/t`` and ``commits/t``;
 * for each source with a log, its log offset k in ``offsets/t`` and every log file with an id in
@@ -60,6 +61,9 @@ import re
 from .model.listing import Listing
 
 _LOG_NAME = re.compile(r"^\.?(\d+)(?:\.compact)?(?:\.crc)?$")
+# a store's subdirectories whose files only a deep check reads (RocksDB's SSTs and archived logs); its
+# ``_metadata/schema`` (the v1/v2 state schema) every restart set reads, so it is in the context
+_UNREAD_STORE_SUBDIRS = frozenset({"SSTs", "logs"})
 _MASK = (1 << 64) - 1
 _MIX = 0x9E3779B97F4A7C15  # odd: multiplying by it mod 2**64 is a bijection
 
@@ -85,14 +89,17 @@ class _IdHashes:
     Computed per id when first asked, from the names a file of that id can have (``n``, ``n.compact``,
     each with and without a leading dot and a ``.crc`` suffix): a pass asks for the ids of the batches
     it judges, not for every file of a directory of 10,000s. Where the directory holds a name whose id
-    has a leading zero (``007``: Spark's ``isBatchFile`` takes it as batch 7), every name is grouped by
-    its id up front, as the pattern reads it."""
+    has a leading zero (``007``: Spark's ``isBatchFile`` takes it as batch 7), or a subdirectory named
+    like a log file (the model takes it as that batch's file, one Spark fails to read), every name is
+    grouped by its id up front, as the pattern reads it, directories included."""
 
     def __init__(self, listing: Listing, rel_dir: str):
         self.rel_dir = rel_dir
         self._files = listing.files_in(rel_dir)
         self._by_id: dict[int, int] = {}
-        odd = any(name.startswith(("0", ".0")) and _leading_zero(name) for name in self._files)
+        match = _LOG_NAME.match
+        self._dirs = [name for name in listing.subdirs(rel_dir) if match(name)]
+        odd = bool(self._dirs) or any(name.startswith(("0", ".0")) and _leading_zero(name) for name in self._files)
         self._all = self._group_all() if odd else None
 
     def _group_all(self) -> dict[int, int]:
@@ -102,6 +109,8 @@ class _IdHashes:
             m = match(name)
             if m:
                 parts.setdefault(int(m.group(1)), []).append(f"{name}\t{_stamp(info)}")
+        for name in self._dirs:
+            parts.setdefault(int(match(name).group(1)), []).append(f"{name}/\tdirectory")
         return {b: _h(self.rel_dir, *sorted(names)) for b, names in parts.items()}
 
     def one(self, b: int) -> int:
@@ -173,9 +182,10 @@ class WindowMemo:
             context.append(f"store\t{s.rel_dir}\t{s.has_changelog}")
         for rel, info in L.under("state"):
             parent = rel.rpartition("/")[0]
-            if rel in state_files or parent in store_dirs or parent.rpartition("/")[0] in store_dirs:
-                continue  # state files are hashed by version; a store's other files (SSTs) no shallow check reads
-            context.append(f"{rel}\t{_stamp(info)}")
+            up, _, sub = parent.rpartition("/")
+            if rel in state_files or parent in store_dirs or (up in store_dirs and sub in _UNREAD_STORE_SUBDIRS):
+                continue  # state files are hashed by version; a store's SSTs and logs no shallow check reads
+            context.append(f"{rel}\t{_stamp(info)}")  # with each store's ``_metadata/schema`` (v1/v2 schema)
         for sid, log, _ in self.source_logs:
             context.append(f"source\t{sid}\t{log.rel_dir}\t{log.interval}")
         for i, s in enumerate(self.sinks):
