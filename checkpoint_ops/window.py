@@ -35,20 +35,26 @@ def rollback_window(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None,
                     sets: RestartSets | None = None) -> RollbackWindow:
     """The contiguous range of batches a rollback can reach, newest first until the first one that
     cannot be (each judged by its restart set, from the listing and the log files). With ``sets`` given,
-    judged once for them: inspect and fsck in one pass share it."""
-    if sets is not None and sets.window is not None:
+    judged once for them: inspect and fsck in one pass share it (only for the sinks ``sets`` judges: fsck
+    adds the outputs the ledger records, and with them the window is judged again)."""
+    same = sets is not None and _same_sinks(sets.sinks, sinks)
+    if same and sets.window is not None:
         return sets.window
     window = _judge_window(ckpt, sinks, ledger, sets)
-    if sets is not None:
+    if same:
         sets.window = window
     return window
+
+
+def _same_sinks(a, b) -> bool:
+    return [id(s) for s in a] == [id(s) for s in b]
 
 
 def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> RollbackWindow:
     last = ckpt.latest_commit
     if last is None:
         return RollbackWindow(None, None, "no batch has been committed yet")
-    if sets is not None and [id(s) for s in sets.sinks] != [id(s) for s in sinks]:
+    if sets is not None and not _same_sinks(sets.sinks, sinks):
         # asked for other sinks than ``sets`` has (fsck adds the outputs the ledger records): their own sets
         sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=sets.cache)
     sets = sets or RestartSets(ckpt, sinks, ledger, deep=False)
