@@ -24,6 +24,7 @@ from .ledger import sync as sync_ledger
 from .model.checkpoint import Checkpoint
 from .model.sink import SinkOutput
 from .pairing import PAIRING_FILE
+from .recorded_sinks import LeftOut, left_out
 from .storage.checksums import hadoop_crc_name
 from .restart import RestartSets
 from .verdicts import VerdictCache, live_rels
@@ -64,10 +65,11 @@ def run_check_pass(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Ver
         synced = sync_ledger(ckpt, sinks, ledger) if sync else {}
         sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
         report = inspect_checkpoint(ckpt, sinks, ledger=ledger, sets=sets, batches=batches)
-        findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+        fsck = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets)
+        findings = fsck.run()
     finally:
         ckpt.kept_bytes = None
-    _seal_and_remember(ckpt, sinks, cache, findings)
+    _seal_and_remember(ckpt, sinks, cache, findings, fsck.recorded)
     if save:
         cache.save()
     return CheckPass(synced, report, findings, cache.hits, cache.misses, cache.ignored, cache.window_hits)
@@ -81,41 +83,53 @@ def shared_fsck(ckpt: Checkpoint, sinks: list[SinkOutput] = (), *, cache: Verdic
     sinks = list(sinks)
     if cache is None:
         cache = VerdictCache.for_checkpoint(ckpt)
-    got = cache.findings_for(fingerprint(ckpt, sinks))
+    ledger = Ledger.for_checkpoint(ckpt)
+    # fsck also judges the outputs the ledger records and it is not given: as they are now
+    recorded = left_out(ckpt, sinks, ledger, data=True)
+    got = cache.findings_for(fingerprint(ckpt, sinks, recorded))
     if got is not None:
         return [Finding(**f) for f in got]
-    ledger = Ledger.for_checkpoint(ckpt)
     # the window with the cache too (the window memo: only batches changed since the pass are judged)
     sets = RestartSets(ckpt, sinks, ledger, deep=False, cache=cache)
-    findings = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets).run()
+    fsck = Fsck(ckpt, sinks, ledger=ledger, cache=cache, sets=sets)
+    findings = fsck.run()
     # keep what the pass found and this fsck did not judge again (the window's file verdicts)
     cache.keep_unjudged({f"sink{i}": s.listing for i, s in enumerate(sinks)})
-    _seal_and_remember(ckpt, sinks, cache, findings)
+    _seal_and_remember(ckpt, sinks, cache, findings, fsck.recorded)
     if save:
         cache.save()
     return findings
 
 
-def _seal_and_remember(ckpt: Checkpoint, sinks: list[SinkOutput], cache: VerdictCache, findings) -> None:
+def _seal_and_remember(ckpt: Checkpoint, sinks: list[SinkOutput], cache: VerdictCache, findings,
+                       recorded: list[LeftOut]) -> None:
     for i, sink in enumerate(sinks):
         cache.seal(f"sink{i}", sink.listing)
-    cache.remember_findings(fingerprint(ckpt, sinks), [f.to_dict() for f in findings])
+    cache.remember_findings(fingerprint(ckpt, sinks, recorded), [f.to_dict() for f in findings])
 
 
-def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput]) -> str:
-    """A digest of everything fsck's findings depend on: each listing (name, size, mtime), the ledger's
-    files, the content of the files Spark may still rewrite (``verdicts.live_rels``) and of each sink's
-    pairing record, read now. Not the lease (``listing.own``): no finding depends on it (fsck's report
-    shows it beside the findings), and the materialization's own lease is gone by its health check. The
-    pairing record by content, not by its listing entry: the pass's ledger sync rewrites it after the
-    pass's listing was taken."""
+def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput], recorded: list[LeftOut] = ()) -> str:
+    """A digest of everything fsck's findings depend on: each listing (name, size, mtime; its empty and
+    unreadable directories: the model takes a directory named like a log file for an unreadable one), the
+    ledger's files, the content of the files Spark may still rewrite (``verdicts.live_rels``) and of each
+    sink's pairing record, read now; and the outputs the ledger records that fsck judges besides
+    ``sinks`` (``recorded``, from ``recorded_sinks.left_out``: each by its listing, or by why it has
+    none). Not the lease (``listing.own``): no finding depends on it (fsck's report shows it beside the
+    findings), and the materialization's own lease is gone by its health check. The pairing record by
+    content, not by its listing entry: the pass's ledger sync rewrites it after the pass's listing was
+    taken."""
     h = hashlib.sha256()
+    for m in recorded:
+        h.update(f"recorded\0{m.url}\0{m.gone}\0{m.unreadable}\0{m.output is not None}\n".encode())
+    sinks = list(sinks) + [m.output for m in recorded if m.output is not None]
     roots = [("checkpoint", ckpt.listing)] + [(f"sink{i}", s.listing) for i, s in enumerate(sinks)]
     for root, listing in roots:
         h.update(f"\0{root}\0{listing.url('')}\0".encode())
         skip = _PAIRING if root != "checkpoint" else ()
         h.update("".join(sorted([f"{rel}\t{info.size}\t{info.mtime!r}\n" for rel, info in listing.files.items()
                                  if rel not in skip])).encode())
+        h.update("".join(sorted(f"dir\t{rel}\n" for rel in listing.empty_dirs)).encode())
+        h.update("".join(sorted(f"unreadable\t{rel}\t{err}\n" for rel, err in listing.unreadable_dirs.items())).encode())
         if skip:
             got = listing.fm.read_many([listing.abs(rel) for rel in sorted(skip)], errors={})
             for rel in sorted(skip):

@@ -59,6 +59,7 @@ class Fsck:
         self.ckpt = ckpt
         self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
+        self.recorded: list = []  # the recorded outputs not given (``recorded_sinks.LeftOut``), as run() found them
         self.storage_options, self.sink_compact_interval = storage_options, sink_compact_interval
         self.deep = deep
         self.cache = cache if not deep else None
@@ -575,8 +576,9 @@ class Fsck:
     def _recorded_sinks(self) -> None:
         """The outputs the ledger records for this checkpoint and fsck was not given: judged as if given
         with --sink; one with no sink log any more, or that cannot be read, is a warning (recorded_sinks.py)."""
-        for m in left_out(self.ckpt, self.sinks, self.ledger, storage_options=self.storage_options,
-                          compact_interval=self.sink_compact_interval, data=True):
+        self.recorded = left_out(self.ckpt, self.sinks, self.ledger, storage_options=self.storage_options,
+                                 compact_interval=self.sink_compact_interval, data=True)
+        for m in self.recorded:
             if m.output is not None:
                 self.sinks.append(m.output)
             elif m.gone is not None:
