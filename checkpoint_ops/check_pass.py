@@ -123,6 +123,8 @@ def fingerprint(ckpt: Checkpoint, sinks: list[SinkOutput], recorded: list[LeftOu
         h.update(f"recorded\0{m.url}\0{m.gone}\0{m.unreadable}\0{m.output is not None}\n".encode())
     sinks = list(sinks) + [m.output for m in recorded if m.output is not None]
     roots = [("checkpoint", ckpt.listing)] + [(f"sink{i}", s.listing) for i, s in enumerate(sinks)]
+    for i, sink in enumerate(sinks):  # the compact interval a sink is judged with (configured, not on disk)
+        h.update(f"interval\0sink{i}\0{sink.log.interval}\n".encode())
     for root, listing in roots:
         h.update(f"\0{root}\0{listing.url('')}\0".encode())
         skip = _PAIRING if root != "checkpoint" else ()
