@@ -55,6 +55,7 @@ about 35 bytes in the cache for one source.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import re
 
@@ -203,23 +204,23 @@ class WindowMemo:
                 if f.kind in ("snapshot", "zip"):
                     snaps.append(f.version)
             self.snapshots.append(sorted(snaps))
-        self.state_low = min(by_version) if by_version else 0
+        # by the versions present, not every version between the lowest and the highest: a stray file of a
+        # version far from the others (a removed operator's leftovers) costs one entry, not one per version
+        self._state_versions = sorted(by_version)
         acc, prefix = 0, [0]
-        for v in range(self.state_low, (max(by_version) if by_version else -1) + 1):
-            acc ^= by_version.get(v, 0)
+        for v in self._state_versions:
+            acc ^= by_version[v]
             prefix.append(acc)
         self._state_prefix = prefix
 
     def _state_range(self, first: int, last: int) -> int:
-        n = len(self._state_prefix) - 1
-        lo = min(max(first - self.state_low, 0), n)
-        hi = min(max(last - self.state_low + 1, 0), n)
+        """XOR of the state files' hashes of every version in ``first..last`` (inclusive)."""
+        lo = bisect.bisect_left(self._state_versions, first)
+        hi = bisect.bisect_right(self._state_versions, last)
         return self._state_prefix[hi] ^ self._state_prefix[lo] if hi > lo else 0
 
     def _base(self, version: int) -> int:
         """The lowest version any store's load of ``version`` starts from (its newest snapshot at or below)."""
-        import bisect
-
         base = version
         for snaps in self.snapshots:
             i = bisect.bisect_right(snaps, version)
