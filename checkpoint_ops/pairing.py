@@ -163,8 +163,8 @@ class PairingRefused(RefusedError):
 
 def sink_record(sink: SinkOutput) -> PairingRecord | None:
     """The pairing record beside the sink log, or None. One read, unless the output's listing already
-    shows there is none."""
-    if sink.data_listed and PAIRING_FILE not in sink.listing:
+    shows there is none (and none was written since: a pass's ledger sync writes it after the listing)."""
+    if sink.data_listed and PAIRING_FILE not in sink.listing and not sink.pairing_written:
         return None
     path = join(sink.root, PAIRING_FILE)
     try:
@@ -176,6 +176,7 @@ def sink_record(sink: SinkOutput) -> PairingRecord | None:
 
 def _write_sink_record(sink: SinkOutput, record: PairingRecord, replace: bool) -> None:
     sink.fm.write_bytes(join(sink.root, PAIRING_FILE), record.to_bytes(), overwrite=replace)
+    sink.pairing_written = True
 
 
 def same_location(a: str, b: str) -> bool:

@@ -29,6 +29,7 @@ class SinkOutput:
         self.origin = origin or Location(fm.location.scheme, self.root)
         self._rel_dirs: dict[str, str | None] = {}  # directory in log entries -> relative dir (bounded: few)
         self.data_listed = data
+        self.pairing_written = False  # our pairing record was written here since the listing (pairing.py)
         self.listing = Listing.scan(fm, self.root) if data else \
             Listing(fm, self.root, fm.walk(f"{self.root}/{SINK_LOG_DIR}", empty_dirs=True))
         self.log = CompactibleLog(self.listing, SINK_LOG_DIR, "sink log", default_interval)
