@@ -67,11 +67,7 @@ def _write_with_sidecar(path: str, data: bytes) -> None:
 def test_a_state_schema_file_cut_short_after_warm_passes_closes_the_window(stream):
     """Every batch's restart set reads the store's v1/v2 schema file (``state/0/0/_metadata/schema``): the
     memo's digest covers it (it left out every file under a store's subdirectories)."""
-    for rel, data in synthetic.files(batches=BATCHES, partitions=1, retain_state=BATCHES):
-        if rel.startswith("state/"):
-            path = os.path.join(stream.ckpt, rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            _write_with_sidecar(path, data)
+    _with_state(stream)
     schema = os.path.join(stream.ckpt, "state/0/0/_metadata/schema")
     assert os.path.exists(schema)
     _pass(stream)
@@ -137,3 +133,44 @@ def test_the_pass_judges_the_window_again_with_a_recorded_sink(stream):
     _, findings, report = _pass(stream, with_sink=False)
     assert findings == want_findings
     assert report == want_report
+
+
+def _with_state(s: Stream) -> None:
+    for rel, data in synthetic.files(batches=BATCHES, partitions=1, retain_state=BATCHES):
+        if rel.startswith("state/"):
+            path = os.path.join(s.ckpt, rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _write_with_sidecar(path, data)
+
+
+def test_a_state_file_of_a_far_version_costs_one_entry_of_the_memo(stream):
+    """A stray delta of version 1,000,000 beside versions 1..30 (as a removed operator's leftovers beside a
+    long-running query): the memo's state table holds the versions present, not every version between
+    (it held a million entries here, and tens of GB for a 10-digit version), and the answers are fsck's."""
+    from checkpoint_ops.verdicts import VerdictCache
+    from checkpoint_ops.window_memo import WindowMemo
+
+    _with_state(stream)
+    _write_with_sidecar(os.path.join(stream.ckpt, "state/0/0/1000000.delta"), synthetic.lz4_block_stream(b"stray"))
+    _pass(stream)
+    warm, findings, report = _pass(stream)
+    want_findings, want_report = _without_cache(stream)
+    assert ("warning", "state-stale", os.path.join(stream.ckpt, "state/0/0/1000000.delta")) in want_findings
+    assert warm.window_hits > 0
+    assert findings == want_findings and report == want_report
+    ckpt, sinks = _model(stream)
+    memo = WindowMemo(ckpt, sinks, VerdictCache.for_checkpoint(ckpt))
+    versions = {f.version for store in ckpt.state.stores() for f in store.files}
+    assert len(memo._state_prefix) == len(versions) + 1
+
+
+def test_the_first_pass_reports_the_pairing_its_own_sync_recorded(stream):
+    """The pass's ledger sync writes the sink's pairing record after the sink was listed: the pass's inspect
+    reports it as inspect does afterwards (it reported the ledger's side only, on the first pass)."""
+    ckpt, sinks = _model(stream)
+    got = run_check_pass(ckpt, sinks, sync=True, batches=False)
+    assert os.path.exists(os.path.join(stream.out, ".checkpoint-ops.pairing.json"))
+    want_findings, want_report = _without_cache(stream)
+    assert "sink" in want_report["sink"]["pairing"]["recorded"]
+    assert got.report == want_report
+    assert _keys(f.to_dict() for f in got.findings) == want_findings
