@@ -11,7 +11,9 @@ Spark's folders. It is a sequence of immutable segment files, applied in name (=
   the source offsets, the state version and unique ids, and per sink the log entries batch N added
   (path, size, mtime, ...);
 * ``<time>-truncate-<op id>.json``: written by a rollback to N; records above N recorded before it
-  belong to the abandoned timeline and are ignored. ``undo`` removes it.
+  belong to the abandoned timeline and are ignored. ``undo`` removes it. ``sync`` writes one too
+  (``timeline-<id>``, no undo) when the checkpoint's ``offsets/`` show a timeline the ledger did not see
+  begin (``diverged_at``).
 
 Beside the segments, ``pairing/<time>-<id>.json`` records which file-sink outputs the checkpoint's query
 writes (``PairingRecord``; the same record sits beside each sink log, see ``pairing.py``). They live in a
@@ -40,7 +42,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .errors import BadInputError, StorageError
+from .errors import BadInputError, RefusedError, StorageError
 from .journal import ops_dir, utc_stamp
 from .model.checkpoint import Checkpoint
 from .model.commits import CommitMetadata, parse_commit
@@ -632,9 +634,28 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
 
     With a checkpoint, first the pairing of the checkpoint and its sinks (``pairing.record_pairing``): a
     sink that is not the query's output is refused (PairingRefused) before anything is recorded.
-    Without a checkpoint (``ledger`` given) only the sinks' batches are recorded."""
+    Without a checkpoint (``ledger`` given) only the sinks' batches are recorded.
+
+    A batch the ledger holds is not recorded again, unless the checkpoint's ``offsets/N`` now says
+    something else than the ledger's record of N: the checkpoint then runs on another timeline (a backup
+    restored where the original ran on, a query started again from scratch at the same place), and the
+    ledger forgets its records from the first batch that differs (``diverged_at``) before recording what
+    is there now; otherwise a later rollback would put the abandoned timeline's files back. A fenced
+    checkpoint (an interrupted operation) is refused: its files are half-way between two states."""
     ledger = ledger or Ledger.for_checkpoint(ckpt)
     ledger.writes_index = True  # a writer: the index of a segment it has to read whole is kept for next time
+    timeline = None
+    if ckpt is not None:
+        if ckpt.fence is not None:
+            from .fence import recovery_advice
+
+            raise RefusedError(f"an interrupted checkpoint-ops {ckpt.fence.operation} fenced this checkpoint: its "
+                               "files are half-way through that operation, and recording them would keep batches it "
+                               "removes", path=ckpt.url, fix=recovery_advice(ckpt.fence, ckpt.url)
+                               + ", then run the sync again")
+        timeline = diverged_at(ckpt, ledger)
+        if timeline is not None:
+            ledger.truncate(timeline.batch - 1, f"timeline-{uuid.uuid4().hex[:8]}")
     pairing = []
     if ckpt is not None and sinks:
         from .pairing import record_pairing  # pairing reads the ledger: imported here, not at the top
@@ -693,7 +714,57 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
         "ledger_batches": {"first": min(known, default=None), "last": max(known, default=None)},
         "skipped": [{"path": e.path, "problem": e.problem} for e in {e.path: e for e in damaged}.values()],
         "pairing": [v.to_dict() for v in pairing],
+        "forgot_from": timeline.to_dict() if timeline is not None else None,
     }
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first batch whose ``offsets/`` file on disk is not the one the ledger recorded."""
+
+    batch: int
+    path: str  # the checkpoint's offsets file of that batch
+
+    def to_dict(self) -> dict:
+        return {"batch": self.batch, "offsets_file": self.path,
+                "why": "the checkpoint's offsets file of this batch is not the one the ledger recorded (another "
+                       "timeline: a restore, or a query started again here): the ledger's records from this "
+                       "batch on were forgotten"}
+
+
+def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
+    """Where the ledger's records stop being this checkpoint's timeline, or None.
+
+    Each ``offsets/N`` names its batch's time and offsets, so two timelines never write the same bytes for
+    a batch: the newest batch both hold is compared (one small read each, per sync); only when it differs
+    is every batch both hold compared, oldest first, for the first that differs. A file on disk that does
+    not parse (torn, damaged) is no evidence either way and is passed over."""
+    if ckpt.kind != "structured" or not ckpt.offset_files:
+        return None
+    common = []
+    for b in sorted(ckpt.offset_files, reverse=True):  # the newest first: the ledger has all but the new ones
+        if ledger.has("offsets", b):
+            common.append(b)
+            if len(common) == 1:
+                if _same_offsets(ckpt, ledger, b) is not False:
+                    return None
+    if not common:
+        return None
+    for b in reversed(common):
+        if _same_offsets(ckpt, ledger, b) is False:
+            return Divergence(b, ckpt.listing.url(ckpt.offset_files[b].rel))
+    return None
+
+
+def _same_offsets(ckpt: Checkpoint, ledger: "Ledger", batch: int) -> bool | None:
+    """Whether ``offsets/batch`` on disk is the ledger's record of it (None: the file cannot tell)."""
+    raw: dict[str, bytes] = {}
+    if batch not in ckpt.load_offsets([batch], raw=raw, errors=[]):
+        return None
+    data = raw.get(ckpt.listing.abs(ckpt.offset_files[batch].rel))
+    if data is None:
+        data = ckpt.fm.read_bytes(ckpt.listing.abs(ckpt.offset_files[batch].rel))
+    return data == ledger.raw("offsets", batch)
 
 
 def attribute_batch(log: CompactibleLog, b: int) -> list[LogEntry] | None:
