@@ -9,15 +9,25 @@ from ..errors import EXIT_FINDINGS, EXIT_OK, BadInputError
 
 
 def cmd_ledger_sync(args) -> int:
+    from ..lease import acquire_all
     from ..ledger import sync
 
-    ckpt, sinks = open_checkpoint(args)
-    r = sync(ckpt, sinks, assume_paired=args.assume_paired)
+    ckpt, sinks = open_checkpoint(args)  # read-only first: a location that is not a checkpoint gets no lease
+    sites = [(ckpt.fm, ckpt.root, ckpt.url)] + [(s.fm, s.root, s.url) for s in sinks]
+    # one writer at a time: a rollback, an undo or a run never has the ledger merged under it, nor the
+    # pairing records rewritten; the model is read again under the leases
+    with acquire_all(sites, "checkpoint-ops ledger sync"):
+        ckpt, sinks = open_checkpoint(args)
+        r = sync(ckpt, sinks, assume_paired=args.assume_paired)
     rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"
     text = (f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
             + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
     for v in r["pairing"]:
         text += f"\n  pairing of {v['sink']}: {v['status']} ({v['evidence']})"
+    if r["forgot_from"]:
+        text += (f"\n  forgot the ledger's records from batch {r['forgot_from']['batch']} on: "
+                 f"{r['forgot_from']['offsets_file']} is not the file the ledger recorded (another timeline: a "
+                 "restore, or a query started again here)")
     for d in r["skipped"]:
         text += f"\n  skipped (damaged, not recorded): {d['path']}: {d['problem']}"
     emit(args, r, text)
