@@ -1,0 +1,131 @@
+"""The batch ledger follows the checkpoint's timeline: a sync that finds ``offsets/N`` on disk other than its
+record of N forgets its records from there (a backup restored where the original ran on, a query started
+again at the same place), so a later rollback never puts an abandoned timeline's files back; a sync of a
+fenced checkpoint is refused; ``ledger sync`` takes the leases. Found by a hostile review. Fast tier:
+``benchmarks.check_pass.Stream`` (a checkpoint and its file sink in Spark's formats, with retention), no Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import check_pass
+from benchmarks.check_pass import Stream
+from checkpoint_ops.errors import RefusedError
+from checkpoint_ops.lease import acquire_all
+from checkpoint_ops.ledger import Ledger, sync
+from checkpoint_ops.model.checkpoint import Checkpoint
+from checkpoint_ops.storage import open_file_manager
+
+HOUR_MS = 3_600_000
+
+
+def _run(s: Stream, batches: int) -> list[dict]:
+    out = []
+    for _ in range(batches):
+        s.batch()
+        ckpt, sinks = s.model()
+        out.append(sync(ckpt, sinks, assume_paired=True))  # (the synthetic mtimes do not line up with its times)
+    return out
+
+
+def _offsets_time(data: bytes | str) -> int:
+    text = data.decode() if isinstance(data, bytes) else data
+    return json.loads(text.splitlines()[1])["batchTimestampMs"]
+
+
+def _rerun_later(s: Stream, monkeypatch, first: int) -> None:
+    """Spark runs the batches from ``first`` again, an hour later (other times in their offsets files)."""
+    monkeypatch.setattr(check_pass, "T0", check_pass.T0 + HOUR_MS)
+    s.next, s.entries = first, s.entries[:first]
+
+
+def test_a_checkpoint_restored_where_the_original_ran_on_is_recorded_as_it_runs_again(tmp_path, monkeypatch):
+    s = Stream(str(tmp_path), retain=3)  # Spark purges offsets/ and commits/ below the last 3 batches
+    assert all(r.get("forgot_from") is None for r in _run(s, 6))  # the usual syncs forget nothing
+    shutil.copytree(s.ckpt, str(tmp_path / "backup-ckpt"))  # a backup at batch 5
+    shutil.copytree(s.out, str(tmp_path / "backup-out"))
+    _run(s, 6)  # the original runs on to batch 11, recorded
+    old_8 = Ledger.for_checkpoint(Checkpoint.open(s.ckpt)).raw("offsets", 8)
+    shutil.rmtree(s.ckpt)
+    shutil.rmtree(s.out)  # restored in place; the ledger beside the checkpoint stays
+    shutil.copytree(str(tmp_path / "backup-ckpt"), s.ckpt)
+    shutil.copytree(str(tmp_path / "backup-out"), s.out)
+    _rerun_later(s, monkeypatch, 6)
+    syncs = _run(s, 6)
+    ckpt = Checkpoint.open(s.ckpt)
+    ledger = Ledger.for_checkpoint(ckpt)
+    assert _offsets_time(ledger.raw("offsets", 11)) == _offsets_time(open(os.path.join(s.ckpt, "offsets", "11")).read())
+    assert "8" not in os.listdir(os.path.join(s.ckpt, "offsets"))  # purged: only the ledger can give it back
+    assert _offsets_time(ledger.raw("offsets", 8)) == _offsets_time(old_8) + HOUR_MS
+    assert sorted(ledger.batches("offsets")) == list(range(12))
+    assert [r["batches_recorded"] for r in syncs] == [1] * 6
+    assert syncs[0]["forgot_from"]["batch"] == 6  # the first re-run batch differs: forgotten from there
+
+
+def test_a_query_started_again_at_the_same_place_forgets_the_old_querys_records(tmp_path, monkeypatch):
+    s = Stream(str(tmp_path), retain=100)
+    _run(s, 5)
+    shutil.rmtree(s.ckpt)
+    shutil.rmtree(s.out)
+    fresh = Stream(str(tmp_path), retain=100)  # the same locations, from scratch
+    _rerun_later(fresh, monkeypatch, 0)
+    first = _run(fresh, 1)[0]
+    _run(fresh, 2)
+    ledger = Ledger.for_checkpoint(Checkpoint.open(fresh.ckpt))
+    for b in range(3):
+        assert ledger.raw("offsets", b) == open(os.path.join(fresh.ckpt, "offsets", str(b)), "rb").read()
+    assert ledger.batches("offsets") == [0, 1, 2]  # the old query's 3 and 4 forgotten too
+    assert first["forgot_from"]["batch"] == 0 and first["batches_recorded"] == 1
+
+
+def test_a_torn_offsets_file_is_no_evidence_of_another_timeline(tmp_path):
+    s = Stream(str(tmp_path), retain=100)
+    _run(s, 5)
+    open(os.path.join(s.ckpt, "offsets", "4"), "wb").close()  # torn newest file
+    ckpt, sinks = s.model()
+    got = sync(ckpt, sinks, assume_paired=True)
+    assert got["forgot_from"] is None
+    assert Ledger.for_checkpoint(Checkpoint.open(s.ckpt)).batches("offsets") == list(range(5))
+
+
+def test_a_fenced_checkpoint_is_not_synced(tmp_path):
+    s = Stream(str(tmp_path), retain=100)
+    _run(s, 8)
+    env = {**os.environ, "CHECKPOINT_OPS_KILL_AT": "10"}  # a rollback killed part-way: the checkpoint fenced
+    cli = [sys.executable, "-m", "checkpoint_ops.cli"]
+    killed = subprocess.run([*cli, "rollback", s.ckpt, "--to-batch", "3", "--sink", s.out, "--yes"], env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert killed.returncode != 0
+    ckpt, sinks = s.model()
+    assert ckpt.fence is not None
+    before = sorted(os.listdir(os.path.join(os.path.dirname(s.ckpt), ".checkpoint-ops", "ckpt", "ledger")))
+    with pytest.raises(RefusedError, match="fenced this checkpoint"):
+        sync(ckpt, sinks, assume_paired=True)
+    after = sorted(os.listdir(os.path.join(os.path.dirname(s.ckpt), ".checkpoint-ops", "ckpt", "ledger")))
+    assert after == before  # nothing recorded
+    resumed = subprocess.run([*cli, "resume", s.ckpt, "--yes"], capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0, resumed.stderr
+    ckpt, sinks = s.model()
+    sync(ckpt, sinks, assume_paired=True)
+    assert Ledger.for_checkpoint(Checkpoint.open(s.ckpt)).batches("offsets") == [0, 1, 2, 3]
+
+
+def test_ledger_sync_waits_for_no_one_else_holding_the_checkpoint(tmp_path):
+    s = Stream(str(tmp_path), retain=100)
+    _run(s, 3)
+    s.batch()
+    fm, root = open_file_manager(s.ckpt)
+    cli = [sys.executable, "-m", "checkpoint_ops.cli", "ledger", "sync", s.ckpt, "--sink", s.out, "--assume-paired", "--json"]
+    with acquire_all([(fm, root, s.ckpt)], "a rollback elsewhere"):
+        held = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+        assert held.returncode != 0 and "lease" in held.stderr.lower(), held.stderr
+        assert Ledger.for_checkpoint(Checkpoint.open(s.ckpt)).batches("offsets") == [0, 1, 2]
+    free = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert free.returncode == 0, free.stderr
+    assert json.loads(free.stdout)["batches_recorded"] == 1
