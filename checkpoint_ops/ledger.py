@@ -168,6 +168,11 @@ class Ledger:
         return cls(ckpt.fm, join(ops_dir(ckpt.fm, ckpt.root), "ledger"))
 
     @property
+    def loaded(self) -> bool:
+        """Whether the segments were read (or indexed) yet: a caller that never needed them leaves them unread."""
+        return self._records is not None
+
+    @property
     def records(self) -> LedgerRecords:
         if self._records is None:
             self.load()
@@ -722,8 +727,8 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
 class Divergence:
     """The first batch whose ``offsets/`` file on disk is not the one the ledger recorded."""
 
-    batch: int
-    path: str  # the checkpoint's offsets file of that batch
+    batch: int  # the first record forgotten
+    path: str  # the checkpoint's offsets file that differs from the ledger's record (of this batch, or later)
 
     def to_dict(self) -> dict:
         return {"batch": self.batch, "offsets_file": self.path,
@@ -737,7 +742,8 @@ def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
 
     Each ``offsets/N`` names its batch's time and offsets, so two timelines never write the same bytes for
     a batch: the newest batch both hold is compared (one small read each, per sync); only when it differs
-    is every batch both hold compared, oldest first, for the first that differs. A file on disk that does
+    is every batch both hold compared, oldest first, for the first that differs (or, when none agrees below
+    it, the ledger's first record: older records cannot be compared any more). A file on disk that does
     not parse (torn, damaged) is no evidence either way and is passed over."""
     if ckpt.kind != "structured" or not ckpt.offset_files:
         return None
@@ -750,9 +756,17 @@ def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
                     return None
     if not common:
         return None
+    agreed = False  # a batch both hold the same below the first that differs: the timelines met there
     for b in reversed(common):
-        if _same_offsets(ckpt, ledger, b) is False:
-            return Divergence(b, ckpt.listing.url(ckpt.offset_files[b].rel))
+        same = _same_offsets(ckpt, ledger, b)
+        if same:
+            agreed = True
+        elif same is False:
+            # with no batch agreeing below it, nothing shows the two timelines ever met: none of the older
+            # records (Spark purged what they could be compared with) is vouched for either
+            first = ledger.records.first_last()[0]
+            return Divergence(b if agreed or first is None else min(b, first),
+                              ckpt.listing.url(ckpt.offset_files[b].rel))
     return None
 
 

@@ -24,7 +24,7 @@ from datetime import datetime
 from .errors import BadInputError, RefusedError, param
 from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
-from .ledger import ledger_or_none
+from .ledger import diverged_at, ledger_or_none
 from .lag import SinkLag, sink_lag
 from .pairing import record_pairing, require_pairing
 from .recorded_sinks import RecordedSinksCheck
@@ -426,7 +426,26 @@ def plan_rollback(
         b.sink(i, s, lag)
     b.litter()
     b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
+    _refuse_another_timelines_records(ckpt, ledger, target)
     return b.plan
+
+
+def _refuse_another_timelines_records(ckpt: Checkpoint, ledger, target: int) -> None:
+    """A plan that read the batch ledger (Spark purged what the target needs) is refused when the ledger's
+    records of batches up to the target are of another timeline (``ledger.diverged_at``: a backup restored
+    where another ran, a query started again here, and no ``ledger sync`` since): restoring them would put
+    that timeline's files back."""
+    if ledger is None or not ledger.loaded:  # the plan took everything from Spark's own files
+        return
+    gone = diverged_at(ckpt, ledger)
+    if gone is not None and gone.batch <= target:
+        raise RefusedError(
+            f"the batch ledger's records from batch {gone.batch} on are not this checkpoint's: "
+            f"{gone.path} is not the file the ledger recorded (a restore where another "
+            "checkpoint ran, or a query started again at this place), and the rollback to batch "
+            f"{target} would restore files from them", path=gone.path,
+            fix=f"run `checkpoint-ops ledger sync {ckpt.url}` (it forgets those records), then roll back to a batch "
+                "the checkpoint or the ledger still holds (`checkpoint-ops inspect` shows the window)")
 
 
 def _last_operation(ckpt: Checkpoint) -> str:

@@ -129,3 +129,26 @@ def test_ledger_sync_waits_for_no_one_else_holding_the_checkpoint(tmp_path):
     free = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert free.returncode == 0, free.stderr
     assert json.loads(free.stdout)["batches_recorded"] == 1
+
+
+def test_a_rollback_does_not_restore_another_timelines_records(tmp_path, monkeypatch):
+    """Before any sync saw the new timeline (Spark run by hand on a query started again here), a rollback to
+    a batch Spark purged would take it from the ledger, which holds the old query's: refused, with the fix."""
+    from checkpoint_ops.ledger import ledger_or_none
+    from checkpoint_ops.rollback import plan_rollback
+
+    s = Stream(str(tmp_path), retain=3)
+    _run(s, 12)
+    shutil.rmtree(s.ckpt)
+    shutil.rmtree(s.out)
+    fresh = Stream(str(tmp_path), retain=3)
+    _rerun_later(fresh, monkeypatch, 0)
+    for _ in range(12):
+        fresh.batch()  # no sync
+    ckpt = Checkpoint.open(fresh.ckpt)
+    assert 5 not in ckpt.offset_files
+    with pytest.raises(RefusedError, match="not this checkpoint's") as refused:
+        plan_rollback(ckpt, 5, ledger=ledger_or_none(ckpt))
+    assert "ledger sync" in refused.value.fix
+    plan = plan_rollback(ckpt, 10, ledger=ledger_or_none(ckpt))  # Spark's own files: the ledger is not read
+    assert plan.target_batch == 10
