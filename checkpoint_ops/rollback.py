@@ -68,6 +68,7 @@ class _Builder:
         self.sinks = sinks
         self.target = target
         self.ledger = ledger
+        self.from_ledger = False  # the plan writes or reads something only the batch ledger has
         roots = {CKPT: ckpt.url}
         for i, s in enumerate(sinks):
             roots[f"sink{i}"] = s.url
@@ -107,13 +108,18 @@ class _Builder:
         for kind, ids, b in (("offsets", ck.offset_files, t), ("offsets", ck.offset_files, t - 1),
                              ("commits", ck.commit_files, t)):
             if b >= 0 and b not in ids:  # purged by Spark: the ledger recorded it (checked before)
+                self.from_ledger = True
                 self.write(CKPT, ck.listing, f"{kind}/{b}", self.ledger.raw(kind, b),
                            f"{kind}/{b} restored from the batch ledger (Spark purged it)")
         self.plan.summary["last committed batch"] = f"{C} -> {t}" + (f" (latest planned was {L})" if L != C else "")
 
     def sources(self) -> None:
         ck, t = self.ckpt, self.target
-        offsets = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
+        if t in ck.offset_files:
+            offsets = ck.offsets(t)
+        else:
+            self.from_ledger = True
+            offsets = self.ledger.offsets(t)
         for sid, src in ck.sources.items():
             if src.log is None:
                 continue
@@ -294,6 +300,7 @@ class _Builder:
         missing = log.missing_for(t)
         if not missing:
             return log.entries_after(t)
+        self.from_ledger = True
         files = self.ledger.sink_log_files_at(sink, t)  # reachability checked that the ledger covers it
         for b in missing:
             self.write(rid, sink.listing, log.rel(b), CompactibleLog.serialize(files[b]),
@@ -426,17 +433,16 @@ def plan_rollback(
         b.sink(i, s, lag)
     b.litter()
     b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
-    _refuse_another_timelines_records(ckpt, ledger, target)
+    if b.from_ledger:  # else the plan took everything from Spark's own files
+        _refuse_another_timelines_records(ckpt, ledger, target)
     return b.plan
 
 
 def _refuse_another_timelines_records(ckpt: Checkpoint, ledger, target: int) -> None:
-    """A plan that read the batch ledger (Spark purged what the target needs) is refused when the ledger's
-    records of batches up to the target are of another timeline (``ledger.diverged_at``: a backup restored
-    where another ran, a query started again here, and no ``ledger sync`` since): restoring them would put
-    that timeline's files back."""
-    if ledger is None or not ledger.loaded:  # the plan took everything from Spark's own files
-        return
+    """A plan that takes files from the batch ledger (Spark purged what the target needs) is refused when
+    the ledger's records of batches up to the target are of another timeline (``ledger.diverged_at``: a
+    backup restored where another ran, a query started again here, and no ``ledger sync`` since):
+    restoring them would put that timeline's files back."""
     gone = diverged_at(ckpt, ledger)
     if gone is not None and gone.batch <= target:
         raise RefusedError(
