@@ -377,7 +377,8 @@ class Ledger:
 
     # -- writing ---------------------------------------------------------------------------------
     def _write_segment(self, kind: str, body: bytes, suffix: str | None = None) -> str:
-        name = f"{utc_stamp()}-{kind}-{suffix or uuid.uuid4().hex[:8]}.{'json' if kind == 'truncate' else 'jsonl'}"
+        name = f"{self._stamp_after_segments()}-{kind}-{suffix or uuid.uuid4().hex[:8]}." \
+               f"{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self._close()
         last = self.segments[-1] if self.segments else ""
@@ -391,6 +392,16 @@ class Ledger:
         else:
             self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
+
+    def _stamp_after_segments(self) -> str:
+        """The time that names a new segment: now, or just after the newest segment's time when that is not
+        earlier (a host whose clock was ahead wrote it). Segments apply in name order, so a new one (a
+        truncation above all) must sort after every segment there: else a truncation would hide nothing,
+        and a sync's records would sort before a truncation and be hidden by it."""
+        now = utc_stamp()
+        names = self.segments if self._records is not None else self._segment_names()
+        newest = max((n.split("-", 1)[0] for n in names), default="")
+        return now if newest < now else _one_microsecond_after(newest)
 
     def record_pairing(self, record: PairingRecord) -> str:
         """Add a pairing record (immutable, like the segments); returns its path relative to the ledger."""
@@ -519,6 +530,17 @@ class Ledger:
             _merge(current, rec)
         if current is not None:
             yield current["batch"], _kinds(current), json.dumps(current, separators=(",", ":")).encode()
+
+
+def _one_microsecond_after(stamp: str) -> str:
+    """``utc_stamp``'s form (``YYYYmmddTHHMMSS.ffffffZ``), one microsecond later."""
+    from datetime import datetime, timedelta
+
+    try:
+        t = datetime.strptime(stamp, "%Y%m%dT%H%M%S.%fZ") + timedelta(microseconds=1)
+    except ValueError:  # not a name this tool wrote: sort after it by appending to it
+        return stamp + "0"
+    return t.strftime("%Y%m%dT%H%M%S.%fZ")
 
 
 def _to_merge(run: list[str], sizes: dict[str, int]) -> list[str]:
