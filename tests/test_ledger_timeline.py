@@ -19,7 +19,7 @@ from benchmarks.check_pass import Stream
 from checkpoint_ops.errors import RefusedError
 from checkpoint_ops.lease import acquire_all
 from checkpoint_ops.ledger import Ledger, sync
-from checkpoint_ops.model.checkpoint import Checkpoint
+from checkpoint_ops.model.checkpoint import Checkpoint, open_sink
 from checkpoint_ops.storage import open_file_manager
 
 HOUR_MS = 3_600_000
@@ -150,5 +150,39 @@ def test_a_rollback_does_not_restore_another_timelines_records(tmp_path, monkeyp
     with pytest.raises(RefusedError, match="not this checkpoint's") as refused:
         plan_rollback(ckpt, 5, ledger=ledger_or_none(ckpt))
     assert "ledger sync" in refused.value.fix
-    plan = plan_rollback(ckpt, 10, ledger=ledger_or_none(ckpt))  # Spark's own files: the ledger is not read
+    # Spark's own files cover batch 10: not refused, though the pairing check (with the sink) reads the ledger
+    plan = plan_rollback(ckpt, 10, sinks=[open_sink(fresh.out)], ledger=ledger_or_none(ckpt))
     assert plan.target_batch == 10
+
+
+def test_a_sync_after_segments_a_clock_ahead_wrote_still_forgets_the_old_timeline(tmp_path, monkeypatch):
+    """The original's syncs ran on a host whose clock was 2 minutes ahead: the timeline truncation (and every
+    segment after it) still sorts after them, so it hides the old records (it sorted before them and hid
+    nothing, and the sync said it forgot them)."""
+    import time
+
+    from checkpoint_ops import ledger as ledger_module
+
+    def two_minutes_ahead() -> str:
+        t = time.time_ns() // 1000 + 120_000_000
+        return f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime(t // 1_000_000))}.{t % 1_000_000:06d}Z"
+
+    s = Stream(str(tmp_path), retain=3)
+    with monkeypatch.context() as ahead:
+        ahead.setattr(ledger_module, "utc_stamp", two_minutes_ahead)
+        _run(s, 6)
+        shutil.copytree(s.ckpt, str(tmp_path / "backup-ckpt"))
+        shutil.copytree(s.out, str(tmp_path / "backup-out"))
+        _run(s, 6)
+    shutil.rmtree(s.ckpt)
+    shutil.rmtree(s.out)
+    shutil.copytree(str(tmp_path / "backup-ckpt"), s.ckpt)
+    shutil.copytree(str(tmp_path / "backup-out"), s.out)
+    _rerun_later(s, monkeypatch, 6)
+    syncs = _run(s, 6)
+    ledger = Ledger.for_checkpoint(Checkpoint.open(s.ckpt))
+    for b in (9, 10, 11):
+        assert ledger.raw("offsets", b) == open(os.path.join(s.ckpt, "offsets", str(b)), "rb").read()
+    assert _offsets_time(ledger.raw("offsets", 8)) == check_pass.T0 + 8 * 10_000
+    assert [r["forgot_from"]["batch"] if r["forgot_from"] else None for r in syncs] == [6, None, None, None, None, None]
+    assert ledger.segments == sorted(ledger.segments) and "-truncate-timeline-" in ledger.segments[-7]
