@@ -775,7 +775,7 @@ def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
             common.append(b)
             if len(common) == 1:
                 if _same_offsets(ckpt, ledger, b) is not False:
-                    return None
+                    return _ahead(ckpt, ledger)
     if not common:
         return None
     agreed = False  # a batch both hold the same below the first that differs: the timelines met there
@@ -789,6 +789,19 @@ def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
             first = ledger.records.first_last()[0]
             return Divergence(b if agreed or first is None else min(b, first),
                               ckpt.listing.url(ckpt.offset_files[b].rel))
+    return _ahead(ckpt, ledger)
+
+
+def _ahead(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
+    """Offsets records above the checkpoint's newest ``offsets/`` file: Spark never removes its newest one,
+    and a rollback hides what it removed behind its truncation, so these are of a timeline the checkpoint
+    left (a backup restored in place of one that ran on)."""
+    top = max(ckpt.offset_files)
+    last = ledger.records.first_last()[1]
+    if last is None or last <= top:
+        return None
+    if any(ledger.has("offsets", b) for b in range(top + 1, last + 1)):
+        return Divergence(top + 1, ckpt.listing.url(ckpt.offset_files[top].rel))
     return None
 
 
