@@ -376,8 +376,8 @@ class Ledger:
         return self.sink_log_files_at(sink, t) is not None
 
     # -- writing ---------------------------------------------------------------------------------
-    def _write_segment(self, kind: str, body: bytes, suffix: str | None = None) -> str:
-        name = f"{self._stamp_after_segments()}-{kind}-{suffix or uuid.uuid4().hex[:8]}." \
+    def _write_segment(self, kind: str, body: bytes, suffix: str | None = None, names: list[str] | None = None) -> str:
+        name = f"{self._stamp_after_segments(names)}-{kind}-{suffix or uuid.uuid4().hex[:8]}." \
                f"{'json' if kind == 'truncate' else 'jsonl'}"
         self.fm.write_bytes(join(self.path, name), body, overwrite=False)
         self._close()
@@ -393,13 +393,14 @@ class Ledger:
             self._records = None  # indexed again when next asked (positions name segments by their order)
         return name
 
-    def _stamp_after_segments(self) -> str:
+    def _stamp_after_segments(self, names: list[str] | None = None) -> str:
         """The time that names a new segment: now, or just after the newest segment's time when that is not
         earlier (a host whose clock was ahead wrote it). Segments apply in name order, so a new one (a
         truncation above all) must sort after every segment there: else a truncation would hide nothing,
         and a sync's records would sort before a truncation and be hidden by it."""
         now = utc_stamp()
-        names = self.segments if self._records is not None else self._segment_names()
+        if names is None:  # ``names``: the segments as the caller just listed them
+            names = self.segments if self._records is not None else self._segment_names()
         newest = max((n.split("-", 1)[0] for n in names), default="")
         return now if newest < now else _one_microsecond_after(newest)
 
@@ -411,18 +412,19 @@ class Ledger:
             self._pairings.append(record)
         return rel
 
-    def truncate(self, after_batch: int, op_id: str) -> str:
+    def truncate(self, after_batch: int, op_id: str, names: list[str] | None = None) -> str:
         """Forget records above ``after_batch`` (written by a rollback; removed by its undo)."""
         body = json.dumps({"format": FORMAT, "after_batch": after_batch, "op_id": op_id}).encode()
-        return self._write_segment("truncate", body, op_id)
+        return self._write_segment("truncate", body, op_id, names)
 
     def _truncations(self, op_id: str) -> list[str]:
         return [f.name for f in self.fm.list(self.path) if f.name.endswith(f"-truncate-{op_id}.json")]
 
     def ensure_truncation(self, after_batch: int, op_id: str) -> None:
-        """Idempotent ``truncate`` (a resumed rollback may or may not have written it)."""
-        if not self._truncations(op_id):
-            self.truncate(after_batch, op_id)
+        """Idempotent ``truncate`` (a resumed rollback may or may not have written it); one listing."""
+        names = sorted(f.name for f in self.fm.list(self.path) if not f.is_dir and not f.name.startswith("."))
+        if not any(n.endswith(f"-truncate-{op_id}.json") for n in names):
+            self.truncate(after_batch, op_id, names)
 
     def remove_truncation(self, op_id: str) -> None:
         for n in self._truncations(op_id):
@@ -793,10 +795,14 @@ def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
 
 
 def _ahead(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
-    """Offsets records above the checkpoint's newest ``offsets/`` file: Spark never removes its newest one,
-    and a rollback hides what it removed behind its truncation, so these are of a timeline the checkpoint
-    left (a backup restored in place of one that ran on)."""
+    """Offsets records above the checkpoint's newest ``offsets/`` file while no ``commits/`` file is above it
+    either: a backup restored in place of one that ran on (a rollback hides what it removes behind its own
+    truncation; a restart in continuous mode deletes uncommitted offsets files, whose records are no loss).
+    A lost or deleted newest offsets file leaves its commit: those records are then this checkpoint's,
+    and the ledger may be the only copy (fsck reports the damage)."""
     top = max(ckpt.offset_files)
+    if ckpt.latest_commit is not None and ckpt.latest_commit > top:
+        return None
     last = ledger.records.first_last()[1]
     if last is None or last <= top:
         return None

@@ -189,3 +189,22 @@ def test_a_sync_after_segments_a_clock_ahead_wrote_still_forgets_the_old_timelin
     assert _offsets_time(ledger.raw("offsets", 8)) == check_pass.T0 + 8 * 10_000
     assert [r["forgot_from"]["batch"] if r["forgot_from"] else None for r in syncs] == [6, None, None, None, None, None]
     assert ledger.segments == sorted(ledger.segments) and "-truncate-timeline-" in ledger.segments[-7]
+
+
+def test_a_lost_newest_offsets_file_is_not_another_timeline(tmp_path):
+    """offsets/11 deleted by hand (its commit kept): the ledger's record of it is this checkpoint's and may be
+    the only copy; the sync keeps it and a rollback to 11 restores it."""
+    from checkpoint_ops.ledger import ledger_or_none
+    from checkpoint_ops.rollback import plan_rollback
+
+    s = Stream(str(tmp_path), retain=100)
+    _run(s, 12)
+    recorded = open(os.path.join(s.ckpt, "offsets", "11"), "rb").read()
+    for name in ("11", ".11.crc"):
+        os.remove(os.path.join(s.ckpt, "offsets", name))
+    ckpt, sinks = s.model()
+    assert sync(ckpt, sinks, assume_paired=True)["forgot_from"] is None
+    ckpt = Checkpoint.open(s.ckpt)
+    assert Ledger.for_checkpoint(ckpt).raw("offsets", 11) == recorded
+    plan = plan_rollback(ckpt, 11, ledger=ledger_or_none(ckpt), force=True)
+    assert [a.rel for a in plan.actions if a.kind == "write"] == ["offsets/11"]
