@@ -749,16 +749,17 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
 
 @dataclass(frozen=True)
 class Divergence:
-    """The first batch whose ``offsets/`` file on disk is not the one the ledger recorded."""
+    """Where the ledger stops being this checkpoint's timeline: the first record not vouched for."""
 
     batch: int  # the first record forgotten
-    path: str  # the checkpoint's offsets file that differs from the ledger's record (of this batch, or later)
+    path: str  # the offsets file that shows it: one that differs from the ledger's record, or the newest one
+    # when the ledger holds offsets beyond it
 
     def to_dict(self) -> dict:
         return {"batch": self.batch, "offsets_file": self.path,
-                "why": "the checkpoint's offsets file of this batch is not the one the ledger recorded (another "
-                       "timeline: a restore, or a query started again here): the ledger's records from this "
-                       "batch on were forgotten"}
+                "why": "the ledger's records from this batch on are not this checkpoint's timeline (a restore, or "
+                       "a query started again here): offsets_file differs from the ledger's record of it, or is "
+                       "the checkpoint's newest while the ledger holds offsets beyond it; they were forgotten"}
 
 
 def diverged_at(ckpt: Checkpoint, ledger: "Ledger") -> Divergence | None:
