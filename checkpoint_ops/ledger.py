@@ -28,6 +28,13 @@ its files), whose digest does not match, or that holds an entry no line of the s
 ignored and the segment read instead (so a segment changed in place is judged as without an index); a
 record read through an index that is not the batch it should be is refused, naming the segment, and so
 is a merge that meets a line that is not a record. Deleted with their segment.
+
+**Merges in progress** (``.merging/<merged segment>.json``): the segments a merge replaces, written before
+the merged segment and deleted after its inputs. A merge stopped between the two (a crash, a store that
+gave up after its retries) leaves its inputs beside the merged segment: harmless to a load (records merge
+idempotently), but the run stays longer than a run keeps, so every later sync would merge again. The next
+compaction that sees the directory finishes such merges first: it deletes the inputs of each merged segment
+that exists, and drops the intent of one that was never written.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ FORMAT = 1
 MAX_SYNC_RUN = 8  # consecutive sync segments kept before they are merged into one
 PAIRING_DIR = "pairing"
 INDEX_DIR = ".index"  # <segment>.idx: each line's batch, offset and kinds (module docstring)
+MERGING_DIR = ".merging"  # <merged segment>.json: the segments a merge replaces, until they are deleted
 INDEX_FORMAT = 1
 
 
@@ -442,27 +450,32 @@ class Ledger:
         time rewrote every record every ``max_run`` syncs: a year of batches, read and written again.)
 
         The merged segment sorts where the last merged one was; it is written before the merged ones are
-        deleted, and records merge idempotently, so a crash in between is harmless. The merged segments'
-        checksum sidecars go with them, and so do sidecars whose segment is gone (an earlier release left
-        them). Returns the names of the merged segments written."""
+        deleted, and records merge idempotently, so a crash in between loses nothing; the merge's intent
+        (``MERGING_DIR``, written first) lets the next compaction delete the inputs left behind, which would
+        else keep the run too long and be merged again on every sync. The merged segments' checksum
+        sidecars go with them, and so do sidecars whose segment is gone (an earlier release left them).
+        Returns the names of the merged segments written."""
         if self._records is None:
             self.segments = self._segment_names()
-        runs: list[list[str]] = [[]]
-        for n in self.segments:
-            if "-truncate-" in n:
-                runs.append([])
-            else:
-                runs[-1].append(n)
+        if not any(len(run) > max_run for run in _sync_runs(self.segments)):
+            return []
+        listing = self.fm.list(self.path)
+        if any(f.is_dir and f.name == MERGING_DIR for f in listing) and self._finish_merges(listing):
+            listing = self.fm.list(self.path)
+            self.segments = sorted(f.name for f in listing if not f.is_dir and not f.name.startswith("."))
+            self._close()
+            self._records = None
+        listed = {f.name: f for f in listing if not f.is_dir}
         written = []
-        listed = None
-        for run in runs:
+        for run in _sync_runs(self.segments):
             if len(run) <= max_run:
                 continue
-            if listed is None:
-                listed = {f.name: f for f in self.fm.list(self.path) if not f.is_dir}
             merge = _to_merge(run, {n: listed[n].size if n in listed else 0 for n in run})
             stamp = merge[-1].split("-", 1)[0]
             name = f"{stamp}-merged-{uuid.uuid4().hex[:8]}.jsonl"
+            intent = join(self.path, MERGING_DIR, f"{name}.json")
+            self.fm.write_bytes(intent, json.dumps({"format": FORMAT, "merged": name, "inputs": merge}).encode(),
+                                overwrite=False)
             entries = array.array("q")
             offset = 0
             with self.fm.create_atomic(join(self.path, name), overwrite=False) as out:
@@ -473,17 +486,56 @@ class Ledger:
                     offset += len(chunk)
             self._save_index(name, None, entries)
             self._delete_segments(merge)
+            self._delete_intent(intent)
             self.segments = sorted([n for n in self.segments if n not in merge] + [name])
             self._close()
             self._records = None
             written.append(name)
-        if listed is not None:  # sidecars of segments gone before this release deleted them, stray indexes
-            present = set(self.segments)  # as they are now, merged ones included
-            self._delete_segments([], orphans=[
-                *[n for n in listed if is_hadoop_crc_name(n) and hadoop_crc_target(n) not in listed],
-                *[f"{INDEX_DIR}/{f.name}" for f in self.fm.list(join(self.path, INDEX_DIR))
-                  if not f.is_dir and _indexed_segment(f.name) not in present]])
+        # sidecars of segments gone before this release deleted them, stray indexes
+        present = set(self.segments)  # as they are now, merged ones included
+        self._delete_segments([], orphans=[
+            *[n for n in listed if is_hadoop_crc_name(n) and hadoop_crc_target(n) not in listed],
+            *[f"{INDEX_DIR}/{f.name}" for f in self.fm.list(join(self.path, INDEX_DIR))
+              if not f.is_dir and _indexed_segment(f.name) not in present]])
         return written
+
+    def _finish_merges(self, listing: list) -> bool:
+        """Finish the merges that stopped after writing their intent (``MERGING_DIR``): delete the inputs
+        still there of each merged segment that exists (its records hold theirs), and the intent; an intent
+        whose merged segment was never written, or that is not one this tool writes, is only deleted (its
+        inputs stay: nothing is lost, they are merged again). Returns whether any segment was deleted."""
+        segments = {f.name for f in listing if not f.is_dir and not f.name.startswith(".")}
+        deleted = False
+        intents = [f for f in self.fm.list(join(self.path, MERGING_DIR)) if not f.is_dir]
+        names = {f.name for f in intents}
+        for f in intents:
+            if f.name.startswith(".") or not f.name.endswith(".json"):  # a sidecar, or an intent never published
+                if not is_hadoop_crc_name(f.name) or hadoop_crc_target(f.name) not in names:
+                    self.fm.delete_many([f.path])
+                continue
+            merged = f.name[:-len(".json")]
+            try:
+                intent = json.loads(self.fm.read_bytes(f.path))
+                inputs = intent["inputs"]
+                if intent["merged"] != merged or not all(isinstance(n, str) for n in inputs):
+                    raise ValueError
+            except FileNotFoundError:
+                continue  # finished by another pass since the listing
+            except (ValueError, KeyError, TypeError):
+                inputs = []
+            stamp = merged.split("-", 1)[0]
+            inputs = [n for n in inputs if n in segments and n != merged and "-truncate-" not in n
+                      and n.split("-", 1)[0] <= stamp] if merged in segments else []
+            if inputs:
+                self._delete_segments(inputs)
+                deleted = True
+            self._delete_intent(f.path)
+        return deleted
+
+    def _delete_intent(self, path: str) -> None:
+        parent, name = path.rsplit("/", 1)
+        crc = self.fm.hadoop_crc
+        self.fm.delete_many([join(parent, n) for n in sidecar_names(name) if crc or not n.startswith(".")] + [path])
 
     def _delete_segments(self, names: list[str], orphans: list[str] = ()) -> None:
         """Delete segments with their checksum sidecars and indexes (those first), and ``orphans`` (names
@@ -543,6 +595,17 @@ def _one_microsecond_after(stamp: str) -> str:
     except ValueError:  # not a name this tool wrote: sort after it by appending to it
         return stamp + "0"
     return t.strftime("%Y%m%dT%H%M%S.%fZ")
+
+
+def _sync_runs(segments: list[str]) -> list[list[str]]:
+    """The runs of consecutive sync (and merged) segments: truncations, kept so undo can remove them, split them."""
+    runs: list[list[str]] = [[]]
+    for n in segments:
+        if "-truncate-" in n:
+            runs.append([])
+        else:
+            runs[-1].append(n)
+    return runs
 
 
 def _to_merge(run: list[str], sizes: dict[str, int]) -> list[str]:

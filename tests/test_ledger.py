@@ -307,3 +307,88 @@ def test_on_the_s3_server_loads_use_the_indexes_written_with_the_segments(bucket
     stamps = {f.path.rsplit("/", 1)[-1]: (f.size, f.mtime) for f in fm.walk(path) if f.path.rsplit("/", 1)[-1] in names}
     assert len(names) >= 2 and set(fresh._stored_indexes(names, stamps)) == set(names)
     assert dict(fresh.records.items()) == _naive(fm, path) and sorted(_naive(fm, path)) == [0, 1, 2, 3, 4]
+
+
+_COMPACT = """
+import sys
+from checkpoint_ops.ledger import Ledger
+from checkpoint_ops.storage import open_file_manager
+fm, root = open_file_manager(sys.argv[1])
+Ledger(fm, root + "/ledger").compact_segments(max_run=8)
+"""
+
+
+def test_a_merge_killed_at_any_point_is_finished_by_the_next_compaction(tmp_path):
+    """A merge killed (SIGKILL) at each of its mutating calls in turn, after the merged segment is written and
+    before all its inputs are deleted among them: nothing is lost, and the syncs that follow keep the run
+    within ``max_run`` segments, leave no input of the killed merge behind and rewrite only a few times the
+    ledger's size. (Left behind, those inputs kept the run too long, so every later sync merged again.)"""
+    import shutil
+    import subprocess
+    import sys
+
+    template = tmp_path / "template"
+    fm, root = open_file_manager(str(template))
+    ledger = Ledger(fm, f"{root}/ledger")
+    for k in range(9):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}" + "x" * 40}).encode() + b"\n")
+    inputs = set(ledger._segment_names())
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    killed_after_merged = 0
+    for kill_at in range(1, 100):
+        work = tmp_path / f"k{kill_at}"
+        shutil.copytree(template, work)
+        fm, root = open_file_manager(str(work))
+        path = f"{root}/ledger"
+        env = {**os.environ, "CHECKPOINT_OPS_KILL_AT": str(kill_at), "PYTHONPATH": repo}
+        code = subprocess.run([sys.executable, "-c", _COMPACT, str(work)], env=env, cwd=repo).returncode
+        names = {f.name for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")}
+        if code != 0 and any("-merged-" in n for n in names) and names & inputs:
+            killed_after_merged += 1
+        assert sorted(_naive(fm, path)) == list(range(9)), kill_at
+        ledger = Ledger(fm, path)
+        written = 0
+        for k in range(9, 40):
+            ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}" + "x" * 40}).encode() + b"\n")
+            for name in ledger.compact_segments(max_run=8):
+                written += fm.info(f"{path}/{name}").size
+            assert len(ledger.segments) <= 8, (kill_at, k, ledger.segments)
+        names = {f.name for f in fm.list(path) if not f.is_dir and not f.name.startswith(".")}
+        assert not names & inputs, (kill_at, sorted(names & inputs))
+        assert not fm.list(f"{path}/.merging"), (kill_at, fm.list(f"{path}/.merging"))
+        data = sum(f.size for f in fm.list(path) if not f.is_dir and not f.name.startswith("."))
+        assert written <= 8 * data, (kill_at, written, data)
+        assert sorted(_naive(fm, path)) == list(range(40)) and dict(Ledger(fm, path).records.items()) == _naive(fm, path)
+        if code == 0:
+            break
+    else:
+        raise AssertionError("the merge never finished")
+    assert killed_after_merged >= 3, "no kill landed between the merged segment and the inputs' deletion"
+
+
+def test_on_the_s3_server_a_merge_stopped_before_deleting_its_inputs_is_finished(bucket):
+    """The same on an object store, where ``.merging/`` shows in a listing only while it holds an intent: a
+    merge killed after writing its merged segment leaves its inputs, and the next compaction deletes them."""
+    import subprocess
+    import sys
+
+    fm, root = open_file_manager(f"s3://{bucket}/merging")
+    path = f"{root}/ledger"
+    ledger = Ledger(fm, path)
+    for k in range(9):
+        ledger._write_segment("sync", json.dumps({"batch": k, "offsets": f"o{k}"}).encode() + b"\n")
+    inputs = set(ledger._segment_names())
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the merge's mutating calls: the intent, the merged segment, its index, then the deletes
+    env = {**os.environ, "CHECKPOINT_OPS_KILL_AT": "4", "PYTHONPATH": repo}
+    assert subprocess.run([sys.executable, "-c", _COMPACT, f"s3://{bucket}/merging"], env=env, cwd=repo).returncode != 0
+    names = set(Ledger(fm, path)._segment_names())
+    assert any("-merged-" in n for n in names) and len(names & inputs) == 9, sorted(names)
+    assert [f.name for f in fm.list(path) if f.is_dir and f.name == ".merging"]
+    ledger = Ledger(fm, path)
+    ledger._write_segment("sync", json.dumps({"batch": 9, "offsets": "o9"}).encode() + b"\n")
+    ledger.compact_segments(max_run=8)
+    names = set(Ledger(fm, path)._segment_names())
+    assert not names & inputs and len(names) <= 2, sorted(names)
+    assert not fm.list(f"{path}/.merging")
+    assert sorted(_naive(fm, path)) == list(range(10)) == sorted(Ledger(fm, path).records)
