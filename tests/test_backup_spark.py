@@ -268,3 +268,20 @@ def test_bad_backup_input_is_refused_and_changes_nothing(run, tmp_path):
         open(manifest, "w").write(json.dumps(doc))
         refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out", "--yes",
                 says=f"{bad!r}")
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_relocated_into_a_path_with_a_space_and_non_ascii_letters(spark, run, tmp_path):
+    """Relocated paths are written as Spark writes them (``Path.toUri``: a space as ``%20``, ``é`` as it is),
+    so the file source knows the files it read before: encoded as ``%C3%A9``, they named other files to
+    Spark, which read the batches before the restore point again (rows counted twice)."""
+    dest = str(tmp_path / "dest")
+    b = backup(run, dest)
+    m = b["batch"] - 3
+    inp, out, ckpt = restore_elsewhere(run, dest, b["backup_id"], tmp_path / "neu é dir", "--to-batch", m)
+    log = os.path.join(ckpt, "sources", "0")
+    entries = "".join(open(os.path.join(log, n), encoding="utf-8").read() for n in os.listdir(log) if n[0] != ".")
+    assert "/neu%20é%20dir/in/" in entries and "%C3%A9" not in entries
+    flush_files(inp, run.files)
+    resume_at(spark, run.flavour, inp, out, ckpt)
+    assert read_output(spark, out) == exact(run.files)

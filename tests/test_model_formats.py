@@ -139,3 +139,16 @@ def test_operator_metadata_bad_input():
         with pytest.raises(LogFormatError) as e:
             parse_operator_metadata(data, "m", "/c/m")
         assert e.value.kind == kind, (data, e.value.problem)
+
+
+def test_uri_path_quotes_as_hadoop_path_to_uri_does():
+    """What Spark 4.x wrote into a file source log for ``/tmp/uni/in dir/café/f é 1.json`` (run here), and
+    the characters ``java.net.URI`` quotes in a path: ASCII ones a path cannot hold, ``%``, control and
+    space characters; letters of any script stay as they are. Read back, each names the same path."""
+    from checkpoint_ops.storage.paths import spark_url_to_location, uri_path
+
+    assert "file://" + uri_path("/tmp/uni/in dir/café/f é 1.json") == "file:///tmp/uni/in%20dir/café/f%20é%201.json"
+    odd = "/a b/100%/q?#[]{}|\\^`\"<>/ü\u00a0\u2028\u0085\t/日本/x:y@z=1,2;$&+!*'()~_-."
+    assert uri_path(odd) == ("/a%20b/100%25/q%3F%23%5B%5D%7B%7D%7C%5C%5E%60%22%3C%3E/ü%C2%A0%E2%80%A8%C2%85%09/日本"
+                             "/x:y@z=1,2;$&+!*'()~_-.")
+    assert spark_url_to_location("file://" + uri_path(odd)).path == odd

@@ -29,7 +29,6 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
-from urllib.parse import quote
 
 from ..errors import BadInputError, RefusedError, StoreUnavailableError
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
@@ -50,6 +49,7 @@ from ..storage.paths import (
     join,
     parse_url,
     spark_url_to_location,
+    uri_path,
 )
 from .repository import Manifest, Repository
 from .view import BackupView
@@ -57,7 +57,6 @@ from .view import BackupView
 _SOURCE_LOG = re.compile(r"^sources/[^/]+/\d+(\.compact)?$")
 _SINK_LOG = re.compile(r"^_spark_metadata/\d+(\.compact)?$")
 _OPERATOR_METADATA_V2 = re.compile(r"^state/\d+/_metadata/v2/\d+$")
-_PCHAR = "/-._~!$&'()*+,;=:@"
 
 
 @dataclass(frozen=True)
@@ -79,10 +78,10 @@ class Rule:
 def spark_url(loc: Location) -> str:
     """A location as Spark writes paths into its logs: qualified, URL-encoded."""
     if loc.is_local:
-        return "file://" + quote(loc.path, safe=_PCHAR)
+        return "file://" + uri_path(loc.path)
     bucket, _, key = loc.path.partition("/")
     scheme = {"s3": "s3a"}.get(loc.original_scheme or loc.scheme, loc.original_scheme or loc.scheme)
-    return f"{scheme}://{bucket}/{quote(key, safe=_PCHAR)}"
+    return f"{scheme}://{bucket}/{uri_path(key)}"
 
 
 def _absolute(part: str) -> bool:

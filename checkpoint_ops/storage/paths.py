@@ -73,6 +73,32 @@ def spark_url_to_location(url: str) -> Location:
     return Location(canonical, unquote(parts.netloc + parts.path), scheme)
 
 
+# What java.net.URI's multi-argument constructors leave unquoted in a path besides letters and digits
+# (unreserved and punct characters, "/" and "@"); Hadoop's ``Path.toUri`` builds its URI with one.
+_URI_PATH_SAFE = frozenset("/-._~!$&'()*+,;=:@")
+
+
+def uri_path(path: str) -> str:
+    """``path`` quoted as Hadoop's ``Path.toUri().toString()`` quotes it, which is how Spark writes file
+    paths into its source and sink logs: ASCII characters a URI path cannot hold are percent-encoded
+    (UTF-8), ``%`` included; other characters, non-ASCII letters among them, stay as they are, except
+    control and space characters. ``/tmp/in dir/café`` is ``/tmp/in%20dir/café``: encoding the ``é`` as
+    ``%C3%A9`` would name another file to Spark, whose file source compares these strings to decide which
+    files it has read."""
+    import unicodedata
+    from urllib.parse import quote
+
+    out = []
+    for ch in path:
+        if ch.isascii():
+            out.append(ch if ch.isalnum() or ch in _URI_PATH_SAFE else quote(ch, safe=""))
+        elif unicodedata.category(ch) in ("Cc", "Zs", "Zl", "Zp"):  # Java's isISOControl, isSpaceChar
+            out.append(quote(ch, safe=""))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def hadoop_path_to_location(path: str) -> Location:
     """A path as Hadoop's ``Path.toString`` writes it (qualified, not URL-encoded): ``file:/tmp/ck``,
     ``s3a://bucket/ck``. Spark writes these into operator metadata (state schema file paths)."""
