@@ -21,6 +21,7 @@ from checkpoint_ops.lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseHeld, LeaseLo
 from checkpoint_ops.liveness import Holder
 from checkpoint_ops.storage import open_file_manager
 from tests.faulty_s3 import FaultPlan
+from tests.helpers import cli_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -176,4 +177,15 @@ def test_a_live_takeover_claim_in_the_way_is_named_with_lease_break(tmp_path):
     assert "a takeover of it was claimed" in str(err) and "a takeover elsewhere" in str(err), str(err)
     assert f"checkpoint-ops lease break {fm.url(root)} --yes" in err.fix and "wait" not in err.fix, err.fix
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_lease_break_removes_takeover_claims_left_beside_a_free_lease(tmp_path):
+    """A claim whose taker died after the lease was released (or broken) is litter only ``lease break``
+    can see: it removes it, journaled, even though no lease is left to break."""
+    fm, root = open_file_manager(str(tmp_path))
+    claim = TAKEOVER_PREFIX + "deadbeef" * 4
+    fm.write_bytes(os.path.join(root, claim), _record(_lapsed_holder("a killed takeover")))
+    code, r = cli_json("lease", "break", str(tmp_path), "--yes")
+    assert code == 0 and r["plan"]["summary"]["takeover_claims"] == 1, r
+    assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
 
