@@ -17,8 +17,10 @@ import time
 import boto3
 import pytest
 
-from checkpoint_ops.lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseHeld, LeaseLost, acquire, read_lease
+from checkpoint_ops.lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseHeld, LeaseLost, LeaseSet, acquire, read_lease
+from checkpoint_ops.lease_break import LeaseBreakOperation
 from checkpoint_ops.liveness import Holder
+from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.storage import open_file_manager
 from tests.faulty_s3 import FaultPlan
 from tests.helpers import cli_json
@@ -189,3 +191,24 @@ def test_lease_break_removes_takeover_claims_left_beside_a_free_lease(tmp_path):
     assert code == 0 and r["plan"]["summary"]["takeover_claims"] == 1, r
     assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
 
+
+# ---- the operation layer checks the leases before it writes anything ---------------------------------------
+
+
+def test_an_operation_checks_held_leases_before_it_applies(tmp_path):
+    """Leases a caller holds (a Dagster run's) are checked like the operation's own, and before the
+    first write: a held lease not renewed for too long stops the operation with nothing changed."""
+    target, other = tmp_path / "target", tmp_path / "held"
+    target.mkdir(), other.mkdir()
+    fm, root = open_file_manager(str(target))
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(_lapsed_holder("a lease to break")))
+    held_fm, held_root = open_file_manager(str(other))
+    held = LeaseSet([acquire(held_fm, held_root, "a run's lease", ttl_s=1.2, heartbeat=False)])
+    try:
+        time.sleep(1.1)
+        before = sorted(os.listdir(target))
+        with pytest.raises(LeaseLost, match="last renewed"):
+            run(LeaseBreakOperation(str(target)), RunOptions(yes=True, held=held))
+        assert sorted(os.listdir(target)) == before
+    finally:
+        held.release()
