@@ -11,17 +11,34 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   holder's owner, host, pid and since when.
 * **Heartbeat.** The holder rewrites its record every third of the time to live (default 60 s). Before
   each renewal it checks the record is still its own, so a holder that lost the lease learns it.
+* **A holder stops before anyone may take over.** ``check()`` (called between an operation's steps)
+  raises ``LeaseLost`` once ``valid_for_s(ttl)`` (five sixths of the time to live) has passed since the
+  start of the last renewal that succeeded (or of the acquire), by this process's monotonic clock: a
+  renewal that hangs in retries stops the holder before its record can be judged stale. The sixth left
+  is room for two hosts' clocks to disagree and for the step under way when ``check()`` last passed.
+* **A renewal never lands after that point unnoticed.** A renewal is a read (still our token?) then an
+  unconditional write: the file managers offer no conditional replace (S3's ``If-Match`` on a PUT would
+  be one; it is not wired into ``storage/direct_put.py``), nor does a local rename. So a renewal that
+  has not written by that point does not write; one whose write was stored only after it (a PUT stuck
+  in retries) may have replaced the record of a process that took the lease over meanwhile: the holder
+  treats the lease as lost (and stops), and the other process finds a record not its own at its next
+  renewal and stops too (it is resumable). Never two holders going on together.
 * **Takeover.** A lease whose holder is a dead pid on this host, or whose heartbeat lapsed, is stale.
   Taking it over is race-free: the taker first creates ``.checkpoint-ops.lease.takeover-<token>`` (put-
   if-absent, named after the stale record's token, so only one process can claim a given stale lease),
-  checks the lease still holds that token, then replaces it. The claim is removed when the new holder
-  releases. A warning says whose lease was taken over and why.
-* **Release** deletes the lease if it is still ours (and our takeover claim). ``lease break`` removes a
-  lease by hand, journaled (``break_lease``).
+  checks the lease still holds that token, then replaces it. A claim holds its taker's record and is
+  judged like a lease: a claim left by a takeover that was interrupted (killed, the store down) goes
+  stale with its taker, and is then claimed in turn (``takeover-<the claim's token>``, put-if-absent
+  again), up to ``MAX_CLAIM_CHAIN`` deep. A takeover that fails after its claim removes the claim. The
+  claims are removed when the new holder releases. A warning says whose lease was taken over and why; a
+  refusal because of a live claim names the claim file and ``lease break``.
+* **Release** deletes the lease if it is still ours (and our takeover claims). ``lease break`` removes a
+  lease by hand, and every takeover claim beside it, journaled (``break_lease``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -32,10 +49,20 @@ from .errors import RefusedError
 from .liveness import Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
 from .storage import CheckpointFileManager
-from .storage.paths import dirname, join
+from .storage.paths import basename, dirname, join
+from .units import iso_ms
 
 LEASE_NAME = ".checkpoint-ops.lease"
 TAKEOVER_PREFIX = LEASE_NAME + ".takeover-"
+# A holder goes on for this share of its time to live after a renewal starts, no longer (module docstring).
+VALID_SHARE = 5 / 6
+MAX_CLAIM_CHAIN = 3  # stale takeover claims claimed in turn before a takeover gives up
+
+
+def valid_for_s(ttl_s: float) -> float:
+    """How long after a renewal (or the acquire) starts its holder may go on changing things: less than
+    the time to live, after which another process may judge the lease stale and take it over."""
+    return ttl_s * VALID_SHARE
 
 
 def is_lease_file(rel: str) -> bool:
@@ -97,7 +124,11 @@ def _left_here(holder: Holder) -> str | None:
 
 def read_lease(fm: CheckpointFileManager, root: str, now: float | None = None) -> LeaseState:
     """The lease of ``root`` as it is now (one GET, and a HEAD if the record is unreadable)."""
-    path = lease_path(root)
+    return _read_record(fm, lease_path(root), now)
+
+
+def _read_record(fm: CheckpointFileManager, path: str, now: float | None = None) -> LeaseState:
+    """A lease or a takeover claim (both hold a ``Holder``), judged now."""
     url = fm.url(path)
     try:
         data = fm.read_bytes(path)
@@ -151,11 +182,14 @@ class Lease:
     fm: CheckpointFileManager
     root: str
     holder: Holder
-    took_over: str | None = None  # the stale holder's token, if we took its lease over
+    # monotonic time the last renewal that succeeded (or the acquire) started: ``check`` counts from it
+    renewed_at: float = field(default_factory=time.monotonic)
+    claims: list[str] = field(default_factory=list)  # our takeover claim and the stale ones it replaced
     notes: list[str] = field(default_factory=list)  # warnings for the user (a takeover)
     created: list[str] = field(default_factory=list)  # directories the lease made (a new restore target, and
     # its missing parents, deepest first): gone again if left empty
     _heartbeat: Heartbeat | None = None
+    _lost: LeaseLost | None = None  # once lost, lost for good (a later renewal must not revive it)
 
     def __post_init__(self) -> None:
         with _HELD_LOCK:
@@ -169,28 +203,63 @@ class Lease:
     def path(self) -> str:
         return lease_path(self.root)
 
+    def _lapse(self, stored_late: bool = False) -> LeaseLost | None:
+        """``LeaseLost`` if the last renewal that succeeded started too long ago for the lease to be ours
+        for sure (module docstring); ``stored_late``: a renewal was just stored, after that point."""
+        age = time.monotonic() - self.renewed_at
+        limit = valid_for_s(self.holder.ttl_s)
+        if age <= limit:
+            return None
+        what = f"the lease was last renewed {age:.1f} s ago"
+        if stored_late:
+            what = (f"a renewal of the lease was stored {age:.1f} s after the previous one started, so it may have "
+                    "replaced the record of a process that took the lease over meanwhile (that process stops at "
+                    "its next renewal)")
+        return LeaseLost(f"{what}: after {limit:g} s of its {self.holder.ttl_s:g} s time to live another process "
+                         "may take it over, so this process stops", path=self.fm.url(self.path),
+                         fix="check the storage (renewing the lease is slow or failing); the operation stopped "
+                         "where it was: finish it with `checkpoint-ops resume` (or `undo`)")
+
     def _renew(self) -> None:
+        if self._lost is not None:
+            raise self._lost
+        started = time.monotonic()
         state = read_lease(self.fm, self.root)
         if state.holder is None or state.holder.token != self.holder.token:
             raise LeaseLost(f"the lease was taken from this process: it is now {state.describe()}", path=state.url,
                             fix="the operation stopped where it was; finish it with `checkpoint-ops resume` once the "
                             "other holder is done")
-        self.holder = self.holder.renewed()
-        self.fm.write_bytes(self.path, json.dumps(self.holder.to_dict()).encode(), overwrite=True)
+        lapse = self._lapse()
+        if lapse is not None:  # too late to write: the record may be someone else's by the time it lands
+            raise lapse
+        renewed = self.holder.renewed()
+        self.fm.write_bytes(self.path, json.dumps(renewed.to_dict()).encode(), overwrite=True)
+        lapse = self._lapse(stored_late=True)
+        if lapse is not None:
+            raise lapse
+        self.holder, self.renewed_at = renewed, started
 
     def start_heartbeat(self) -> None:
         if self._heartbeat is None:
             self._heartbeat = Heartbeat(self._renew, self.holder.ttl_s / 3).start()
 
     def check(self) -> None:
-        """Raise ``LeaseLost`` if the heartbeat found the lease taken (called between steps)."""
-        if self._heartbeat is not None and self._heartbeat.error is not None:
-            err = self._heartbeat.error
-            if isinstance(err, LeaseLost):
-                raise err
-            raise LeaseLost(f"the lease could not be renewed: {err}", path=self.fm.url(self.path),
-                            fix="check the storage; the operation stopped where it was: finish it with "
-                            "`checkpoint-ops resume`") from err
+        """Raise ``LeaseLost`` if the heartbeat found the lease taken or could not renew it, or if no renewal
+        succeeded for too long (module docstring). Called between steps; once lost, always lost."""
+        if self._lost is None:
+            self._lost = self._heartbeat_error() or self._lapse()
+        if self._lost is not None:
+            raise self._lost
+
+    def _heartbeat_error(self) -> LeaseLost | None:
+        err = self._heartbeat.error if self._heartbeat is not None else None
+        if err is None or isinstance(err, LeaseLost):
+            return err
+        lost = LeaseLost(f"the lease could not be renewed: {err}", path=self.fm.url(self.path),
+                         fix="check the storage; the operation stopped where it was: finish it with "
+                         "`checkpoint-ops resume`")
+        lost.__cause__ = err
+        return lost
 
     def _drop_dead_temps(self) -> None:
         """Temp files of lease writes older than our lease: their writers died mid-write (a writer that
@@ -212,8 +281,8 @@ class Lease:
         state = read_lease(self.fm, self.root)
         if state.holder is not None and state.holder.token == self.holder.token:
             self.fm.delete(self.path)  # with its checksum sidecar, where the file system keeps one
-        if self.took_over:
-            self.fm.delete(join(self.root, TAKEOVER_PREFIX + self.took_over))
+        for name in self.claims:
+            self.fm.delete(join(self.root, name))
         self._drop_dead_temps()
         if self.created and not self.fm.walk(self.root):
             for d in self.created:  # a refused restore leaves no empty target behind
@@ -224,25 +293,28 @@ def acquire(fm: CheckpointFileManager, root: str, owner: str, what: str | None =
             ttl_s: float | None = None, heartbeat: bool = True) -> Lease:
     """Take the lease of ``root`` for ``owner`` (module docstring); ``LeaseHeld`` if another holds it."""
     what = what or fm.url(root)
+    started = time.monotonic()  # no later than our record's heartbeat time: ``check`` counts from here
     me = Holder.me(owner, ttl_s)
     with _HELD_LOCK:  # before the record can exist: a thread of this process must never judge it left behind
         _HELD_HERE.add(me.token)
     try:
-        return _acquire(fm, root, what, me, heartbeat)
+        return _acquire(fm, root, what, me, started, heartbeat)
     except BaseException:
         with _HELD_LOCK:
             _HELD_HERE.discard(me.token)
         raise
 
 
-def _acquire(fm: CheckpointFileManager, root: str, what: str, me: Holder, heartbeat: bool) -> Lease:
+def _acquire(fm: CheckpointFileManager, root: str, what: str, me: Holder, started: float,
+             heartbeat: bool) -> Lease:
     body = json.dumps(me.to_dict()).encode()
     path = lease_path(root)
     created = _missing_dirs(fm, root)
+    in_the_way: LeaseState | None = None  # the last takeover claim that kept us from a stale lease
     for _ in range(3):  # a lease released or taken over while we look: look again
         try:
             fm.write_bytes(path, body, overwrite=False)
-            lease = Lease(fm, root, me, created=created)
+            lease = Lease(fm, root, me, started, created=created)
             break
         except FileExistsError:
             pass
@@ -251,11 +323,17 @@ def _acquire(fm: CheckpointFileManager, root: str, what: str, me: Holder, heartb
             continue  # released between our put and our read
         if state.held:
             raise _refusal(state, what, fm.url(root))
-        lease = _take_over(fm, root, state, me, body)
-        if lease is not None:
+        taken = _take_over(fm, root, state, me, body, started)
+        if isinstance(taken, Lease):
+            lease = taken
             break
+        if taken is not None:
+            in_the_way = taken
     else:
-        raise _refusal(read_lease(fm, root), what, fm.url(root))
+        state = read_lease(fm, root)
+        if in_the_way is not None and state.present and not state.held:
+            raise _claim_refusal(state, in_the_way, what, fm.url(root))
+        raise _refusal(state, what, fm.url(root))
     if heartbeat:
         lease.start_heartbeat()
     return lease
@@ -273,23 +351,70 @@ def _missing_dirs(fm: CheckpointFileManager, root: str) -> list[str]:
     return out
 
 
-def _take_over(fm: CheckpointFileManager, root: str, stale: LeaseState, me: Holder, body: bytes) -> Lease | None:
-    """Replace a stale lease, unless another process claims it first (then None: look again)."""
-    token = stale.holder.token if stale.holder else "unreadable"
-    claim = join(root, TAKEOVER_PREFIX + token)
+def _token(state: LeaseState) -> str:
+    """The token a takeover claim on this record is named after."""
+    return state.holder.token if state.holder else "unreadable"
+
+
+def _take_over(fm: CheckpointFileManager, root: str, stale: LeaseState, me: Holder, body: bytes,
+               started: float) -> Lease | LeaseState | None:
+    """Replace a stale lease (module docstring). None: it changed meanwhile (look again); a ``LeaseState``:
+    the takeover claim in the way (a live taker's, one that cannot be judged, or too many stale ones)."""
+    token = _token(stale)
+    passed: list[str] = []  # stale claims in the way, each claimed in turn: removed with ours at release
+    for _ in range(MAX_CLAIM_CHAIN + 1):
+        claim = join(root, TAKEOVER_PREFIX + token)
+        try:
+            fm.write_bytes(claim, body, overwrite=False)
+            break
+        except FileExistsError:
+            pass
+        other = _read_record(fm, claim)
+        if not other.present:
+            return None  # its taker finished or gave up meanwhile: look again
+        if other.held or other.holder is None:
+            return other  # a live taker (it gets the lease, or gives up and removes its claim), or unjudgeable
+        passed.append(basename(claim))
+        token = other.holder.token
+    else:
+        return other
     try:
-        fm.write_bytes(claim, json.dumps(me.to_dict()).encode(), overwrite=False)
-    except FileExistsError:
-        return None  # someone else is taking this one over: see who holds it now
-    now = read_lease(fm, root)
-    same = now.present and now.stale_reason is not None and (
-        (now.holder.token if now.holder else "unreadable") == token)
-    if not same:
-        fm.delete(claim)
-        return None
-    fm.write_bytes(lease_path(root), body, overwrite=True)
+        now = read_lease(fm, root)
+        if not (now.present and now.stale_reason is not None and _token(now) == _token(stale)):
+            fm.delete(claim)
+            return None
+        took = time.monotonic() - started
+        if took > valid_for_s(me.ttl_s):  # our record would be stale, or nearly, when it lands
+            raise LeaseHeld(f"taking over the stale lease of {fm.url(root)} took {took:.1f} s, too long for its "
+                            f"{me.ttl_s:g} s time to live: nothing was changed", path=fm.url(lease_path(root)),
+                            fix="check the storage (it is slow), then run the command again")
+        fm.write_bytes(lease_path(root), body, overwrite=True)
+    except BaseException:
+        # A claim whose takeover failed is removed; left behind (the store did not answer), it goes stale
+        # with this process and the next taker claims it in turn.
+        with contextlib.suppress(Exception):
+            fm.delete(claim)
+        raise
     note = f"took over the lease of {fm.url(root)} from {stale.describe()}"
-    return Lease(fm, root, me, took_over=token, notes=[note])
+    if passed:
+        note += f" (past {len(passed)} takeover claim(s) left by interrupted takeovers)"
+    return Lease(fm, root, me, started, claims=[basename(claim), *passed], notes=[note])
+
+
+def _claim_refusal(stale: LeaseState, claim: LeaseState, what: str, root_url: str) -> LeaseHeld:
+    """The lease is stale, but a takeover claim is in the way: say which, and how to clear it."""
+    by = claim.holder.describe() if claim.holder else f"an unreadable claim ({claim.unreadable})"
+    if claim.holder is not None and claim.held:
+        age = max(0, int(time.time() - claim.holder.heartbeat_ms / 1000))
+        until = iso_ms(int(claim.holder.heartbeat_ms + claim.holder.ttl_s * 1000))
+        why = (f"a takeover of it was claimed {age} s ago by {by}, which has not finished; that claim is replaced "
+               f"once it goes stale (its process gone, or at {until})")
+    else:
+        why = f"the takeover claim in the way cannot be replaced ({claim.describe()})"
+    return LeaseHeld(
+        f"{what} is in use: its lease is {stale.describe()}; {why}", path=claim.url,
+        fix=f"if no other checkpoint-ops command is taking this lease over right now, remove the lease and its "
+            f"takeover claims: `checkpoint-ops lease break {root_url} --yes`")
 
 
 @dataclass

@@ -1,7 +1,10 @@
 """``checkpoint-ops lease break``: remove a lease by hand, journaled beside the root it guarded.
 
-For a holder that is hung (its heartbeat still fresh) or a lease record nobody can judge. A stale lease
-(dead pid on this host, lapsed heartbeat) needs no breaking: the next operation takes it over. The lease
+For a holder that is hung (its heartbeat still fresh), a lease record nobody can judge, or takeover claims
+(``.checkpoint-ops.lease.takeover-*``) in the way of a stale lease: every claim beside the lease goes too,
+and claims alone (the lease already free) are removed as well, with the checksum sidecars (``..<name>.crc``)
+of all of them. A stale lease (dead pid on this host,
+lapsed heartbeat) needs no breaking: the next operation takes it over. The lease
 file is moved aside like any deleted file; the journal is history only (``undoable: false``): undo never
 puts a lease back.
 """
@@ -11,7 +14,7 @@ from __future__ import annotations
 import time
 
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
-from .lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseState, read_lease
+from .lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseState, is_lease_file, read_lease
 from .operation import ApplyContext, Operation, Site
 from .plan import Plan
 from .storage import open_file_manager
@@ -36,14 +39,21 @@ class LeaseBreakOperation(Operation):
 
     def plan(self, stage: bool) -> Plan:
         plan = Plan(self.name, {ROOT: self.fm.url(self.root)}, None)
-        if not self.state.present:
+        names = sorted(f.name for f in self.fm.list(self.root) if not f.is_dir and is_lease_file(f.name))
+        claims = [n for n in names if n.startswith(TAKEOVER_PREFIX)]
+        if not self.state.present and not claims:
             plan.summary["lease"] = "free: nothing to break"
             return plan
-        plan.delete(ROOT, LEASE_NAME, f"the lease, {self.state.describe()}", "litter")
-        claims = [f.name for f in self.fm.list(self.root) if f.name.startswith(TAKEOVER_PREFIX)]
-        for name in claims:
-            plan.delete(ROOT, name, "a takeover claim on that lease", "litter")
+        for name in names:
+            if name == LEASE_NAME:
+                plan.delete(ROOT, name, f"the lease, {self.state.describe()}", "litter")
+            elif name in claims:  # left by an interrupted takeover, it would keep others from a stale lease
+                plan.delete(ROOT, name, "a takeover claim on a lease", "litter")
+            else:
+                plan.delete(ROOT, name, "a checksum sidecar or temp file of a lease write", "litter")
         plan.summary["lease"] = self.state.describe()
+        if claims:
+            plan.summary["takeover_claims"] = len(claims)
         holder = self.state.holder
         if holder is not None and self.state.stale_reason is None:
             age = max(0, int(time.time() - holder.heartbeat_ms / 1000))

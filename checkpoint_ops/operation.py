@@ -61,10 +61,13 @@ class ApplyContext:
     storage_options: dict | None
     progress: bool
     leases: LeaseSet
+    held: LeaseSet | None = None  # leases the caller held already (a Dagster run's): checked too
 
     def guard(self) -> None:
-        """Between steps: stop if a lease was lost (our heartbeat lapsed and someone took over)."""
+        """Between steps: stop if a lease was lost, or not renewed for too long (``Lease.check``)."""
         self.leases.check()
+        if self.held is not None:
+            self.held.check()
 
     @property
     def holder(self) -> str | None:
@@ -254,8 +257,10 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResul
         if options.show_plan is not None:
             options.show_plan(plan)
         confirm(op, plan, options, where)
+        ctx = ApplyContext(options.storage_options, options.progress, leases, options.held)
+        ctx.guard()  # planning (or a prompt) may have outlasted the leases: nothing is written without them
     except BaseException:
         op.discard(plan)
         raise
-    outcome = op.apply(plan, ApplyContext(options.storage_options, options.progress, leases))
+    outcome = op.apply(plan, ctx)
     return OperationResult(op.name, plan, False, outcome, notes)

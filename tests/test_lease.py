@@ -1,0 +1,214 @@
+"""The lease itself (``checkpoint_ops/lease.py``), without Spark: a holder whose renewal is slow stops
+before anyone may take its lease over, and never goes on beside the process that did; a takeover
+interrupted after its claim does not block every later command.
+
+S3 cases run against the moto server, through the fault proxy (``tests/faulty_s3.py``) where a request
+must be slow or fail; the kill is the crash switch (``CHECKPOINT_OPS_KILL_AT``) in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import boto3
+import pytest
+
+from checkpoint_ops.lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseHeld, LeaseLost, LeaseSet, acquire, read_lease
+from checkpoint_ops.lease_break import LeaseBreakOperation
+from checkpoint_ops.liveness import Holder
+from checkpoint_ops.operation import RunOptions, run
+from checkpoint_ops.storage import open_file_manager
+from tests.faulty_s3 import FaultPlan
+from tests.helpers import cli_json
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ELSEWHERE = "another-host.example"
+
+
+def _lapsed_holder(owner: str = "a run on another host") -> Holder:
+    """A record of a holder on another host whose heartbeat lapsed an hour ago."""
+    an_hour_ago = int((time.time() - 3600) * 1000)
+    return Holder(owner, ELSEWHERE, 4242, None, "deadbeef" * 4, an_hour_ago, an_hour_ago, 60.0)
+
+
+def _record(holder: Holder) -> bytes:
+    return json.dumps(holder.to_dict()).encode()
+
+
+def _passes(lease) -> bool:
+    try:
+        lease.check()
+        return True
+    except LeaseLost:
+        return False
+
+
+def _s3_keys(s3_server: str, bucket: str, prefix: str = "root/") -> list[str]:
+    resp = boto3.client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+def _owner_of_record(s3_server: str, bucket: str) -> str:
+    body = boto3.client("s3", endpoint_url=s3_server).get_object(Bucket=bucket, Key=f"root/{LEASE_NAME}")["Body"]
+    return json.loads(body.read())["owner"]
+
+
+# ---- a slow renewal: never two holders going on together --------------------------------------------------
+
+
+def test_a_holder_whose_renewal_is_stuck_stops_before_its_lease_can_be_taken_over(faulty_s3, s3_server, bucket):
+    """A's renewal PUT lands 4 s late (ttl 3 s). B takes the lapsed lease over, legitimately. From then on
+    A's ``check()`` fails (it stopped before B could take over), and once A's late renewal lands over B's
+    record, A knows it may have replaced someone's record and B stops at its next renewal: at no moment do
+    both go on."""
+    fm_a, root = open_file_manager(f"s3://{bucket}/root", {"endpoint_url": faulty_s3.endpoint})
+    fm_b, _ = open_file_manager(f"s3://{bucket}/root", {"endpoint_url": s3_server})
+    a = acquire(fm_a, root, "A", ttl_s=3)  # a put-if-absent: not slowed
+    b = None
+    try:
+        acquired = time.monotonic()
+        faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("slow",), requests=frozenset({"PUT"}), delay_s=4))
+        time.sleep(3.3 - (time.monotonic() - acquired))  # A's record is older than its time to live
+        assert read_lease(fm_b, root).stale_reason is not None
+        b = acquire(fm_b, root, "B", ttl_s=3)
+        assert b.notes and "took over the lease" in b.notes[0]
+        with pytest.raises(LeaseLost, match="last renewed"):
+            a.check()  # A stopped before B could take over (2.5 s after its acquire)
+        deadline = time.monotonic() + 8
+        while _passes(b) and time.monotonic() < deadline:  # until A's late renewal is noticed by B
+            assert not _passes(a), "A and B both believe they hold the lease"
+            time.sleep(0.1)
+        a._heartbeat.stop()  # its renewal landed (or never will be written)
+        assert isinstance(a._heartbeat.error, LeaseLost) and "may have replaced the record" in str(
+            a._heartbeat.error), a._heartbeat.error
+        assert _owner_of_record(s3_server, bucket) == "A"  # the late PUT replaced B's record...
+        with pytest.raises(LeaseLost, match="taken from this process"):
+            b.check()  # ... and B stopped too
+        with pytest.raises(LeaseLost):
+            a.check()  # lost for good, though its record is there again
+    finally:
+        faulty_s3.calm()
+        a.release()
+        if b is not None:
+            b.release()
+    assert _s3_keys(s3_server, bucket) == []  # A removed its record, B its takeover claim
+
+
+def test_a_lease_not_renewed_for_most_of_its_time_to_live_is_lost(tmp_path):
+    """No renewal succeeded for five sixths of the time to live (here: none started): ``check()`` fails,
+    and keeps failing."""
+    fm, root = open_file_manager(str(tmp_path))
+    lease = acquire(fm, root, "a holder without a heartbeat", ttl_s=1.2, heartbeat=False)
+    try:
+        lease.check()
+        time.sleep(1.1)
+        with pytest.raises(LeaseLost, match=r"after 1 s of its 1.2 s time to live"):
+            lease.check()
+        with pytest.raises(LeaseLost):
+            lease.check()
+    finally:
+        lease.release()
+    assert not os.listdir(tmp_path)
+
+
+# ---- an interrupted takeover ---------------------------------------------------------------------------------
+
+
+def test_a_takeover_interrupted_by_an_outage_after_its_claim_does_not_block_later_ones(faulty_s3, s3_server,
+                                                                                      bucket):
+    """The store goes down right after the takeover claim is stored. The failed takeover tries to remove
+    its claim (the store is still down); the claim it leaves names this process, which no longer holds it,
+    so the next acquire here claims it in turn, takes the lease over, and its release leaves nothing."""
+    boto3.client("s3", endpoint_url=s3_server).put_object(Bucket=bucket, Key=f"root/{LEASE_NAME}",
+                                                          Body=_record(_lapsed_holder()))
+    fm, root = open_file_manager(f"s3://{bucket}/root", {"endpoint_url": faulty_s3.endpoint,
+                                                         "retry": {"max_attempts": 2}})
+    faulty_s3.outage(3, after_requests=2, of_kind="PUT-IF-NONE-MATCH")  # the lease put (412), then the claim
+    with pytest.raises(Exception, match="kept failing"):
+        acquire(fm, root, "first", heartbeat=False)
+    faulty_s3.wait_outage_over()
+    claim = f"root/{TAKEOVER_PREFIX}{'deadbeef' * 4}"
+    assert claim in _s3_keys(s3_server, bucket)  # left behind: the store was down
+
+    lease = acquire(fm, root, "second", heartbeat=False)
+    assert "past 1 takeover claim(s)" in lease.notes[0], lease.notes
+    assert read_lease(fm, root).holder.token == lease.holder.token
+    lease.release()
+    assert _s3_keys(s3_server, bucket) == []
+
+
+def test_a_takeover_killed_after_its_claim_does_not_block_later_ones(tmp_path):
+    """Killed (SIGKILL, the crash switch) between storing its claim and replacing the lease: the claim
+    names a dead process on this host, so the next command claims it in turn and takes the lease over."""
+    fm, root = open_file_manager(str(tmp_path))
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(_lapsed_holder()))
+    code = ("import sys; from checkpoint_ops.lease import acquire; from checkpoint_ops.storage import "
+            "open_file_manager; fm, root = open_file_manager(sys.argv[1]); acquire(fm, root, 'killed')")
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="2")  # 1: the claim; 2: the lease, replaced
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True)
+    assert proc.returncode == -9, proc.stderr
+    claim = TAKEOVER_PREFIX + "deadbeef" * 4
+    assert os.path.exists(tmp_path / claim)
+    assert read_lease(fm, root).holder.owner == "a run on another host"  # not replaced yet
+
+    lease = acquire(fm, root, "next", heartbeat=False)
+    assert "took over the lease" in lease.notes[0] and "past 1 takeover claim(s)" in lease.notes[0]
+    lease.release()
+    assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
+
+
+def test_a_live_takeover_claim_in_the_way_is_named_with_lease_break(tmp_path):
+    """A claim by a taker on another host that is still within its time to live: the refusal names the
+    claim file and says how to remove it (``lease break``), not "wait for it to finish"; nothing changes."""
+    fm, root = open_file_manager(str(tmp_path))
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(_lapsed_holder()))
+    taker = Holder("a takeover elsewhere", ELSEWHERE, 4343, None, "cafe" * 8, int(time.time() * 1000),
+                   int(time.time() * 1000), 60.0)
+    claim = TAKEOVER_PREFIX + "deadbeef" * 4
+    fm.write_bytes(os.path.join(root, claim), _record(taker))
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(LeaseHeld) as refused:
+        acquire(fm, root, "next")
+    err = refused.value
+    assert err.path == fm.url(os.path.join(root, claim)), err.path
+    assert "a takeover of it was claimed" in str(err) and "a takeover elsewhere" in str(err), str(err)
+    assert f"checkpoint-ops lease break {fm.url(root)} --yes" in err.fix and "wait" not in err.fix, err.fix
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_lease_break_removes_takeover_claims_left_beside_a_free_lease(tmp_path):
+    """A claim whose taker died after the lease was released (or broken) is litter only ``lease break``
+    can see: it removes it, journaled, even though no lease is left to break."""
+    fm, root = open_file_manager(str(tmp_path))
+    claim = TAKEOVER_PREFIX + "deadbeef" * 4
+    fm.write_bytes(os.path.join(root, claim), _record(_lapsed_holder("a killed takeover")))
+    code, r = cli_json("lease", "break", str(tmp_path), "--yes")
+    assert code == 0 and r["plan"]["summary"]["takeover_claims"] == 1, r
+    assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
+
+
+# ---- the operation layer checks the leases before it writes anything ---------------------------------------
+
+
+def test_an_operation_checks_held_leases_before_it_applies(tmp_path):
+    """Leases a caller holds (a Dagster run's) are checked like the operation's own, and before the
+    first write: a held lease not renewed for too long stops the operation with nothing changed."""
+    target, other = tmp_path / "target", tmp_path / "held"
+    target.mkdir(), other.mkdir()
+    fm, root = open_file_manager(str(target))
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(_lapsed_holder("a lease to break")))
+    held_fm, held_root = open_file_manager(str(other))
+    held = LeaseSet([acquire(held_fm, held_root, "a run's lease", ttl_s=1.2, heartbeat=False)])
+    try:
+        time.sleep(1.1)
+        before = sorted(os.listdir(target))
+        with pytest.raises(LeaseLost, match="last renewed"):
+            run(LeaseBreakOperation(str(target)), RunOptions(yes=True, held=held))
+        assert sorted(os.listdir(target)) == before
+    finally:
+        held.release()
