@@ -555,6 +555,13 @@ class LocalFileManager(CheckpointFileManager):
         return out
 
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
+        """Every file below ``path``. ``path`` itself may be a symbolic link (it is followed); a symbolic
+        link to a directory found below it is not entered but listed as itself (``is_dir``, with
+        ``link_target``), so that callers can refuse it by name: followed, its files would be reached
+        through another path, perhaps on another device, than the one every later step (moves into the
+        trash, fences, backups) assumes. A link to a file is listed as a file (read through the link,
+        moved or deleted as the link itself); a dangling link or a loop is a file whose ``error`` says
+        why it cannot be read."""
         out: list[FileInfo] = []
         stack = [path]
         while stack:
@@ -575,6 +582,8 @@ class LocalFileManager(CheckpointFileManager):
                     empty = False
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
+                    elif e.is_symlink() and _is_dir(e):
+                        out.append(_dir_link(e.path))
                     else:
                         out.append(_LazyStatInfo(e.path))
             if empty and empty_dirs and d != path:
@@ -651,6 +660,24 @@ class LocalFileManager(CheckpointFileManager):
             return os.stat(p).st_dev
 
         return dev(a) == dev(b)
+
+
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether ``entry``, followed if a link, is a directory (a dangling link or a loop is not)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _dir_link(path: str) -> FileInfo:
+    """The walk's entry for a symbolic link to a directory: the link itself, with its target."""
+    info = FileInfo(path, 0, None, is_dir=True)
+    try:
+        info.link_target = os.readlink(path)
+    except OSError as e:  # replaced since the listing: name it all the same
+        info.link_target = f"<{e.strerror or e}>"
+    return info
 
 
 MOVE_THREADS = 4  # source directories moved at once by LocalFileManager.move_many
