@@ -14,6 +14,7 @@ import pytest
 from benchmarks import synthetic
 from checkpoint_ops.storage import open_file_manager
 from tests.helpers import cli, tree_snapshot
+from tests.synthetic_sink import write_sink
 
 
 def test_walk_lists_a_linked_directory_as_itself_and_follows_the_root(tmp_path):
@@ -114,17 +115,9 @@ def test_a_sink_output_with_a_linked_directory_is_refused(tmp_path):
     listing would not see (a rollback would leave them, and the restarted query write them again)."""
     ck, out, disk = str(tmp_path / "ck"), str(tmp_path / "out"), str(tmp_path / "disk")
     synthetic.write_local(ck, batches=6, partitions=2, retain_state=20)
-    os.makedirs(f"{out}/_spark_metadata")
-    os.makedirs(f"{disk}/day=2")
-    for batch in range(6):
-        folder = out if batch < 5 else f"{disk}/day=2"
-        name = f"part-{batch:05d}.json"
-        with open(f"{folder}/{name}", "w") as f:
-            f.write(f'{{"batch":{batch}}}\n')
-        where = f"{out}/{name}" if batch < 5 else f"{out}/day=2/{name}"
-        with open(f"{out}/_spark_metadata/{batch}", "w") as f:
-            f.write('v1\n{"path":"file://%s","size":12,"isDir":false,"modificationTime":%d,'  # while batch ran
-                    '"blockReplication":1,"blockSize":33554432,"action":"add"}' % (where, 1790000000500 + batch * 1000))
+    written = write_sink(out, 6, folders={5: "day=2"})
+    os.makedirs(disk)
+    os.rename(os.path.dirname(written[5]), f"{disk}/day=2")
     os.symlink(f"{disk}/day=2", f"{out}/day=2")
     before = tree_snapshot(ck, out, disk)
     code, _, err = cli("rollback", ck, "--to-batch", "3", "--sink", out, "--yes")
