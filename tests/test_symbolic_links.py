@@ -7,6 +7,7 @@ nothing. A symbolic link to a file is read through, and moved or deleted as the 
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -27,16 +28,21 @@ def test_walk_lists_a_linked_directory_as_itself_and_follows_the_root(tmp_path):
     os.symlink(tmp_path / "elsewhere", real / "linked-dir")
     os.symlink(tmp_path / "file-elsewhere", real / "sub" / "linked-file")
     os.symlink(tmp_path / "nowhere", real / "dangling")
+    os.symlink(real / "loop", real / "loop")
     os.symlink(real, tmp_path / "root-link")
 
     fm, root = open_file_manager(str(tmp_path / "root-link"))
     found = {os.path.relpath(f.path, root): f for f in fm.walk(root, empty_dirs=True)}
-    assert sorted(found) == ["dangling", "linked-dir", "sub/a", "sub/linked-file"]  # the link is not entered
+    assert sorted(found) == ["dangling", "linked-dir", "loop", "sub/a", "sub/linked-file"]  # the link is not entered
     link = found["linked-dir"]
     assert link.is_dir and link.link_target == str(tmp_path / "elsewhere")
     assert not found["sub/linked-file"].is_dir and found["sub/linked-file"].size == len(b"content")
     assert found["dangling"].link_target is None and not found["dangling"].is_dir  # damage: a file that is not there
+    assert found["loop"].link_target is None and found["loop"].error.errno == errno.ELOOP  # damage too
     assert found["sub/a"].link_target is None
+    listed = {f.name: f for f in fm.list(root)}  # one directory: the same entries
+    assert sorted(listed) == ["dangling", "linked-dir", "loop", "sub"]
+    assert listed["linked-dir"].link_target == str(tmp_path / "elsewhere") and not listed["loop"].is_dir
 
 
 def _checkpoint_with_linked_state(tmp_path) -> tuple[str, str]:

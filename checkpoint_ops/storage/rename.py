@@ -551,8 +551,11 @@ class LocalFileManager(CheckpointFileManager):
             return []
         out = []
         for e in entries:
+            if e.is_symlink() and _is_dir(e):  # as ``walk`` lists it
+                out.append(_dir_link(e.path))
+                continue
             st = e.stat(follow_symlinks=False)
-            out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir()))
+            out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir(follow_symlinks=False)))
         return out
 
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
