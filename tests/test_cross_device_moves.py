@@ -30,7 +30,8 @@ def _mount_tmpfs(where: str) -> bool:
     if os.geteuid() != 0 or shutil.which("mount") is None:
         return False
     os.makedirs(where, exist_ok=True)
-    return subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", where], capture_output=True).returncode == 0
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", where], capture_output=True)
+    return mounted.returncode == 0
 
 
 @contextlib.contextmanager

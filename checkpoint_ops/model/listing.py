@@ -144,6 +144,7 @@ def require_no_dir_links(listing: Listing, what: str) -> None:
         f"a symbolic link to {target}{more}; checkpoint-ops does not operate through symbolic links "
         f"to directories inside a {what}, so it would not see the files there (nothing was changed)",
         path=listing.url(rel),
-        fix=f"while the query is stopped, put the directory itself in place of the link (move {target} back to {listing.url(rel)}), or link "
-        f"the whole {what} instead (its root may be a symbolic link) and point the query and this command at it",
+        fix=f"while the query is stopped, put the directory itself in place of the link (move {target} back to "
+        f"{listing.url(rel)}), or link the whole {what} instead (its root may be a symbolic link) and point the "
+        "query and this command at it",
     )

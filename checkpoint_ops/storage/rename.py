@@ -780,14 +780,16 @@ def _copy_across(src_dir: int, name: str, dst_dir: int, dst_name: str) -> bool:
     except FileNotFoundError:
         pass
     try:
-        src_stat = os.stat(name, dir_fd=src_dir, follow_symlinks=False)
-        if stat.S_ISLNK(src_stat.st_mode):
-            os.symlink(os.readlink(name, dir_fd=src_dir), tmp, dir_fd=dst_dir)
+        if stat.S_ISLNK(os.stat(name, dir_fd=src_dir, follow_symlinks=False).st_mode):
+            link_target, src = os.readlink(name, dir_fd=src_dir), -1
         else:
-            _copy_file_durably(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir),
-                               dst_dir, tmp)
+            link_target, src = None, os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
     except FileNotFoundError:
         return False
+    if link_target is not None:
+        os.symlink(link_target, tmp, dir_fd=dst_dir)
+    else:
+        _copy_file_durably(src, dst_dir, tmp)
     os.rename(tmp, dst_name, src_dir_fd=dst_dir, dst_dir_fd=dst_dir)
     os.fsync(dst_dir)
     return True
