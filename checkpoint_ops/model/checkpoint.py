@@ -14,7 +14,7 @@ from ..storage import CheckpointFileManager, open_file_manager
 from .commits import CommitMetadata, parse_commit
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
-from .listing import Listing
+from .listing import Listing, require_no_dir_links
 from .logfile import LogFile, LogFormatError, log_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
 from .operators import OperatorFiles
@@ -65,6 +65,7 @@ class Checkpoint:
             raise BadInputError(f"cannot be read ({root_error.strerror or root_error})", path=url,
                                 fix="make the checkpoint directory readable by this user (or fix the storage "
                                 "permissions)")
+        require_no_dir_links(self.listing, "checkpoint")
         if len(self.listing) == 0:
             info = self.fm.info(self.root) if self.fm.strategy != "direct-put" else None
             if info is not None and not info.is_dir:
@@ -277,6 +278,7 @@ def open_sink(url: str, storage_options: dict | None = None, compact_interval: i
 
 def require_sink(sink: SinkOutput, url: str) -> SinkOutput:
     """``sink`` if it is a file sink's output with a log, else BadInputError naming ``url``."""
+    require_no_dir_links(sink.listing, "sink output")
     if not sink.exists():
         raise BadInputError(
             "no such sink output directory (nothing found at this location)",

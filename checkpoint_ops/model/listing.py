@@ -2,12 +2,18 @@
 
 Everything the model knows about which files exist comes from a single ``walk`` (one paginated
 LIST on object stores), so inspecting or planning never lists the same prefix twice.
+
+A symbolic link to a directory inside the tree is not entered by the walk: the listing keeps it in
+``dir_links``, neither a file nor a directory of the model, and every command refuses such a tree by
+name (``require_no_dir_links``) rather than act on part of what Spark reads. The listed root itself
+may be a link.
 """
 
 from __future__ import annotations
 
 from typing import Iterator
 
+from ..errors import BadInputError
 from ..storage import CheckpointFileManager, FileInfo
 
 
@@ -27,6 +33,7 @@ class Listing:
         self.empty_dirs: dict[str, FileInfo] = {}  # rel -> entry, where the walk reports them
         self.own: dict[str, FileInfo] = {}  # our lease files in the root (lease.py), kept out of the model
         self.unreadable_dirs: dict[str, OSError] = {}  # rel ("" for the root) -> why the walk could not list it
+        self.dir_links: dict[str, str] = {}  # rel -> target: symbolic links to directories, not entered
         cut = len(self.root) + 1
         prefix = self.root + "/"
         files_ = self.files
@@ -42,6 +49,9 @@ class Listing:
                 self.own[rel] = f  # our lease (and its checksum sidecar): not part of what Spark reads
                 continue
             if f.is_dir:
+                if f.link_target is not None:
+                    self.dir_links[rel] = f.link_target
+                    continue
                 self.empty_dirs[rel] = f
                 continue
             files_[rel] = f
@@ -118,3 +128,23 @@ class Listing:
 
     def __len__(self) -> int:
         return len(self.files)
+
+
+def require_no_dir_links(listing: Listing, what: str) -> None:
+    """Refuse (BadInputError naming the first link and its target) a tree holding a symbolic link to a
+    directory: ``what`` is the tree ("checkpoint", "sink output"). Spark follows such a link; this tool
+    does not (``walk``), so it would judge, move, fence and back up the tree without the files there."""
+    if not listing.dir_links:
+        return
+    rel, target = min(listing.dir_links.items())
+    others = len(listing.dir_links) - 1
+    more = f" (and {others} more: {', '.join(sorted(listing.dir_links)[1:4])}{', ...' if others > 3 else ''})" \
+        if others else ""
+    raise BadInputError(
+        f"a symbolic link to {target}{more}; checkpoint-ops does not operate through symbolic links "
+        f"to directories inside a {what}, so it would not see the files there (nothing was changed)",
+        path=listing.url(rel),
+        fix=f"while the query is stopped, put the directory itself in place of the link (move {target} back to "
+        f"{listing.url(rel)}), or link the whole {what} instead (its root may be a symbolic link) and point the "
+        "query and this command at it",
+    )

@@ -33,9 +33,13 @@ class FileInfo:
     ``error`` holds the OSError met while looking at it (a symlink loop, no permission): the
     listing still shows the name, as Spark's listing would, and whoever needs the file says why
     it cannot be used.
+
+    ``link_target`` is set on a symbolic link to a directory found inside a walked tree: ``walk``
+    lists the link itself (``is_dir``, with its target) and does not enter it, so that nobody
+    mistakes it for a file or for an empty directory (see ``model/listing.py``).
     """
 
-    __slots__ = ("path", "_size", "_mtime", "is_dir", "_error")
+    __slots__ = ("path", "_size", "_mtime", "is_dir", "_error", "link_target")
 
     def __init__(self, path: str, size: int | None = None, mtime: float | None = None, is_dir: bool = False):
         self.path = path
@@ -43,6 +47,7 @@ class FileInfo:
         self._mtime = mtime
         self.is_dir = is_dir
         self._error = None
+        self.link_target: str | None = None
 
     @property
     def error(self) -> OSError | None:

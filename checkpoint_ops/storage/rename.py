@@ -12,6 +12,7 @@ import fcntl
 import hashlib
 import os
 import re
+import stat
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterable
@@ -550,11 +551,21 @@ class LocalFileManager(CheckpointFileManager):
             return []
         out = []
         for e in entries:
+            if e.is_symlink() and _is_dir(e):  # as ``walk`` lists it
+                out.append(_dir_link(e.path))
+                continue
             st = e.stat(follow_symlinks=False)
-            out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir()))
+            out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir(follow_symlinks=False)))
         return out
 
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
+        """Every file below ``path``. ``path`` itself may be a symbolic link (it is followed); a symbolic
+        link to a directory found below it is not entered but listed as itself (``is_dir``, with
+        ``link_target``), so that callers can refuse it by name: followed, its files would be reached
+        through another path, perhaps on another device, than the one every later step (moves into the
+        trash, fences, backups) assumes. A link to a file is listed as a file (read through the link,
+        moved or deleted as the link itself); a dangling link or a loop is a file whose ``error`` says
+        why it cannot be read."""
         out: list[FileInfo] = []
         stack = [path]
         while stack:
@@ -575,6 +586,8 @@ class LocalFileManager(CheckpointFileManager):
                     empty = False
                     if e.is_dir(follow_symlinks=False):
                         stack.append(e.path)
+                    elif e.is_symlink() and _is_dir(e):
+                        out.append(_dir_link(e.path))
                     else:
                         out.append(_LazyStatInfo(e.path))
             if empty and empty_dirs and d != path:
@@ -614,8 +627,10 @@ class LocalFileManager(CheckpointFileManager):
         one source directory go one after another, in the order given; different source directories go
         on up to ``MOVE_THREADS`` threads. Killed between the two steps, a file is left under both names
         (one file, two links): the next call for it finds its destination already linked to it, and only
-        unlinks the source. Where hard links are not available the file is renamed; across devices it
-        is copied, then deleted."""
+        unlinks the source. Where hard links are not available the file is renamed. Across devices (a
+        ``--keep-files`` directory, or a trash, on another file system) it is copied (``_copy_across``:
+        to a temp name, flushed to disk, then renamed into place), and only then is the source unlinked;
+        killed in between, the next call copies it again over the destination, then unlinks it."""
         groups: dict[str, list[tuple[str, str]]] = {}
         for src, dst in pairs:
             groups.setdefault(src.rpartition("/")[0], []).append((src, dst))
@@ -653,6 +668,24 @@ class LocalFileManager(CheckpointFileManager):
         return dev(a) == dev(b)
 
 
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether ``entry``, followed if a link, is a directory (a dangling link or a loop is not)."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def _dir_link(path: str) -> FileInfo:
+    """The walk's entry for a symbolic link to a directory: the link itself, with its target."""
+    info = FileInfo(path, 0, None, is_dir=True)
+    try:
+        info.link_target = os.readlink(path)
+    except OSError as e:  # replaced since the listing: name it all the same
+        info.link_target = f"<{e.strerror or e}>"
+    return info
+
+
 MOVE_THREADS = 4  # source directories moved at once by LocalFileManager.move_many
 
 
@@ -684,17 +717,18 @@ def _move_group(pairs: list[tuple[str, str]]) -> list[str]:
                 missing.append(src)
                 continue
             except FileExistsError:
-                if not _same_file(src, dst):  # not our own earlier link: replaced, as a rename replaces it
-                    try:
-                        os.replace(src, dst)
-                    except FileNotFoundError:
-                        missing.append(src)
+                # not our own earlier link: replaced, as a rename replaces it (across devices: copied over it,
+                # e.g. the copy a move killed before its unlink left)
+                done = "linked" if _same_file(src, dst) else _replace(src_fd, name, dst_fd, dst_name)
+                if done == "gone":
+                    missing.append(src)
+                if done in ("gone", "renamed"):  # nothing left to unlink
                     continue
             except OSError as e:
                 if e.errno == errno.EXDEV:  # another device (e.g. a --keep-files directory elsewhere)
-                    import shutil
-
-                    shutil.copy2(src, dst)
+                    if not _copy_across(src_fd, name, dst_fd, dst_name):
+                        missing.append(src)
+                        continue
                 elif e.errno in (errno.EPERM, errno.ENOTSUP, errno.EMLINK, errno.EACCES):  # no hard links here
                     os.replace(src, dst)
                     continue
@@ -711,6 +745,72 @@ def _move_group(pairs: list[tuple[str, str]]) -> list[str]:
         if dst_fd >= 0:
             os.close(dst_fd)
     return missing
+
+
+def _replace(src_dir: int, name: str, dst_dir: int, dst_name: str) -> str:
+    """Move ``name`` over the other file at ``dst_name``: ``renamed`` on one device, ``copied`` across two
+    (``_copy_across``: the source is still to unlink), or ``gone`` if there is no source."""
+    try:
+        os.replace(name, dst_name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+        return "renamed"
+    except FileNotFoundError:
+        return "gone"
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    return "copied" if _copy_across(src_dir, name, dst_dir, dst_name) else "gone"
+
+
+def across_temp_name(name: str) -> str:
+    """The temp name ``_copy_across`` writes ``name``'s copy under: fixed, so that a copy killed part-way is
+    overwritten by the next attempt, not left behind (hidden, and ``.tmp`` like Spark's temp files)."""
+    return f".{name}.checkpoint-ops-copy.tmp"
+
+
+def _copy_across(src_dir: int, name: str, dst_dir: int, dst_name: str) -> bool:
+    """The first half of a move to another device: ``name`` (in ``src_dir``) copied to ``dst_name`` (in
+    ``dst_dir``) durably, so that the caller may then unlink the source. The copy is written under
+    ``across_temp_name``, with the source's mode and times, flushed to disk, renamed over ``dst_name``
+    (whatever is there: a rename replaces it), and the directory flushed; a symbolic link is copied as a
+    link, as a same-device move moves the link itself. Killed at any point, the source is whole and the
+    destination either as it was or the whole copy. False if the source is gone."""
+    tmp = across_temp_name(dst_name)
+    try:
+        os.unlink(tmp, dir_fd=dst_dir)  # an earlier attempt's, killed part-way
+    except FileNotFoundError:
+        pass
+    try:
+        if stat.S_ISLNK(os.stat(name, dir_fd=src_dir, follow_symlinks=False).st_mode):
+            link_target, src = os.readlink(name, dir_fd=src_dir), -1
+        else:
+            link_target, src = None, os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
+    except FileNotFoundError:
+        return False
+    if link_target is not None:
+        os.symlink(link_target, tmp, dir_fd=dst_dir)
+    else:
+        _copy_file_durably(src, dst_dir, tmp)
+    os.rename(tmp, dst_name, src_dir_fd=dst_dir, dst_dir_fd=dst_dir)
+    os.fsync(dst_dir)
+    return True
+
+
+def _copy_file_durably(src: int, dst_dir: int, tmp: str) -> None:
+    """Copy the open file ``src`` (closed here) to a new file ``tmp`` in ``dst_dir``: content, mode, times;
+    on disk when this returns."""
+    try:
+        src_stat = os.fstat(src)
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=dst_dir)
+        try:
+            kernel_copy(src, out, src_stat.st_size)
+            os.fchmod(out, stat.S_IMODE(src_stat.st_mode))
+            os.utime(out, ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
+            os.fsync(out)
+        finally:
+            os.close(out)
+    finally:
+        os.close(src)
 
 
 def _same_file(a: str, b: str) -> bool:

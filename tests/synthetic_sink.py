@@ -1,0 +1,31 @@
+"""A file sink's output for a synthetic checkpoint (``benchmarks/synthetic.py``): one data file per batch,
+its ``_spark_metadata`` log entry stamped while the checkpoint ran that batch (so the pairing check sees
+the output as this checkpoint's)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+FIRST_BATCH_MS = 1790000000000  # when the synthetic checkpoint's batch 0 ran (one batch a second)
+
+
+def write_sink(out: str, batches: int, folders: dict[int, str] | None = None) -> dict[int, str]:
+    """``out/_spark_metadata/0..batches-1`` and a data file per batch, in ``out`` or, for a batch in
+    ``folders``, under that folder of ``out`` (a partition directory). Returns batch -> data file path."""
+    os.makedirs(f"{out}/_spark_metadata", exist_ok=True)
+    written = {}
+    for batch in range(batches):
+        folder = f"{out}/{folders[batch]}" if folders and batch in folders else out
+        os.makedirs(folder, exist_ok=True)
+        path = f"{folder}/part-{batch:05d}-c000.json"
+        data = f'{{"batch":{batch}}}\n'.encode()
+        with open(path, "wb") as f:
+            f.write(data)
+        entry = {"path": f"file://{path}", "size": len(data), "isDir": False,
+                 "modificationTime": FIRST_BATCH_MS + batch * 1000 + 500, "blockReplication": 1,
+                 "blockSize": 33554432, "action": "add"}
+        with open(f"{out}/_spark_metadata/{batch}", "w") as f:
+            f.write("v1\n" + json.dumps(entry, separators=(",", ":")))
+        written[batch] = path
+    return written

@@ -1,0 +1,132 @@
+"""Symbolic links inside a checkpoint (fast tier, no Spark).
+
+Spark follows a symbolic link to a directory (``state/`` on another disk, say); checkpoint-ops does not
+operate through one: every command refuses the checkpoint by the link's name and target, and changes
+nothing. A symbolic link to a file is read through, and moved or deleted as the link itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from benchmarks import synthetic
+from checkpoint_ops.storage import open_file_manager
+from tests.helpers import cli, tree_snapshot
+from tests.synthetic_sink import write_sink
+
+
+def test_walk_lists_a_linked_directory_as_itself_and_follows_the_root(tmp_path):
+    real = tmp_path / "real"
+    (real / "sub").mkdir(parents=True)
+    (real / "sub" / "a").write_bytes(b"a")
+    (tmp_path / "elsewhere" / "deep").mkdir(parents=True)
+    (tmp_path / "elsewhere" / "deep" / "b").write_bytes(b"b")
+    (tmp_path / "file-elsewhere").write_bytes(b"content")
+    os.symlink(tmp_path / "elsewhere", real / "linked-dir")
+    os.symlink(tmp_path / "file-elsewhere", real / "sub" / "linked-file")
+    os.symlink(tmp_path / "nowhere", real / "dangling")
+    os.symlink(real / "loop", real / "loop")
+    os.symlink(real, tmp_path / "root-link")
+
+    fm, root = open_file_manager(str(tmp_path / "root-link"))
+    found = {os.path.relpath(f.path, root): f for f in fm.walk(root, empty_dirs=True)}
+    assert sorted(found) == ["dangling", "linked-dir", "loop", "sub/a", "sub/linked-file"]  # the link is not entered
+    link = found["linked-dir"]
+    assert link.is_dir and link.link_target == str(tmp_path / "elsewhere")
+    assert not found["sub/linked-file"].is_dir and found["sub/linked-file"].size == len(b"content")
+    assert found["dangling"].link_target is None and not found["dangling"].is_dir  # damage: a file that is not there
+    assert found["loop"].link_target is None and found["loop"].error.errno == errno.ELOOP  # damage too
+    assert found["sub/a"].link_target is None
+    listed = {f.name: f for f in fm.list(root)}  # one directory: the same entries
+    assert sorted(listed) == ["dangling", "linked-dir", "loop", "sub"]
+    assert listed["linked-dir"].link_target == str(tmp_path / "elsewhere") and not listed["loop"].is_dir
+
+
+def _checkpoint_with_linked_state(tmp_path) -> tuple[str, str]:
+    ck, disk = str(tmp_path / "ck"), str(tmp_path / "bigdisk")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    os.makedirs(disk)
+    os.rename(f"{ck}/state", f"{disk}/state")
+    os.symlink(f"{disk}/state", f"{ck}/state")
+    return ck, disk
+
+
+COMMANDS = {  # name -> arguments, given the checkpoint and a backup destination
+    "inspect": lambda ck, dest: ["inspect", ck],
+    "fsck": lambda ck, dest: ["fsck", ck],
+    "rollback": lambda ck, dest: ["rollback", ck, "--to-batch", "8", "--yes"],
+    "rollback-dry-run": lambda ck, dest: ["rollback", ck, "--to-batch", "8", "--dry-run"],
+    "backup-create": lambda ck, dest: ["backup", "create", ck, dest],
+    "resume": lambda ck, dest: ["resume", ck],
+    "undo": lambda ck, dest: ["undo", ck, "--yes"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_command_refuses_a_checkpoint_with_a_linked_directory(tmp_path, command):
+    """state/ a link to another disk: no command calls it stateless or healthy, rolls back without its state
+    (a restart would load the abandoned timeline's state), or half backs it up; each names the link and its
+    target, says what to do, and changes nothing."""
+    ck, disk = _checkpoint_with_linked_state(tmp_path)
+    before = tree_snapshot(ck, disk)
+    code, out, err = cli(*COMMANDS[command](ck, str(tmp_path / "dest")))
+    assert code == 2, (out, err)
+    assert f"{ck}/state: a symbolic link to {disk}/state" in err
+    assert "does not operate through symbolic links" in err and "fix:" in err
+    assert "healthy" not in out and "stateless" not in out
+    assert tree_snapshot(ck, disk) == before
+    assert sorted(os.listdir(f"{disk}/state/0/0")).count("12.delta") == 1  # the abandoned state is untouched
+    assert not os.path.exists(tmp_path / "dest") or not os.listdir(tmp_path / "dest")
+
+
+def test_linked_files_are_read_through_and_moved_as_links(tmp_path):
+    """A link to a file (a batch's offsets, a state delta): inspected and checked through the link; a rollback
+    moves the link itself into the trash and an undo puts it back (the file it points to is never touched); a
+    backup holds the content, restored as a plain file."""
+    ck, other = str(tmp_path / "ck"), str(tmp_path / "other")
+    synthetic.write_local(ck, batches=6, partitions=2, retain_state=20)
+    os.makedirs(other)
+    linked = ["offsets/5", "state/0/0/6.delta", "state/0/0/4.delta"]
+    for rel in linked:
+        os.rename(f"{ck}/{rel}", f"{other}/{rel.replace('/', '_')}")
+        os.symlink(f"{other}/{rel.replace('/', '_')}", f"{ck}/{rel}")
+    targets = tree_snapshot(other)
+
+    code, out, _ = cli("fsck", ck)
+    assert code == 0 and "healthy" in out, out
+    code, out, err = cli("backup", "create", ck, str(tmp_path / "dest"))
+    assert code == 0, err
+    code, out, err = cli("rollback", ck, "--to-batch", "3", "--yes")
+    assert code == 0, err
+    assert not os.path.lexists(f"{ck}/offsets/5") and not os.path.lexists(f"{ck}/state/0/0/6.delta")
+    assert os.path.islink(f"{ck}/state/0/0/4.delta")  # kept: batch 3 is committed from version 4 on
+    code, out, err = cli("undo", ck, "--yes")
+    assert code == 0, err
+    for rel in linked:
+        assert os.readlink(f"{ck}/{rel}") == f"{other}/{rel.replace('/', '_')}"
+    assert tree_snapshot(other) == targets
+
+    backup_id = os.listdir(tmp_path / "dest" / "manifests")[0].removesuffix(".json")
+    code, out, err = cli("backup", "restore", str(tmp_path / "dest"), backup_id, str(tmp_path / "restored"), "--yes")
+    assert code == 0, err
+    restored = tmp_path / "restored" / "offsets" / "5"
+    assert not restored.is_symlink() and restored.read_bytes() == open(f"{other}/offsets_5", "rb").read()
+
+
+def test_a_sink_output_with_a_linked_directory_is_refused(tmp_path):
+    """The same rule for a file sink's output: a partition directory linked elsewhere holds data files the
+    listing would not see (a rollback would leave them, and the restarted query write them again)."""
+    ck, out, disk = str(tmp_path / "ck"), str(tmp_path / "out"), str(tmp_path / "disk")
+    synthetic.write_local(ck, batches=6, partitions=2, retain_state=20)
+    written = write_sink(out, 6, folders={5: "day=2"})
+    os.makedirs(disk)
+    os.rename(os.path.dirname(written[5]), f"{disk}/day=2")
+    os.symlink(f"{disk}/day=2", f"{out}/day=2")
+    before = tree_snapshot(ck, out, disk)
+    code, _, err = cli("rollback", ck, "--to-batch", "3", "--sink", out, "--yes")
+    assert code == 2, err
+    assert f"{out}/day=2: a symbolic link to {disk}/day=2" in err and "inside a sink output" in err
+    assert tree_snapshot(ck, out, disk) == before
