@@ -31,6 +31,7 @@ import s3fs
 
 from checkpoint_ops.backup import Repository, plan_backup_prune
 from checkpoint_ops.backup.claims import HeldClaim, INTENT
+from checkpoint_ops.backup.create import RACY_S
 from checkpoint_ops.liveness import pid_running
 from checkpoint_ops.storage import direct_put
 from checkpoint_ops.storage.rename import is_temp_name
@@ -287,6 +288,8 @@ def test_objects_a_manifest_names_are_not_read_again_and_others_are_read_once(sp
     changed, its content did not) whose object the parent backup names costs no read of that object; an
     object that is there but no manifest names (left by a backup that died) is read back once, and kept."""
     dest = Dest(str(tmp_path / "dest"), local=str(tmp_path / "dest"))
+    backup(run, str(tmp_path / "first"))  # records the pairing beside the sink and in the ledger
+    time.sleep(RACY_S)  # a file written within RACY_S of a backup's listing is read again by the next one
     b1 = backup(run, dest.url)
     sealed = str(tmp_path / "sealed")
     shutil.copytree(dest.local, sealed)

@@ -9,14 +9,29 @@ files it lists, and the batch ledger. Nothing above N is taken: a running batch'
 a restore resumes at N+1. Files Spark's maintenance deletes during the copy are skipped if no restart
 from N needs them; if one that does vanishes, the backup starts over at the new last commit.
 
-Incremental: a file whose path, size and modification time (for Spark's uniquely named files, path and
-size) match the previous backup of the same checkpoint is not read again; its hash is taken from that
-manifest. New content is hashed, then stored once per destination, never replacing an object that holds
-it: created in place (``Repository.put_objects_direct``; on local disk no temp file and no rename) and
-made durable by the one sync before the manifest. An object that was already there is trusted only if a
-published manifest names it (the parent's objects are not even looked at); any other may be the
-part-written leftover of a backup that died before its manifest, so it is read back and hashed, and
-replaced atomically if it does not hold its content (``repaired_objects``).
+Incremental: a file whose path, size and modification time match the previous backup of the same
+checkpoint (the parent), and on local disk its inode and ctime too (what ``cp -p``, ``touch -r`` or
+``rsync -a`` cannot carry over; recorded after the four manifest columns), is not read again; its hash
+is taken from that manifest. A file the parent recorded with a modification time within ``RACY_S`` of
+its listing (or after it) is read again all the same: it may have changed since within one tick of a
+coarse clock ("racily clean"). The parent's object is reused only if it is there at its size (on local
+disk one stat each; on an object store the one listing of ``objects/``) and no verification stored
+since the parent was created found it bad (``verified/<id>.json``); otherwise it is stored again
+(created if missing, replaced atomically if there: ``repaired_objects``), so a backup taken after a
+failed ``verify`` repairs what it names. Its bytes are not read (a verification does that).
+
+New content is hashed, then stored once per destination, never replacing an object that holds it:
+created in place (``Repository.put_objects_direct``; on local disk no temp file and no rename) and made
+durable by the one sync before the manifest. An object that was already there is trusted only if a
+published manifest names it; any other may be the part-written leftover of a backup that died before
+its manifest, so it is read back and hashed, and replaced atomically if it does not hold its content
+(``repaired_objects``).
+
+Names: a manifest holds relative POSIX paths (``repository.rel_problem``). A stray file whose name it
+cannot hold (a backslash, a newline, a ':' in its first part) is left out with a warning
+(``skipped_names``) when it lies outside Spark's own top-level names; inside them (or in a sink, the
+ledger, a DStream checkpoint) it is exit 2, named, before the destination is touched. A backup never
+publishes a manifest its own reader would set aside as damaged.
 
 Order: the source is validated whole before the destination is created or written (a backup of an
 unusable source leaves nothing behind); then the backup writes its intent (a heartbeat keeps it alive),
@@ -26,14 +41,16 @@ it checks that its intent never lapsed (else a garbage collection may have run m
 
 from __future__ import annotations
 
+import calendar
 import concurrent.futures
 import contextlib
 import hashlib
-import re
+import os
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..errors import BadInputError, RefusedError, StoreUnavailableError
 from ..ledger import PAIRING_DIR, ledger_or_none
@@ -45,7 +62,8 @@ from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing
 from ..restart import RestartSets, state_bytes_problem
 from .claims import HeldClaim
-from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id
+from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id, rel_problems
+from .verify import bad_hashes
 
 WORKERS = 16  # parallel reads and uploads to an object store (each waits on the network), one file per task
 # To local disk the work is system calls (which release the GIL) and hashing: a few threads keep the disk
@@ -54,7 +72,15 @@ LOCAL_WORKERS = 4
 LOCAL_BATCH = 256  # files per task to local disk (a future per file cost more than its copy)
 BATCH_BYTES = 16 * 2**20  # new content one task holds in memory before it stores it
 _BIG = 64 * 2**20  # files above this are streamed (hashed, then uploaded) instead of held in memory
-_UNIQUE = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")  # Spark's once-only names
+# A file modified this close to (or after) the listing of the backup that took it may have changed again
+# since without its modification time changing (a coarse clock tick: 1 s on S3, a few ms on local disk;
+# or clocks that disagree a little): the next backup reads it again ("racily clean", as git says)
+RACY_S = 2.0
+# How much earlier than a backup's creation a verification may be stored and still say something about the
+# objects that backup reused (the store's clock against the one of the machine that took the backup)
+_RECORD_SKEW_S = 60.0
+# Spark's own top-level names in a checkpoint: a name a manifest cannot hold anywhere else is a stray file
+SPARK_TOP = frozenset({"metadata", "offsets", "commits", "sources", "state"})
 _LOCK_WAIT_S = 600
 _ATTEMPTS = 3
 # What a backup reads (and checks) before the destination is touched, at most this many bytes; the copy
@@ -167,6 +193,8 @@ class _Cut:
     codec: str
     state_files: dict  # rel -> StateFile of every state file the model knows
     intervals: tuple[int, int]  # source and sink compact intervals
+    listed_at: float  # when the source's listing began (seconds since the epoch): see ``RACY_S``
+    skipped_names: list[dict] = field(default_factory=list)  # stray files whose names a manifest cannot hold
     prefetched: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (root id, rel) -> bytes read, checked
 
 
@@ -226,6 +254,7 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
     """Open and validate the source, and fix the cut (module docstring). Raises before anything is
     written anywhere: exit 2 for a missing, unreadable or damaged source, 1 when there is nothing to
     back up yet or an operation of ours is in progress there."""
+    listed_at = time.time()
     ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
     _require_readable(ckpt.listing)
     roots: dict[str, tuple] = {}
@@ -272,9 +301,33 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
                 "/" not in r or (r.startswith(PAIRING_DIR + "/") and r.count("/") == 1))}
             if files:
                 roots["ledger"] = (ledger.fm.url(ledger.path), ledger.fm, ledger.path, files)
+    skipped = _unholdable_names(kind, roots)
     codec = ckpt.state.codec if kind == "structured" else "lz4"
     state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files} if kind == "structured" else {}
-    return _Cut(kind, ckpt.url, batch, query_id, roots, needed, codec, state_files, (source_interval, sink_interval))
+    return _Cut(kind, ckpt.url, batch, query_id, roots, needed, codec, state_files, (source_interval, sink_interval),
+                listed_at, skipped)
+
+
+def _unholdable_names(kind: str, roots: dict[str, tuple]) -> list[dict]:
+    """Leave out the stray files whose names no manifest can hold (``repository.rel_problem``: a
+    backslash, a newline, a ':' in the first part), so that a backup never publishes a manifest its
+    reader rejects: outside Spark's own top-level names in a structured checkpoint (``SPARK_TOP``) such
+    a file is not Spark's and is left out, each one returned (the result and the CLI warn); anywhere
+    else (Spark's folders, a sink, the ledger, a DStream checkpoint) it is exit 2, named."""
+    skipped = []
+    unholdable = "a backslash, a newline or a ':' in its first part, which a backup manifest cannot hold"
+    for rid, (_, fm, root, files) in roots.items():
+        for rel in rel_problems(list(files)):
+            url = fm.url(f"{root}/{rel}")
+            if kind != "structured" or rid != "checkpoint" or rel.split("/", 1)[0] in SPARK_TOP:
+                raise BadInputError(f"cannot be backed up: its name {rel!r} has {unholdable}", path=url,
+                                    fix="rename it or move it out of there (Spark never writes such a name: "
+                                    "something else put it there), then back up again")
+            del files[rel]
+            skipped.append({"root": rid, "file": rel, "url": url,
+                            "problem": f"not Spark's (outside {', '.join(sorted(SPARK_TOP))}) and its name has "
+                            f"{unholdable}: left out of the backup"})
+    return skipped
 
 
 def _require_readable(listing: Listing) -> None:
@@ -284,20 +337,53 @@ def _require_readable(listing: Listing) -> None:
         raise _unreadable(listing.url(rel), e)
 
 
-def _known(parent: Manifest | None) -> dict[str, dict[str, tuple]]:
-    """root id -> rel -> (sha, size, mtime) of the previous backup."""
-    known: dict[str, dict[str, tuple]] = {}
+class _Taken(NamedTuple):
+    """A file as the previous backup took it: its manifest entry ``[rel, sha256, size, mtime]``, and on
+    local disk ``ino, ctime_ns`` after them (what no user can set; manifests of older releases lack them)."""
+
+    sha: str
+    size: int
+    mtime: float | None
+    identity: tuple[int, int] | None
+
+
+def _known(parent: Manifest | None) -> dict[str, dict[str, _Taken]]:
+    """root id -> rel -> how the previous backup took it."""
+    known: dict[str, dict[str, _Taken]] = {}
     if parent is not None:
         for rid, r in parent.roots.items():
-            known[rid] = {rel: (sha, size, rest[0] if rest else None) for rel, sha, size, *rest in r["files"]}
+            known[rid] = {e[0]: _Taken(e[1], e[2], e[3] if len(e) > 3 else None,
+                                       tuple(e[4:6]) if len(e) > 5 and all(type(v) is int for v in e[4:6]) else None)
+                          for e in r["files"]}
     return known
 
 
-def _unchanged(prev: tuple | None, rel: str, info) -> bool:
-    """Whether a file is the one the previous backup took (then it is not read again)."""
-    if prev is None or prev[1] != info.size:
-        return False
-    return prev[2] == info.mtime or bool(_UNIQUE.search(rel.rsplit("/", 1)[-1]))
+def _racy_from(parent: Manifest | None) -> float:
+    """Files the parent recorded with a modification time at or after this are read again (``RACY_S``):
+    from when its listing began (manifests of older releases: when it was created, later still)."""
+    if parent is None:
+        return 0.0
+    listed = parent.doc.get("listed_at")
+    if not isinstance(listed, (int, float)) or isinstance(listed, bool):
+        listed = calendar.timegm(time.strptime(parent.created, TIME_FORMAT)) + 1
+    return listed - RACY_S
+
+
+def _unchanged(prev: _Taken | None, size: int, mtime: float | None, racy_from: float) -> bool:
+    """Whether a file of this size and modification time is the one the previous backup took, as far as
+    the listing tells (then it is not read again; on local disk ``take`` also compares its identity)."""
+    return prev is not None and prev.size == size and prev.mtime == mtime and mtime is not None \
+        and mtime < racy_from
+
+
+def _identity(local: bool, path: str, info) -> tuple[int, float | None, tuple[int, ...]]:
+    """size, mtime and (local disk) ``(st_ino, st_ctime_ns)`` of a source file, looked at now: what
+    ``cp -p``, ``touch -r`` or ``rsync -a`` cannot carry over (elsewhere the listing's size and mtime,
+    which no user sets on an object store)."""
+    if not local:
+        return info.size, info.mtime, ()
+    st = os.stat(path)
+    return st.st_size, st.st_mtime, (st.st_ino, st.st_ctime_ns)
 
 
 def _damaged_state(cut: _Cut, url: str, problem: str) -> BadInputError:
@@ -310,7 +396,7 @@ def _prefetch(cut: _Cut, parent: Manifest | None) -> None:
     before the destination is touched, and check the state files Spark's restart reads: a file that
     cannot be read or a damaged state file is exit 2, named, with nothing written. The copy then stores
     these bytes instead of reading them again. (Beyond the budget, the copy reads and checks the rest.)"""
-    known = _known(parent)
+    known, racy_from = _known(parent), _racy_from(parent)
 
     def first(c: tuple) -> tuple:  # the restart set's state files first: their bytes are checked
         rid, rel, _ = c
@@ -319,7 +405,7 @@ def _prefetch(cut: _Cut, parent: Manifest | None) -> None:
     budget, want = PREFETCH_BYTES, {}
     for rid, rel, info in sorted(((rid, rel, info) for rid, r in cut.roots.items() for rel, info in r[3].items()),
                                  key=first):
-        if info.size > min(_BIG, budget) or _unchanged(known.get(rid, {}).get(rel), rel, info):
+        if info.size > min(_BIG, budget) or _unchanged(known.get(rid, {}).get(rel), info.size, info.mtime, racy_from):
             continue
         budget -= info.size
         want.setdefault(rid, []).append(rel)
@@ -368,8 +454,11 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     """Store what the cut takes (incremental to the newest backup of the same checkpoint, chosen now,
     under the intent) and publish the manifest."""
     parent = _parent(repo, cut.url, refresh=True)
-    known = _known(parent)
-    have = parent.hashes() if parent is not None else set()  # sealed by the parent: never looked at
+    known, racy_from = _known(parent), _racy_from(parent)
+    bad = _found_bad(repo, parent)
+    # the parent's objects, by size: each is reused once it is seen there at that size (``reusable``)
+    have = {t.sha: t.size for r in known.values() for t in r.values() if t.sha not in bad}
+    local_dest = repo.fm.location.is_local
     total = sum(len(r[3]) for r in cut.roots.values())
     bar = _Progress(total, progress)
     lock = threading.Lock()
@@ -377,22 +466,55 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
              "skipped_vanished": []}
     uploading: set[str] = set()  # content one worker is storing: files with the same bytes do not store it again
     sealed: list[set[str]] = []  # every object a usable manifest names, built when first needed
+    seen: dict[str, bool] = {}  # parent's object -> whether it is there at its size
+    suspect = set(bad)  # objects to replace wherever they are: found bad, or there at the wrong size
+    stored: list[dict[str, int]] = []  # object stores: the one listing of ``objects/``, when first needed
+
+    def reusable(sha: str) -> bool:
+        """Whether the parent's object ``sha`` may be named without storing it again: no verification
+        since the parent was created found it bad (``_found_bad``) and it is there, at its size (on local
+        disk one stat; on an object store the one listing of ``objects/``, cheaper than a HEAD each). Its
+        bytes are not read: a verification reads them."""
+        if sha not in have:
+            return False
+        with lock:
+            ok = seen.get(sha)
+        if ok is None:
+            if local_dest:
+                size = repo.object_size(sha)
+            else:
+                with lock:
+                    if not stored:
+                        stored.append(repo.all_objects())
+                size = stored[0].get(sha)
+            ok = size == have[sha]
+            with lock:
+                seen[sha] = ok
+                if size is not None and not ok:
+                    suspect.add(sha)
+        return ok
 
     def damaged_leftover(sha: str) -> bool:
         """Whether the object of content ``sha``, which was already there (not created by this backup),
-        must be replaced: no published manifest names it, so it may be the part-written leftover of a
-        backup that died before its manifest; it is read back and hashed (where objects may be partial).
-        The caller then replaces it atomically, and counts it in ``repaired_objects``."""
+        must be replaced: a verification found it bad or it has the wrong size (``suspect``); or no
+        published manifest names it, so it may be the part-written leftover of a backup that died before
+        its manifest, and it is read back and hashed (where objects may be partial). The caller then
+        replaces it atomically, and counts it in ``repaired_objects``."""
+        with lock:
+            if sha in suspect:
+                return True
         if not repo.objects_may_be_partial:
             return False
         with lock:
             if not sealed:
-                sealed.append(have.union(*(m.hashes() for m in repo.manifests())))
+                sealed.append(set(have).union(*(m.hashes() for m in repo.manifests())) - bad)
         return sha not in sealed[0] and repo.object_hash(sha) != sha
 
     def first_upload(sha: str) -> bool:
+        if reusable(sha):
+            return False
         with lock:
-            if sha in have or sha in uploading:
+            if sha in uploading:
                 return False
             uploading.add(sha)
             return True
@@ -400,18 +522,19 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     def take(rid: str, fm, root_path: str, rel: str, info) -> tuple[tuple | None, bytes | None]:
         """One file: its manifest entry (None if it vanished and nothing needs it), and its bytes if this
         worker is the one to store them (claimed: no other worker stores the same content)."""
-        size, mtime = info.size, info.mtime
-        prev = known.get(rid, {}).get(rel)
-        if _unchanged(prev, rel, info):
-            bar.step()
-            return (rel, prev[0], size, mtime), None
         path = f"{root_path}/{rel}"
+        prev = known.get(rid, {}).get(rel)
         store, repaired = None, False
         try:
+            size, mtime, identity = _read(fm, path, lambda: _identity(fm.location.is_local, path, info))
+            if _unchanged(prev, size, mtime, racy_from) and prev.identity == (identity or None) \
+                    and reusable(prev.sha):
+                bar.step()
+                return (rel, prev.sha, size, mtime, *identity), None
             if size > _BIG:
                 sha = _read(fm, path, lambda: _hash_stream(fm, path))
-                created = sha not in have and repo.put_object_stream(sha, fm, path)
-                if not created and sha not in have and damaged_leftover(sha):
+                created = not reusable(sha) and repo.put_object_stream(sha, fm, path)
+                if not created and not reusable(sha) and damaged_leftover(sha):
                     repaired = repo.put_object_stream(sha, fm, path, replace=True)
                 nbytes = size
             else:
@@ -443,7 +566,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
                 stats["new_bytes"] += nbytes
             stats["repaired_objects"] += int(repaired)
         bar.step()
-        return (rel, sha, nbytes, mtime), store
+        return (rel, sha, nbytes, mtime, *identity), store
 
     def store(pending: list[tuple[str, bytes]]) -> None:
         """Store the claimed contents (one ``put_objects_direct``: three system calls each on local disk);
@@ -505,6 +628,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
         "roots": doc_roots,
         "compact_intervals": {"source": source_interval, "sink": sink_interval},
         "parent": parent.id if parent is not None else None,
+        "listed_at": cut.listed_at,
         "stats": {"files": nfiles, "bytes": nbytes, "new_objects": stats["new_objects"],
                   "new_bytes": stats["new_bytes"], "repaired_objects": stats["repaired_objects"],
                   "read_files": stats["read_files"], "read_bytes": stats["read_bytes"]},
@@ -513,9 +637,20 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     m = repo.publish(backup_id, doc)
     return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": cut.kind, "checkpoint": cut.url,
             "query_id": cut.query_id, "batch": cut.batch, "parent": doc["parent"], **doc["stats"],
-            "skipped_vanished": stats["skipped_vanished"], "requests": repo.fm.counter.snapshot(),
+            "skipped_vanished": stats["skipped_vanished"], "skipped_names": cut.skipped_names,
+            "requests": repo.fm.counter.snapshot(),
             "retries": {"destination": repo.fm.counter.retries(),
                         **{rid: fm.counter.retries() for rid, (_, fm, _, _) in cut.roots.items()}}}
+
+
+def _found_bad(repo: Repository, parent: Manifest | None) -> set[str]:
+    """The objects that a verification stored since ``parent`` was created found missing, damaged or
+    unreadable: a backup incremental to it stores them again instead of naming them as they are (one
+    listing of ``verified/``; only the records stored since are read)."""
+    if parent is None:
+        return set()
+    since = calendar.timegm(time.strptime(parent.created, TIME_FORMAT)) - _RECORD_SKEW_S
+    return set().union(*(bad_hashes(doc) for doc in repo.verified(since).values() if doc.get("ok") is False))
 
 
 def _parent(repo: Repository, checkpoint_url: str, refresh: bool = False) -> Manifest | None:

@@ -13,14 +13,20 @@ Layout under the destination URL (local directory or object-store prefix)::
     locks/prune-<id>.json           a garbage collection in progress (backups wait for it while it lives)
 
 Every write goes through the file manager. A manifest names each file by path relative to its root and
-the hash of its content. Objects are created under their hashes, never replaced while they hold what
-their name says; on local disk they are created in place (``put_objects_direct``: no temp file, no
-rename), so a backup that dies before its manifest can leave one part-written under its name. An object
-is therefore trusted only when a published manifest names it (each is published after ``sync()``, once
-every object it names is whole and durable); an existing object no manifest names is read back and
-checked before a backup relies on it, and replaced atomically if it does not match
-(``replace_object``). Restore, verify and drills read only objects a manifest names; prune deletes the
-ones none names, part-written or not, while no backup is being taken.
+the hash of its content: ``[path, sha256, size, mtime]``, and for a file on local disk ``ino,
+ctime_ns`` after them (``create.py`` compares them; readers take the first three columns), and when the
+backup's listing of its source began (``listed_at``, seconds since the epoch). Fields are only ever
+added, so older releases read newer manifests.
+
+Objects are created under their hashes, never replaced while they hold what their name says; on local
+disk they are created in place (``put_objects_direct``: no temp file, no rename), so a backup that dies
+before its manifest can leave one part-written under its name. An object is therefore trusted only when
+a published manifest names it (each is published after ``sync()``, once every object it names is whole
+and durable); an existing object no manifest names is read back and checked before a backup relies on
+it, and replaced atomically if it does not match (``replace_object``), as is one a verification found
+bad (``verified/<id>.json``) or that is not there at its size. Restore, verify and drills read only
+objects a manifest names; prune deletes the ones none names, part-written or not, while no backup is
+being taken.
 
 A manifest is checked whole when it is read (``manifest_problem``). A damaged one (not JSON, the wrong
 shape, an unknown format, a path outside its root, a hash that is not one) is set aside with its reason
@@ -97,13 +103,16 @@ def _files_problem(rid: str, files: list) -> str | None:
         return f"has a size in root {rid!r} that is not a byte count"
     if set(map(type, rels)) - {str}:
         return rel_problem(next(r for r in rels if not isinstance(r, str)))
+    return next(iter(rel_problems(rels).values()), None)
+
+
+def rel_problems(rels: list[str]) -> dict[str, str]:
+    """rel -> ``rel_problem`` of every path a manifest cannot hold (column-wise: a million paths are
+    checked in well under a second; each path is looked at alone only when the whole column trips)."""
     joined = "\n" + "\n".join(rels) + "\n"
-    if joined.count("\n") != len(rels) + 1 or any(u in joined for u in _UNSAFE):  # rare: find the one
-        for rel in rels:
-            problem = rel_problem(rel)
-            if problem:
-                return problem
-    return None
+    if joined.count("\n") == len(rels) + 1 and not any(u in joined for u in _UNSAFE):
+        return {}
+    return {rel: problem for rel in rels if (problem := rel_problem(rel))}
 
 
 def manifest_problem(backup_id: str, doc: object) -> str | None:
@@ -341,17 +350,20 @@ class Repository:
             self._manifests.append(m)
         return m
 
-    def verified(self) -> dict[str, dict]:
-        """backup id -> the record of its last verification ({} if that record is unreadable)."""
-        return self._records("verified")
+    def verified(self, since: float | None = None) -> dict[str, dict]:
+        """backup id -> the record of its last verification ({} if that record is unreadable); with
+        ``since`` (seconds since the epoch), only records stored at or after it (by the time the listing
+        gives: only those are read)."""
+        return self._records("verified", since)
 
     def drills(self) -> dict[str, dict]:
         """backup id -> the record of its last restore drill (``drill.py``)."""
         return self._records("drills")
 
-    def _records(self, folder: str) -> dict[str, dict]:
+    def _records(self, folder: str, since: float | None = None) -> dict[str, dict]:
         names = [f.name for f in self.fm.list(self.path(folder))
-                 if f.name.endswith(".json") and not f.name.startswith(".")]
+                 if f.name.endswith(".json") and not f.name.startswith(".")
+                 and (since is None or f.mtime is None or f.mtime >= since)]
         data = self.fm.read_many([self.path(f"{folder}/{n}") for n in names], errors={})
         out = {}
         for n in names:
@@ -372,6 +384,11 @@ class Repository:
     # -- objects --------------------------------------------------------------------------------------
     def object_exists(self, sha: str) -> bool:
         return self.fm.exists(self.object_path(sha))
+
+    def object_size(self, sha: str) -> int | None:
+        """The size of the object stored under ``sha`` (None if there is none): one stat, or one HEAD."""
+        info = self.fm.info(self.object_path(sha))
+        return None if info is None or info.is_dir else info.size
 
     def put_object(self, sha: str, data: bytes) -> bool:
         """Store content under its hash, unless it is there; True if this call created it."""

@@ -2,7 +2,9 @@
 
 Every verification of a backup is recorded in ``verified/<id>.json``, good or bad, so ``backup list``
 shows the outcome of the last one: never "verified" for a backup the last ``verify`` rejected. An object
-that cannot be read counts as bad (the restore would fail on it just the same). A damaged manifest
+that cannot be read counts as bad (the restore would fail on it just the same). A failed record lists
+every bad object (``bad_hashes``; ``bad`` names the first files that use them), and the next backup
+stores those objects again instead of reusing them (``create.py``). A damaged manifest
 cannot be verified: asked for by id it is exit 2 naming its file; in a verification of everything it is
 reported beside the others (which are verified as usual) and makes the outcome not ok.
 """
@@ -50,6 +52,17 @@ class Verification:
                 "first_problem": self.first_problem}
 
 
+def bad_hashes(doc: dict) -> set[str]:
+    """The objects a failed verification record found missing, damaged or unreadable: all of them
+    (``bad_hashes``), or in records of older releases those its first ``_RECORDED_BAD`` files name."""
+    listed = doc.get("bad_hashes")
+    if not isinstance(listed, list):
+        bad = doc.get("bad") if isinstance(doc.get("bad"), list) else []
+        listed = [b["object"].rsplit("/", 1)[-1] for b in bad
+                  if isinstance(b, dict) and isinstance(b.get("object"), str)]
+    return {h for h in listed if isinstance(h, str) and len(h) == 64}
+
+
 def object_problem(repo: Repository, sha: str) -> str | None:
     """What is wrong with one stored object (None: it holds exactly the bytes its name says)."""
     try:
@@ -78,8 +91,9 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
     for m in manifests:
         bad = [{"object": repo.object_url(sha), "problem": bad_objects[sha], "root": rid, "file": rel}
                for rid in m.roots for rel, sha, _ in m.files(rid) if sha in bad_objects]
-        doc = {"at": at, "ok": not bad, "objects": len(m.hashes()),
-               "bad_objects": len({b["object"] for b in bad}), "bad": bad[:_RECORDED_BAD]}
+        shas = sorted(m.hashes() & bad_objects.keys())
+        doc = {"at": at, "ok": not bad, "objects": len(m.hashes()), "bad_objects": len(shas),
+               "bad": bad[:_RECORDED_BAD], "bad_hashes": shas}
         repo.record_verified(m.id, doc)
         reports.append({"backup_id": m.id, **doc})
     return {"destination": repo.url, "ok": not bad_objects and not damaged, "objects_checked": len(hashes),

@@ -16,9 +16,10 @@ def cmd_backup_create(args) -> int:
     at = f" at batch {r['batch']}" if r["batch"] is not None else ""
     emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
                   f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
-                  + (f"; replaced {r['repaired_objects']} damaged object(s) no backup referenced (left part-written "
-                     "by an interrupted backup)" if r["repaired_objects"] else "")
-                  + (f"; incremental to {r['parent']}" if r["parent"] else "") + f"\n  {r['manifest']}")
+                  + (f"; replaced {r['repaired_objects']} damaged object(s) (found bad by `backup verify`, of the "
+                     "wrong size, or left part-written by an interrupted backup)" if r["repaired_objects"] else "")
+                  + (f"; incremental to {r['parent']}" if r["parent"] else "") + f"\n  {r['manifest']}"
+                  + "".join(f"\n  WARNING: left out {s['url']!r}: {s['problem']}" for s in r["skipped_names"]))
     return EXIT_OK
 
 

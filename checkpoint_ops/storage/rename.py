@@ -94,13 +94,19 @@ def kernel_copy(src_fd: int, dst_fd: int, size: int) -> str:
     ``read/write`` (through this process). A way the file systems refuse (EXDEV across file systems
     on older kernels, ENOSYS, EOPNOTSUPP, EINVAL...) before copying everything is undone
     (``dst_fd`` truncated) and the next is tried; any other error is raised. Offsets are explicit, so
-    neither descriptor's position matters."""
+    neither descriptor's position matters. A clone shares the whole source as it is then: one that grew
+    since ``size`` was taken is cut back to ``size`` bytes, one that shrank is an error (EIO), as with
+    every other way."""
     try:
         fcntl.ioctl(dst_fd, FICLONE, src_fd)
-        return "reflink"
     except OSError as e:
         if e.errno not in _NO_FAST_COPY:
             raise
+    else:
+        if os.fstat(dst_fd).st_size < size:
+            raise OSError(errno.EIO, "the file got shorter while it was being copied")
+        os.ftruncate(dst_fd, size)
+        return "reflink"
     for how, copy in (("copy_file_range", _copy_file_range), ("sendfile", _sendfile)):
         try:
             copy(src_fd, dst_fd, size)

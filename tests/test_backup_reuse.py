@@ -1,0 +1,263 @@
+"""What an incremental backup reuses, and what it must not (fast tier: synthetic checkpoints, no Spark).
+
+* An object the last verification found bad, or one that is missing or of the wrong size, is stored
+  again by the next backup instead of being named as it is (a backup that cannot be repaired otherwise).
+* A file changed without its size and modification time changing (``cp -p``, ``touch -r``, a coarse
+  clock tick; a uniquely named file rewritten) is read again: its inode and ctime on local disk, and any
+  file modified within ``RACY_S`` of the previous backup's listing.
+* A stray file whose name a manifest cannot hold is left out with a warning (outside Spark's folders) or
+  refused (inside them): a backup never publishes a manifest its own reader rejects.
+* A big object copied by reflink holds exactly the bytes its hash names, even if its source grew.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import time
+
+import boto3
+import pytest
+
+from benchmarks import synthetic
+from checkpoint_ops.backup import create_backup
+from checkpoint_ops.storage import open_file_manager, rename
+from tests.helpers import cli, cli_json
+
+LONG_AGO = time.time() - 3600  # files written this long ago are not "racily clean" (create.RACY_S)
+UUID_NAME = "state/0/0/SSTs/000123-0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b.sst"
+
+
+def checkpoint(root: str) -> str:
+    """A synthetic checkpoint of 5 batches (Spark's names and formats), every file written long ago."""
+    synthetic.write_local(root, batches=5, partitions=2, retain_state=5)
+    age(root)
+    return root
+
+
+def age(root: str, when: float = LONG_AGO) -> None:
+    for d, _, names in os.walk(root):
+        for n in names:
+            os.utime(os.path.join(d, n), (when, when))
+
+
+def backup(ckpt: str, dest: str) -> dict:
+    code, r = cli_json("backup", "create", ckpt, dest)
+    assert code == 0, r
+    return r
+
+
+def restored(dest: str, backup_id: str, target: str) -> str:
+    code, r = cli_json("backup", "restore", dest, backup_id, target, "--yes")
+    assert code == 0, r
+    return target
+
+
+def read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def same_size_edit(path: str) -> bytes:
+    """Rewrite an offsets file with other bytes of the same length (its batch's time a millisecond later)."""
+    data = read(path)
+    i = data.index(b'"batchTimestampMs":') + len(b'"batchTimestampMs":') + 12  # the last of 13 digits
+    new = data[:i] + str((int(chr(data[i])) + 1) % 10).encode() + data[i + 1:]
+    with open(path, "wb") as f:
+        f.write(new)
+    return new
+
+
+# ---- objects found bad, missing or of the wrong size ------------------------------------------------------
+
+
+class Objects:
+    """The objects of a destination, seen from outside our code (a local directory or a bucket prefix)."""
+
+    def __init__(self, url: str, endpoint: str | None = None):
+        self.url = url
+        self.endpoint = endpoint
+
+    def _key(self, sha: str) -> tuple[str, str]:
+        bucket, _, prefix = self.url[len("s3://"):].partition("/")
+        return bucket, f"{prefix}/objects/{sha[:2]}/{sha}"
+
+    def write(self, sha: str, data: bytes) -> None:
+        if self.endpoint is None:
+            with open(f"{self.url}/objects/{sha[:2]}/{sha}", "wb") as f:
+                f.write(data)
+        else:
+            bucket, key = self._key(sha)
+            boto3.client("s3", endpoint_url=self.endpoint).put_object(Bucket=bucket, Key=key, Body=data)
+
+    def remove(self, sha: str) -> None:
+        if self.endpoint is None:
+            os.remove(f"{self.url}/objects/{sha[:2]}/{sha}")
+        else:
+            bucket, key = self._key(sha)
+            boto3.client("s3", endpoint_url=self.endpoint).delete_object(Bucket=bucket, Key=key)
+
+
+@pytest.fixture(params=["local", "s3"])
+def dest(request, tmp_path) -> Objects:
+    if request.param == "local":
+        return Objects(str(tmp_path / "dest"))
+    endpoint, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("bucket")
+    return Objects(f"s3://{bucket}/backups", endpoint)
+
+
+def test_an_object_the_last_verification_found_bad_is_stored_again(dest, tmp_path):
+    ckpt = checkpoint(str(tmp_path / "ck"))
+    first = backup(ckpt, dest.url)
+    good = read(f"{ckpt}/offsets/4")
+    sha = hashlib.sha256(good).hexdigest()
+    dest.write(sha, b"garbage")  # bit rot in one object
+    assert cli_json("backup", "verify", dest.url)[0] == 1
+
+    again = backup(ckpt, dest.url)
+    assert again["parent"] == first["backup_id"]
+    assert again["read_files"] == 1 and again["repaired_objects"] == 1, again  # only the file of the bad object
+    assert read(f"{restored(dest.url, again['backup_id'], str(tmp_path / 'r'))}/offsets/4") == good
+    code, r = cli_json("backup", "verify", dest.url)
+    assert code == 0 and r["ok"], r  # the first backup holds the same content: good again too
+
+    third = backup(ckpt, dest.url)  # the verification is older than its parent now: nothing is stored again
+    assert third["read_files"] == 0 and third["repaired_objects"] == third["new_objects"] == 0, third
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_reused_object_that_is_missing_or_of_the_wrong_size_is_stored_again(dest, tmp_path, damage):
+    """No verification ran: the next backup sees it while it looks for what it reuses (one stat each on
+    local disk; one listing of the objects on an object store, not a HEAD each)."""
+    ckpt = checkpoint(str(tmp_path / "ck"))
+    backup(ckpt, dest.url)
+    good = read(f"{ckpt}/offsets/4")
+    sha = hashlib.sha256(good).hexdigest()
+    dest.remove(sha) if damage == "missing" else dest.write(sha, good[:-1])
+
+    again = backup(ckpt, dest.url)
+    assert again["read_files"] == 1, again
+    assert (again["new_objects"], again["repaired_objects"]) == ((1, 0) if damage == "missing" else (0, 1)), again
+    assert read(f"{restored(dest.url, again['backup_id'], str(tmp_path / 'r'))}/offsets/4") == good
+    if dest.endpoint is not None:
+        assert "HeadObject" not in again["requests"], again["requests"]
+
+
+# ---- files changed without their size and modification time changing -------------------------------------
+
+
+def test_a_file_changed_under_its_old_modification_time_is_read_again(tmp_path):
+    """``cp -p``, ``touch -r`` and ``rsync -a`` carry a file's modification time over; its inode and
+    ctime change (no user sets those). A uniquely named file rewritten at the same size is compared by
+    its modification time too."""
+    ckpt = checkpoint(str(tmp_path / "ck"))
+    unique = f"{ckpt}/{UUID_NAME}"
+    os.makedirs(os.path.dirname(unique), exist_ok=True)
+    with open(unique, "wb") as f:
+        f.write(b"AAAAAAAA")
+    age(ckpt)
+    dest = str(tmp_path / "dest")
+    backup(ckpt, dest)
+
+    offsets = f"{ckpt}/offsets/4"
+    edited = same_size_edit(offsets)
+    os.utime(offsets, (LONG_AGO, LONG_AGO))  # touch -r: the old modification time
+    with open(unique, "wb") as f:
+        f.write(b"BBBBBBBB")
+    os.utime(unique, (LONG_AGO + 1, LONG_AGO + 1))
+
+    again = backup(ckpt, dest)
+    assert again["read_files"] == 2, again
+    back = restored(dest, again["backup_id"], str(tmp_path / "r"))
+    assert read(f"{back}/offsets/4") == edited and read(f"{back}/{UUID_NAME}") == b"BBBBBBBB"
+    assert backup(ckpt, dest)["read_files"] == 0  # nothing changed since: nothing is read
+
+
+def test_a_file_rewritten_within_one_tick_of_the_listing_is_read_again(s3_server, bucket, tmp_path):
+    """On S3 a modification time has whole seconds and no user sets it: a file rewritten at the same size
+    within the second the previous backup listed it keeps it. Such a file ("racily clean") is read again."""
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    local = checkpoint(str(tmp_path / "ck"))
+    for d, _, names in os.walk(local):
+        for n in names:
+            path = os.path.join(d, n)
+            s3.put_object(Bucket=bucket, Key=f"ck/{os.path.relpath(path, local)}", Body=read(path))
+    ckpt, old = f"s3://{bucket}/ck", read(f"{local}/offsets/4")
+    new = same_size_edit(f"{local}/offsets/4")
+    for attempt in range(5):  # V1, a backup and V2 within one second of the store's clock
+        dest = str(tmp_path / f"dest{attempt}")
+        time.sleep(1 - time.time() % 1)
+        s3.put_object(Bucket=bucket, Key="ck/offsets/4", Body=old)
+        first = s3.head_object(Bucket=bucket, Key="ck/offsets/4")["LastModified"]
+        create_backup(ckpt, dest)
+        s3.put_object(Bucket=bucket, Key="ck/offsets/4", Body=new)
+        if s3.head_object(Bucket=bucket, Key="ck/offsets/4")["LastModified"] == first:
+            break
+    else:
+        pytest.skip("the machine is too slow to back up within one second")
+    again = create_backup(ckpt, dest)
+    assert again["read_files"] >= 1, again
+    assert read(f"{restored(dest, again['backup_id'], str(tmp_path / 'r'))}/offsets/4") == new
+
+
+# ---- names a manifest cannot hold ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a:b", "notes\\old", "x\ny"])
+def test_a_stray_file_whose_name_a_manifest_cannot_hold_is_left_out_with_a_warning(tmp_path, name):
+    ckpt, dest = checkpoint(str(tmp_path / "ck")), str(tmp_path / "dest")
+    with open(os.path.join(ckpt, name), "wb") as f:
+        f.write(b"hello")
+    code, out, err = cli("backup", "create", ckpt, dest)
+    assert code == 0, err
+    assert "WARNING: left out" in out and repr(os.path.join(ckpt, name)) in out, out
+    code, r = cli_json("backup", "list", dest)
+    (row,) = r["backups"]
+    assert code == 0 and row["status"] == "unverified" and row["damaged"] is None, r
+    back = restored(dest, row["id"], str(tmp_path / "r"))
+    assert not os.path.exists(os.path.join(back, name)) and read(f"{back}/offsets/4") == read(f"{ckpt}/offsets/4")
+    code, r = cli_json("backup", "create", ckpt, dest)
+    assert r["skipped_names"] == [{"root": "checkpoint", "file": name, "url": os.path.join(ckpt, name),
+                                   "problem": r["skipped_names"][0]["problem"]}]
+
+
+def test_a_name_a_manifest_cannot_hold_inside_sparks_folders_is_refused(tmp_path):
+    ckpt, dest = checkpoint(str(tmp_path / "ck")), str(tmp_path / "dest")
+    odd = os.path.join(ckpt, "state", "0", "x\\y")
+    with open(odd, "wb") as f:
+        f.write(b"hello")
+    code, out, err = cli("backup", "create", ckpt, dest)
+    assert code == 2 and odd in err and "rename it" in err, (out, err)
+    assert not os.path.exists(dest)
+
+
+# ---- big objects copied in the kernel ------------------------------------------------------------------------
+
+
+def test_a_reflinked_object_whose_source_grew_holds_exactly_the_bytes_its_hash_names(tmp_path, monkeypatch):
+    """FICLONE shares every extent of the source as it is when cloned. This machine's ext4 has no
+    reflinks: the ioctl (the kernel's, not ours) is emulated as btrfs and XFS do it, the source growing
+    between the size ``copy_in`` took and the clone."""
+    os.makedirs(tmp_path / "src")
+    src, content = str(tmp_path / "src" / "big"), b"A" * 1000
+    with open(src, "wb") as f:
+        f.write(content)
+    real_ioctl = fcntl.ioctl
+
+    def reflinking_ioctl(fd, request, arg, *rest):
+        if request != rename.FICLONE:
+            return real_ioctl(fd, request, arg, *rest)
+        with open(src, "ab") as f:
+            f.write(b"B" * 24)
+        os.ftruncate(fd, 0)
+        os.copy_file_range(arg, fd, os.fstat(arg).st_size, 0, 0)
+        return 0
+
+    monkeypatch.setattr(fcntl, "ioctl", reflinking_ioctl)
+    source, _ = open_file_manager(str(tmp_path / "src"))
+    target, _ = open_file_manager(str(tmp_path / "dst"))
+    target.hadoop_crc = False
+    sha = hashlib.sha256(content).hexdigest()
+    assert target.copy_in(source, src, str(tmp_path / "dst" / sha), sha256=sha)
+    assert read(str(tmp_path / "dst" / sha)) == content
