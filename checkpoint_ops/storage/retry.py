@@ -8,8 +8,9 @@ attempts multiply, and neither knows what a retried request means to us. So the 
 turns botocore's and s3fs's retries off and runs every request through a ``Retrier`` with this policy:
 
 * which failures are worth another attempt is decided here (``transient_reason``): throttling, 5xx,
-  dropped or refused connections, timeouts, a reply body shorter than its ``Content-Length``, an
-  unparsable reply. Not found, exists, access denied and every other 4xx are answers, never retried;
+  dropped or refused connections, timeouts, a reply body shorter than its ``Content-Length`` or not
+  matching its checksum (``x-amz-checksum-*``), an unparsable reply. Not found, exists, access denied
+  and every other 4xx are answers, never retried;
 * attempts are bounded (``max_attempts``), spaced by capped exponential backoff with full jitter
   (``delay_s``), and counted by request kind (``OpCounter.retries``);
 * when they run out, ``StoreUnavailableError`` (not an ``OSError``: no caller mistakes a flaky store for
@@ -61,6 +62,7 @@ _TRANSIENT_CODES = {
 _TRANSIENT_TYPES = (
     ("IncompleteReadError", "truncated reply (shorter than its Content-Length)"),
     ("IncompleteRead", "truncated reply (shorter than its Content-Length)"),
+    ("FlexibleChecksumError", "damaged reply (its body does not match its checksum)"),
     ("ClientPayloadError", "truncated reply (shorter than its Content-Length)"),
     ("ResponseStreamingError", "connection broken while reading the reply"),
     ("ResponseParserError", "unparsable reply"),
