@@ -44,6 +44,58 @@ def _markers(s3_server, bucket, key) -> int:
     return len(_direct(s3_server).list_object_versions(Bucket=bucket, Prefix=key).get("DeleteMarkers", []))
 
 
+# ---- per-key errors of a 200 DeleteObjects ------------------------------------------------------------
+
+
+def test_per_key_transient_errors_of_a_batch_delete_are_retried_and_counted(faulty_s3, s3_server, bucket):
+    paths = _put(s3_server, bucket, ["a", "b", "c"])
+    fm, _ = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(faults=("key-errors",), **ONCE_PER_DELETE))
+    fm.delete_many(paths)
+    assert _keys(s3_server, bucket) == []
+    assert faulty_s3.stats.faults == {("DELETE-MULTI", "key-errors"): 1}
+    assert fm.counter.retries() == {"DeleteObjects": 1}
+    assert fm.counter.snapshot() == {"DeleteObjects": 2}
+
+
+def test_per_key_errors_that_never_clear_are_a_store_failure(faulty_s3, s3_server, bucket):
+    paths = _put(s3_server, bucket, ["a", "b"])
+    fm, _ = _fm(faulty_s3, bucket, max_attempts=3)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("key-errors",), requests=frozenset({"DELETE-MULTI"})))
+    with pytest.raises(StoreUnavailableError) as info:
+        fm.delete_many(paths)
+    assert "DeleteObjects failed 3 time(s)" in info.value.problem
+    assert info.value.retries == {"DeleteObjects": 2} and fm.counter.retries() == {"DeleteObjects": 2}
+    assert _keys(s3_server, bucket) == ["root/a", "root/b"]
+
+
+def test_a_per_key_access_denied_is_an_answer_not_retried(faulty_s3, s3_server, bucket):
+    paths = _put(s3_server, bucket, ["a"])
+    fm, _ = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("key-denied",), requests=frozenset({"DELETE-MULTI"})))
+    with pytest.raises(PermissionError, match="AccessDenied"):
+        fm.delete_many(paths)
+    assert fm.counter.retries() == {}
+    assert _keys(s3_server, bucket) == ["root/a"]
+
+
+def test_a_rollback_whose_deletes_keep_failing_per_key_stops_with_how_to_finish(faulty_s3, s3_server, bucket):
+    direct = _direct(s3_server)
+    for rel, data in synthetic.files(batches=12, partitions=2, retain_state=13):
+        direct.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)
+    url, options = f"s3://{bucket}/ckpt", json.dumps({"endpoint_url": faulty_s3.endpoint, "retry": {"max_attempts": 3}})
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("key-errors",), requests=frozenset({"DELETE-MULTI"})))
+    code, r = cli_json("rollback", url, "--to-batch", "8", "--yes", "--storage-options", options)
+    assert (code, r["error"]) == (2, "StoreUnavailableError"), r
+    assert r["retries"]["DeleteObjects"] == 2, r
+    assert "checkpoint-ops resume" in r["fix"], r
+    faulty_s3.calm()
+    code, r = cli_json("resume", url, "--storage-options", options)
+    assert code == 0, r
+    assert "ckpt/commits/11" not in _keys(s3_server, bucket, "ckpt/") and "ckpt/commits/8" in _keys(s3_server, bucket,
+                                                                                                     "ckpt/")
+
+
 # ---- damaged replies and listings -----------------------------------------------------------------------
 
 

@@ -15,7 +15,12 @@ retries are off, so attempts never multiply. What a retry means here:
 * a conditional PUT whose reply was lost may have been stored: its retry (ours, or aiohttp's
   resend on a dead reused connection, which nothing above it sees) gets 412. On any 412 the
   object is read back: if it holds exactly our bytes the write is done, else the race was lost;
-* a retried delete (one key or a batch) of keys already gone succeeds: S3 deletes are idempotent;
+* a retried delete (one key or a batch) of keys already gone succeeds: S3 deletes are idempotent.
+  A multi-object delete answered ``200 OK`` may still name keys it failed (a per-key ``<Error>``):
+  those with a transient code (``InternalError``, ``SlowDown``...) are sent again, alone, through the
+  retry policy (counted as ``DeleteObjects`` retries, ``StoreUnavailableError`` when the attempts run
+  out); any other code (``AccessDenied``...) is an answer, raised at once (``PermissionError`` for
+  denied, ``OSError`` otherwise);
 * a retried copy copies the same source again; a listing page is retried with its own
   continuation token, so no key is repeated or skipped;
 * a read whose reply is shorter than its ``Content-Length`` fails in the client and is retried:
@@ -38,7 +43,7 @@ from .manager import AtomicWriter, CheckpointFileManager, FileInfo, PendingUploa
 from .paths import Location
 from .rename import _fileinfo
 from .retry import OPTION as RETRY_OPTION
-from .retry import Retrier, RetryPolicy
+from .retry import Retrier, RetryPolicy, transient_code
 
 # Buffer in memory up to this size, then spool to a local temp file.
 _SPOOL_BYTES = 16 * 2**20
@@ -47,6 +52,9 @@ _SINGLE_PUT_MAX = 64 * 2**20
 _PART_BYTES = 8 * 2**20  # multipart uploads: part size (S3's minimum is 5 MiB)
 _READ_BLOCK = 64 * 2**20  # streamed reads: bytes per ranged GET (most files take one)
 _S3_DELETE_BATCH = 1000
+# Per-key codes of a multi-object delete that mean the object (or version) is already gone: done.
+_GONE = frozenset({"NoSuchKey"})
+_GONE_VERSION = frozenset({"NoSuchKey", "NoSuchVersion"})
 _READ_CONCURRENCY = 32
 
 
@@ -441,17 +449,31 @@ class DirectPutFileManager(CheckpointFileManager):
             by_bucket.setdefault(bucket, []).append(key)
         for bucket, keys in by_bucket.items():
             for i in range(0, len(keys), _S3_DELETE_BATCH):
-                batch = keys[i : i + _S3_DELETE_BATCH]
-                self._count("delete-batch")
-                delete = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
-                resp = self.retrier.call("DeleteObjects", self.url(f"{bucket}/{batch[0]}"),
-                                         lambda: self.fs.call_s3("delete_objects", Bucket=bucket, Delete=delete))
-                errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-                if errors:
-                    e = errors[0]
-                    raise OSError(f"delete failed for s3://{bucket}/{e.get('Key')}: {e.get('Code')} {e.get('Message')}")
+                self._s3_delete_objects(bucket, [{"Key": k} for k in keys[i : i + _S3_DELETE_BATCH]], _GONE)
         for p in paths:
             self.fs.invalidate_cache(p)
+
+    def _s3_delete_objects(self, bucket: str, objects: list[dict], gone: frozenset[str]) -> None:
+        """One DeleteObjects of ``objects`` (``{"Key": ...}``, with a ``VersionId`` to remove that
+        version), through the retry policy. A ``200 OK`` reply may name keys that failed: the keys
+        whose codes are transient are sent again, alone; a code in ``gone`` (already deleted) is done;
+        any other code is an answer (module docstring)."""
+        pending = list(objects)
+        url = self.url(f"{bucket}/{pending[0]['Key']}")
+
+        def attempt() -> None:
+            self._count("delete-batch")
+            resp = self.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": pending, "Quiet": True})
+            failed = [e for e in resp.get("Errors", []) if e.get("Code") not in gone]
+            answers = [e for e in failed if not transient_code(str(e.get("Code", "")))]
+            if answers:
+                raise _key_answer(self.url(f"{bucket}/{answers[0].get('Key')}"), answers)
+            failed_keys = {e.get("Key") for e in failed}
+            pending[:] = [o for o in pending if o["Key"] in failed_keys]
+            if pending:
+                raise _KeyErrors(url, failed)
+
+        self.retrier.call("DeleteObjects", url, attempt)
 
     def rename(self, src: str, dst: str, overwrite: bool = False) -> None:
         if not overwrite and self.exists(dst):
@@ -595,18 +617,31 @@ class DirectPutFileManager(CheckpointFileManager):
             items = sorted(markers.items())
             for i in range(0, len(items), _S3_DELETE_BATCH):
                 batch = items[i : i + _S3_DELETE_BATCH]
-                self._count("delete-batch")
-                delete = {"Objects": [{"Key": k, "VersionId": v} for k, v in batch], "Quiet": True}
-                resp = self.retrier.call("DeleteObjects", f"s3://{bucket}/{batch[0][0]}",
-                                         lambda: self.fs.call_s3("delete_objects", Bucket=bucket, Delete=delete))
                 # a retried batch finds the markers its lost first attempt removed already gone
-                errors = [e for e in resp.get("Errors", []) if e.get("Code") not in ("NoSuchVersion", "NoSuchKey")]
-                if errors:
-                    e = errors[0]
-                    raise OSError(f"undelete failed for s3://{bucket}/{e.get('Key')}: {e.get('Code')} {e.get('Message')}")
+                self._s3_delete_objects(bucket, [{"Key": k, "VersionId": v} for k, v in batch], _GONE_VERSION)
             for k in markers:
                 self.fs.invalidate_cache(f"{bucket}/{k}")
         return not_restored
+
+
+class _KeyErrors(OSError):
+    """Keys a ``200 OK`` multi-object delete failed with transient per-key codes (``SlowDown``,
+    ``InternalError``...): shaped like a client error (``response``), so the retry policy retries it."""
+
+    def __init__(self, url: str, errors: list[dict]):
+        code = str(errors[0].get("Code", ""))
+        super().__init__(errno.EIO, f"{len(errors)} key(s) of a batch delete failed ({code}: "
+                                    f"{errors[0].get('Message')}), e.g. {errors[0].get('Key')}", url)
+        self.response = {"Error": {"Code": code, "Message": errors[0].get("Message")}, "ResponseMetadata": {}}
+
+
+def _key_answer(url: str, errors: list[dict]) -> OSError:
+    """The per-key answer of a multi-object delete that retrying will not change: denied or else."""
+    code = str(errors[0].get("Code", ""))
+    message = f"{len(errors)} key(s) of a batch delete refused: {code} {errors[0].get('Message')}"
+    if code in ("AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return PermissionError(errno.EACCES, message, url)
+    return OSError(errno.EIO, message, url)
 
 
 _SESSION_CLS: list = []
