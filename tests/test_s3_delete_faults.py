@@ -113,3 +113,19 @@ def test_a_reply_that_fails_its_checksum_is_retried(faulty_s3, s3_server, bucket
 def test_a_checksum_mismatch_is_transient():
     e = botocore.exceptions.FlexibleChecksumError(error_msg="Expected checksum u847nQ== did not match")
     assert transient_reason(e) == "damaged reply (its body does not match its checksum)"
+
+
+def test_a_failed_listing_is_retried_never_read_as_empty(faulty_s3, s3_server, bucket):
+    _put(s3_server, bucket, ["d/x1", "d/sub/y", "e"])
+    fm, root = _fm(faulty_s3, bucket, max_attempts=2)
+    faulty_s3.set_plan(FaultPlan(rate=1.0, limit=1, faults=("500",), requests=frozenset({"LIST"})))
+    assert fm.list(f"{root}/empty") == []
+    listed = fm.list(f"{root}/d")
+    assert [(f.path, f.is_dir) for f in listed] == [(f"{root}/d/sub", True), (f"{root}/d/x1", False)]
+    assert listed[1].size == 4
+    stats = faulty_s3.reset_stats()
+    assert fm.counter.total_retries == stats.total_faults == 2  # every broken LIST was retried, none swallowed
+    assert fm.counter.snapshot() == {"ListObjectsV2": 4}
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("500",), requests=frozenset({"LIST"})))
+    with pytest.raises(StoreUnavailableError):
+        fm.list(f"{root}/empty")

@@ -21,8 +21,9 @@ retries are off, so attempts never multiply. What a retry means here:
   retry policy (counted as ``DeleteObjects`` retries, ``StoreUnavailableError`` when the attempts run
   out); any other code (``AccessDenied``...) is an answer, raised at once (``PermissionError`` for
   denied, ``OSError`` otherwise);
-* a retried copy copies the same source again; a listing page is retried with its own
-  continuation token, so no key is repeated or skipped;
+* a retried copy copies the same source again; a listing page (``walk``, and ``list`` on S3) is
+  retried with its own continuation token, so no key is repeated or skipped, and a listing that
+  failed is an error, never read as an empty directory;
 * a read whose reply is shorter than its ``Content-Length`` fails in the client and is retried:
   a short object is never parsed. Streams (``open_read``) are ranged GETs, each retried on its own,
   pinned to the first reply's ETag.
@@ -35,7 +36,7 @@ import contextlib
 import errno
 import io
 import tempfile
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from ..errors import StoreUnavailableError
 from . import killswitch
@@ -55,6 +56,15 @@ _S3_DELETE_BATCH = 1000
 # Per-key codes of a multi-object delete that mean the object (or version) is already gone: done.
 _GONE = frozenset({"NoSuchKey"})
 _GONE_VERSION = frozenset({"NoSuchKey", "NoSuchVersion"})
+# Paged listings: method -> (request kind for the retry policy, what _count calls it, the markers of the
+# next page: (request parameter, reply field), ...)
+_PAGED = {
+    "list_objects_v2": ("ListObjectsV2", "list", (("ContinuationToken", "NextContinuationToken"),)),
+    "list_object_versions": ("ListObjectVersions", "list-versions",
+                             (("KeyMarker", "NextKeyMarker"), ("VersionIdMarker", "NextVersionIdMarker"))),
+    "list_multipart_uploads": ("ListMultipartUploads", "list-uploads",
+                               (("KeyMarker", "NextKeyMarker"), ("UploadIdMarker", "NextUploadIdMarker"))),
+}
 _READ_CONCURRENCY = 32
 
 
@@ -387,6 +397,9 @@ class DirectPutFileManager(CheckpointFileManager):
         return self.info(path) is not None
 
     def list(self, path: str) -> list[FileInfo]:
+        if self.location.scheme == "s3":
+            return self._s3_list(path)
+
         def ls():  # a failed page starts the listing over: nothing repeated, nothing skipped
             self._count("list")
             return self.fs.ls(path, detail=True, refresh=True)
@@ -410,23 +423,45 @@ class DirectPutFileManager(CheckpointFileManager):
             return []
         return [_fileinfo(d) for d in found.values() if d.get("type") != "directory"]
 
+    def _s3_list(self, path: str) -> list[FileInfo]:
+        """The direct children of ``path`` (``Delimiter=/``), sorted. Not s3fs's ``ls``: when a directory
+        lists empty, that lists the parent too (for a file of that name) and swallows its failure."""
+        return sorted(self._s3_objects(path, children_only=True), key=lambda f: f.path)
+
     def _s3_walk(self, path: str) -> list[FileInfo]:
-        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes). A page
-        that fails is asked for again with the same continuation token."""
+        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes)."""
+        return self._s3_objects(path, children_only=False)
+
+    def _s3_objects(self, path: str, children_only: bool) -> list[FileInfo]:
         bucket, _, key = path.strip("/").partition("/")
         kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
+        if children_only:
+            kwargs["Delimiter"] = "/"
         out = []
-        while True:
-            page = dict(kwargs)
-            resp = self.retrier.call("ListObjectsV2", self.url(path),
-                                     lambda: self.fs.call_s3("list_objects_v2", **page))
+        for resp in self._s3_pages("list_objects_v2", self.url(path), kwargs):
             for o in resp.get("Contents", []):
                 mtime = o.get("LastModified")
                 out.append(FileInfo(f"{bucket}/{o['Key']}", int(o.get("Size", 0)),
                                     mtime.timestamp() if hasattr(mtime, "timestamp") else None))
+            for d in resp.get("CommonPrefixes", []):
+                out.append(FileInfo(f"{bucket}/{d['Prefix'].rstrip('/')}", 0, None, is_dir=True))
+        return out
+
+    def _s3_pages(self, method: str, url: str, kwargs: dict) -> Iterator[dict]:
+        """Each page of a paged S3 listing (``method``: a key of ``_PAGED``), each its own request
+        through the retry policy: a page that fails is asked for again with the same markers."""
+        kind, counted_as, markers = _PAGED[method]
+        kwargs = dict(kwargs)
+        while True:
+            def page(kw=dict(kwargs)):
+                self._count(counted_as)
+                return self.fs.call_s3(method, **kw)
+
+            resp = self.retrier.call(kind, url, page)
+            yield resp
             if not resp.get("IsTruncated"):
-                return out
-            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+                return
+            kwargs.update({param: resp.get(field) for param, field in markers})
 
     def delete_many(self, paths: Iterable[str]) -> None:
         paths = list(dict.fromkeys(paths))
@@ -539,21 +574,14 @@ class DirectPutFileManager(CheckpointFileManager):
         if self.location.scheme != "s3":
             return []
         bucket, _, key = path.strip("/").partition("/")
-        kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
         out = []
-        while True:
-            def page(kw=dict(kwargs)):
-                self._count("list-uploads")
-                return self.fs.call_s3("list_multipart_uploads", **kw)
-
-            resp = self.retrier.call("ListMultipartUploads", self.url(path), page)
+        for resp in self._s3_pages("list_multipart_uploads", self.url(path),
+                                   {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}):
             for u in resp.get("Uploads", []):
                 started = u.get("Initiated")
                 out.append(PendingUpload(f"{bucket}/{u['Key']}", u["UploadId"],
                                          started.timestamp() if hasattr(started, "timestamp") else None))
-            if not resp.get("IsTruncated"):
-                return out
-            kwargs.update(KeyMarker=resp.get("NextKeyMarker"), UploadIdMarker=resp.get("NextUploadIdMarker"))
+        return out
 
     def abort_uploads(self, uploads: list[PendingUpload]) -> None:
         """Abort each upload, each request through the retry policy. An upload already gone (aborted or
