@@ -96,6 +96,65 @@ def test_a_rollback_whose_deletes_keep_failing_per_key_stops_with_how_to_finish(
                                                                                                      "ckpt/")
 
 
+# ---- versioned buckets: undelete ------------------------------------------------------------------------
+
+
+def test_undelete_removes_every_marker_a_retried_delete_stacked(faulty_s3, s3_server, bucket):
+    paths = _put(s3_server, bucket, ["a", "b", "c"], versioned=True)
+    fm, _ = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(faults=("lost-reply",), **ONCE_PER_DELETE))
+    fm.delete_many(paths)  # deleted, reply lost, deleted again: two markers per key
+    faulty_s3.calm()
+    assert _keys(s3_server, bucket) == [] and _markers(s3_server, bucket, "root/a") == 2
+    assert fm.undelete_many(paths) == []
+    assert _keys(s3_server, bucket) == ["root/a", "root/b", "root/c"]
+    assert _direct(s3_server).get_object(Bucket=bucket, Key="root/b")["Body"].read() == b"b"
+    assert _markers(s3_server, bucket, "root/a") == 0
+
+
+def test_undelete_names_the_paths_it_could_not_bring_back(faulty_s3, s3_server, bucket):
+    paths = _put(s3_server, bucket, ["kept", "purged"], versioned=True)
+    direct = _direct(s3_server)
+    fm, _ = _fm(faulty_s3, bucket)
+    fm.delete_many(paths)
+    for v in direct.list_object_versions(Bucket=bucket, Prefix="root/purged").get("Versions", []):
+        direct.delete_object(Bucket=bucket, Key="root/purged", VersionId=v["VersionId"])  # only its marker is left
+    never = f"{bucket}/root/never"
+    assert fm.undelete_many(paths + [never]) == [f"{bucket}/root/never", f"{bucket}/root/purged"]
+    assert _keys(s3_server, bucket) == ["root/kept"]
+    assert fm.undelete_many(paths[:1]) == []  # already current: nothing to do, nothing missing
+
+
+def test_undelete_retries_per_key_errors(faulty_s3, s3_server, bucket):
+    paths = _put(s3_server, bucket, ["a", "b"], versioned=True)
+    fm, _ = _fm(faulty_s3, bucket)
+    fm.delete_many(paths)
+    faulty_s3.set_plan(FaultPlan(faults=("key-errors",), **ONCE_PER_DELETE))
+    assert fm.undelete_many(paths) == []
+    assert _keys(s3_server, bucket) == ["root/a", "root/b"]
+    assert fm.counter.retries() == {"DeleteObjects": 1}
+
+
+def test_undo_after_a_rollback_whose_delete_was_retried_restores_every_file(faulty_s3, s3_server, bucket):
+    direct = _direct(s3_server)
+    direct.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    original = {}
+    for rel, data in synthetic.files(batches=12, partitions=2, retain_state=13):
+        direct.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)
+        original[f"ckpt/{rel}"] = data
+    url, options = f"s3://{bucket}/ckpt", json.dumps({"endpoint_url": faulty_s3.endpoint})
+    faulty_s3.set_plan(FaultPlan(faults=("lost-reply",), **ONCE_PER_DELETE))
+    code, r = cli_json("rollback", url, "--to-batch", "8", "--yes", "--storage-options", options)
+    assert code == 0, r
+    faulty_s3.calm()
+    assert _markers(s3_server, bucket, "ckpt/commits/11") == 2  # the retried delete stacked a second marker
+    code, r = cli_json("undo", url, "--yes", "--storage-options", options)
+    assert (code, r["result"]["status"]) == (0, "undone"), r
+    after = set(_keys(s3_server, bucket, "ckpt/"))
+    assert sorted(k for k in original if k not in after) == []
+    assert all(direct.get_object(Bucket=bucket, Key=k)["Body"].read() == data for k, data in original.items())
+
+
 # ---- damaged replies and listings -----------------------------------------------------------------------
 
 

@@ -21,6 +21,10 @@ retries are off, so attempts never multiply. What a retry means here:
   retry policy (counted as ``DeleteObjects`` retries, ``StoreUnavailableError`` when the attempts run
   out); any other code (``AccessDenied``...) is an answer, raised at once (``PermissionError`` for
   denied, ``OSError`` otherwise);
+* on a versioned bucket a retried delete adds a delete marker per attempt, so one key may end up with
+  several markers above its version. ``undelete_many`` removes every marker above the newest real
+  version (not only the newest marker), then lists once more and returns each path that is still
+  missing: its result is what stayed deleted, never a guess;
 * a retried copy copies the same source again; a listing page (``walk``, and ``list`` on S3) is
   retried with its own continuation token, so no key is repeated or skipped, and a listing that
   failed is an error, never read as an empty directory;
@@ -56,6 +60,9 @@ _S3_DELETE_BATCH = 1000
 # Per-key codes of a multi-object delete that mean the object (or version) is already gone: done.
 _GONE = frozenset({"NoSuchKey"})
 _GONE_VERSION = frozenset({"NoSuchKey", "NoSuchVersion"})
+# undelete: at most this many rounds of removing delete markers (each removes at least the newest
+# marker of every key still deleted; a retried delete stacks one marker per attempt)
+_UNDELETE_ROUNDS = 32
 # Paged listings: method -> (request kind for the retry policy, what _count calls it, the markers of the
 # next page: (request parameter, reply field), ...)
 _PAGED = {
@@ -618,7 +625,14 @@ class DirectPutFileManager(CheckpointFileManager):
         return resp.get("Status") == "Enabled"
 
     def undelete_many(self, paths: list[str]) -> list[str]:
-        """Remove the newest delete marker of each path, so its previous version is current again."""
+        """Make the newest real version of each path current again, and return the paths that are
+        still missing afterwards (no version to bring back, or markers that would not go).
+
+        Every delete marker above that version goes, not only the newest: a delete retried after its
+        reply was lost left one marker per attempt. Each round lists the versions below the paths'
+        common prefix and removes, for each path whose latest entry is a marker, that marker and every
+        marker newer than its newest version (by the store's clock; ties wait for the next round, whose
+        listing says which is latest). The listing that finds nothing left to remove is the check."""
         if self.location.scheme != "s3":
             return super().undelete_many(paths)
         by_bucket: dict[str, set[str]] = {}
@@ -628,28 +642,66 @@ class DirectPutFileManager(CheckpointFileManager):
         not_restored = []
         for bucket, keys in by_bucket.items():
             prefix = _common_prefix(sorted(keys))
-            markers: dict[str, str] = {}
-            kwargs = {"Bucket": bucket, "Prefix": prefix}
+            rounds = 0
             while True:
-                self._count("list-versions")
-                page = dict(kwargs)
-                resp = self.retrier.call("ListObjectVersions", f"s3://{bucket}/{prefix}",
-                                         lambda: self.fs.call_s3("list_object_versions", **page))
-                for m in resp.get("DeleteMarkers", []):
-                    if m.get("IsLatest") and m["Key"] in keys:
-                        markers[m["Key"]] = m["VersionId"]
-                if not resp.get("IsTruncated"):
+                history = self._key_histories(bucket, prefix, keys)
+                markers = sorted((key, marker) for key, h in history.items() for marker in h.markers_above())
+                if not markers or rounds == _UNDELETE_ROUNDS:
                     break
-                kwargs.update(KeyMarker=resp.get("NextKeyMarker"), VersionIdMarker=resp.get("NextVersionIdMarker"))
-            not_restored += [f"{bucket}/{k}" for k in keys if k not in markers]
-            items = sorted(markers.items())
-            for i in range(0, len(items), _S3_DELETE_BATCH):
-                batch = items[i : i + _S3_DELETE_BATCH]
-                # a retried batch finds the markers its lost first attempt removed already gone
-                self._s3_delete_objects(bucket, [{"Key": k, "VersionId": v} for k, v in batch], _GONE_VERSION)
-            for k in markers:
+                for i in range(0, len(markers), _S3_DELETE_BATCH):
+                    batch = markers[i : i + _S3_DELETE_BATCH]
+                    # a retried batch finds the markers its lost first attempt removed already gone
+                    self._s3_delete_objects(bucket, [{"Key": k, "VersionId": v} for k, v in batch], _GONE_VERSION)
+                rounds += 1
+            not_restored += [f"{bucket}/{k}" for k in sorted(keys) if k not in history or not history[k].current]
+            for k in keys:
                 self.fs.invalidate_cache(f"{bucket}/{k}")
         return not_restored
+
+    def _key_histories(self, bucket: str, prefix: str, keys: set[str]) -> dict[str, "_KeyHistory"]:
+        """The versions and delete markers of ``keys`` (ListObjectVersions below ``prefix``, paged)."""
+        history: dict[str, _KeyHistory] = {}
+        listing = {"Bucket": bucket, "Prefix": prefix}
+        for resp in self._s3_pages("list_object_versions", f"s3://{bucket}/{prefix}", listing):
+            for entries, is_marker in ((resp.get("Versions", []), False), (resp.get("DeleteMarkers", []), True)):
+                for entry in entries:
+                    if entry["Key"] in keys:
+                        history.setdefault(entry["Key"], _KeyHistory()).add(entry, is_marker)
+        return history
+
+
+class _KeyHistory:
+    """What ListObjectVersions says of one key: its delete markers, its newest real version."""
+
+    __slots__ = ("markers", "latest_marker", "newest_version", "has_version", "current")
+
+    def __init__(self):
+        self.markers: list[tuple[str, float | None]] = []  # (version id, LastModified)
+        self.latest_marker: str | None = None
+        self.newest_version: float | None = None  # LastModified of the newest real version
+        self.has_version = False
+        self.current = False  # the latest entry is a real version: the key exists
+
+    def add(self, entry: dict, is_marker: bool) -> None:
+        modified = entry.get("LastModified")
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else None
+        if is_marker:
+            self.markers.append((entry["VersionId"], stamp))
+            if entry.get("IsLatest"):
+                self.latest_marker = entry["VersionId"]
+            return
+        self.has_version = True
+        self.current = self.current or bool(entry.get("IsLatest"))
+        if stamp is not None and (self.newest_version is None or stamp > self.newest_version):
+            self.newest_version = stamp
+
+    def markers_above(self) -> list[str]:
+        """The markers to remove so the newest real version becomes current: none if it is current
+        or there is none; else the latest marker and every marker newer than that version."""
+        if self.current or not self.has_version or self.latest_marker is None:
+            return []
+        return [marker for marker, stamp in self.markers if marker == self.latest_marker
+                or (stamp is not None and self.newest_version is not None and stamp > self.newest_version)]
 
 
 class _KeyErrors(OSError):
