@@ -14,6 +14,18 @@ one of these ways (``FAULTS``):
   cut in half and the connection closed (a client must notice the mismatch, never take a short object).
   A reply without a body is lost instead.
 
+These are the faults a plan picks from by default (``FAULTS``). Three more must be asked for by name
+(``OPT_IN_FAULTS``), as they damage a reply in ways only some requests can show:
+
+* ``key-errors``: a multi-object delete (``DELETE-MULTI``) is answered, without forwarding, ``200 OK``
+  with a per-key ``<Error>`` (``InternalError`` or ``SlowDown``) for every key it names, as S3 does when
+  part of a batch fails: nothing was deleted, and only the per-key errors say so. Any other request
+  gets the ``500`` fault;
+* ``key-denied``: the same, with ``AccessDenied`` for every key (an answer, not a failure to retry);
+* ``corrupt``: the server handles the request; its reply keeps its framing but one byte of the body is
+  flipped, so its checksum (``x-amz-checksum-*``, sent for a whole-object GET of an object stored with
+  one) does not match. A reply without a body passes unchanged.
+
 Which requests fail is decided per request from a seed: the *i*-th time the same request (method,
 path, query, range and body) comes, it fails when ``Random(f"{seed}|{request}|{i}")`` says so, so a run is
 reproducible however the client's threads interleave. ``outage(seconds)`` fails every request (reset or 503) for that long: the store is
@@ -38,9 +50,12 @@ import uuid
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
-FAULTS = ("reset", "lost-reply", "500", "503", "slow", "truncate")
+FAULTS = ("reset", "lost-reply", "500", "503", "slow", "truncate")  # a plan's default
+OPT_IN_FAULTS = ("key-errors", "key-denied", "corrupt")  # named in a plan's ``faults`` only
 # What the server must have done before the fault: these forward the request first.
-_AFTER = {"lost-reply", "truncate", "slow"}
+_AFTER = {"lost-reply", "truncate", "slow", "corrupt"}
+# Per-key error codes of a multi-object delete's 200 reply, by fault.
+_KEY_ERRORS = {"key-errors": ("InternalError", "SlowDown"), "key-denied": ("AccessDenied",)}
 
 REQUEST_KINDS = ("LIST", "GET", "HEAD", "PUT", "PUT-IF-NONE-MATCH", "COPY", "DELETE", "DELETE-MULTI",
                  "VERSIONING", "LIST-VERSIONS", "MULTIPART", "BUCKET", "OTHER")
@@ -102,9 +117,9 @@ class FaultPlan:
     delay_s: float = 0.2
 
     def __post_init__(self):
-        unknown = set(self.faults) - set(FAULTS)
+        unknown = set(self.faults) - set(FAULTS + OPT_IN_FAULTS)
         if unknown:
-            raise ValueError(f"unknown faults {sorted(unknown)}; known: {FAULTS}")
+            raise ValueError(f"unknown faults {sorted(unknown)}; known: {FAULTS + OPT_IN_FAULTS}")
         if self.requests is not None and set(self.requests) - set(REQUEST_KINDS):
             raise ValueError(f"unknown request kinds {sorted(set(self.requests) - set(REQUEST_KINDS))}")
 
@@ -381,6 +396,12 @@ class FaultyS3:
                 if fault == "reset":
                     _reset(writer)
                     return
+                if fault in _KEY_ERRORS and req.kind != "DELETE-MULTI":
+                    fault = "500"
+                if fault in _KEY_ERRORS:
+                    writer.write(_key_errors_reply(_KEY_ERRORS[fault], req))
+                    await writer.drain()
+                    continue
                 if fault in _ERRORS:
                     writer.write(_error_reply(fault, req))
                     await writer.drain()
@@ -399,7 +420,12 @@ class FaultyS3:
                     await writer.drain()
                     _reset(writer)
                     return
-                writer.write(resp.encode())
+                if fault == "corrupt" and resp.body:
+                    middle = len(resp.body) // 2
+                    body = resp.body[:middle] + bytes([resp.body[middle] ^ 0xFF]) + resp.body[middle + 1:]
+                    writer.write(resp.encode(body))
+                else:
+                    writer.write(resp.encode())
                 await writer.drain()
                 if not resp.framed:
                     writer.close()
@@ -463,4 +489,17 @@ def _error_reply(fault: str, req: _Request) -> bytes:
         body = b""
     head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/xml\r\nx-amz-request-id: {request_id}\r\n"
             f"Content-Length: {len(body) if req.method != 'HEAD' else 0}\r\n\r\n")
+    return head.encode() + body
+
+
+def _key_errors_reply(codes: tuple[str, ...], req: _Request) -> bytes:
+    """A multi-object delete's ``200 OK`` whose every key failed (codes taken in turn, from the key)."""
+    keys = re.findall(rb"<Key>([^<]*)</Key>", req.body)
+    errors = b"".join(
+        b"<Error><Key>%s</Key><Code>%s</Code><Message>injected by the fault proxy</Message></Error>"
+        % (key, codes[int(hashlib.sha1(key).hexdigest(), 16) % len(codes)].encode()) for key in keys)
+    body = (b'<?xml version="1.0" encoding="UTF-8"?>\n<DeleteResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+            + errors + b"</DeleteResult>")
+    head = (f"HTTP/1.1 200 OK\r\nContent-Type: application/xml\r\nx-amz-request-id: {uuid.uuid4().hex[:16].upper()}"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n")
     return head.encode() + body

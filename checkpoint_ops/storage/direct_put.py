@@ -15,9 +15,19 @@ retries are off, so attempts never multiply. What a retry means here:
 * a conditional PUT whose reply was lost may have been stored: its retry (ours, or aiohttp's
   resend on a dead reused connection, which nothing above it sees) gets 412. On any 412 the
   object is read back: if it holds exactly our bytes the write is done, else the race was lost;
-* a retried delete (one key or a batch) of keys already gone succeeds: S3 deletes are idempotent;
-* a retried copy copies the same source again; a listing page is retried with its own
-  continuation token, so no key is repeated or skipped;
+* a retried delete (one key or a batch) of keys already gone succeeds: S3 deletes are idempotent.
+  A multi-object delete answered ``200 OK`` may still name keys it failed (a per-key ``<Error>``):
+  those with a transient code (``InternalError``, ``SlowDown``...) are sent again, alone, through the
+  retry policy (counted as ``DeleteObjects`` retries, ``StoreUnavailableError`` when the attempts run
+  out); any other code (``AccessDenied``...) is an answer, raised at once (``PermissionError`` for
+  denied, ``OSError`` otherwise);
+* on a versioned bucket a retried delete adds a delete marker per attempt, so one key may end up with
+  several markers above its version. ``undelete_many`` removes every marker above the newest real
+  version (not only the newest marker), then lists once more and returns each path that is still
+  missing: its result is what stayed deleted, never a guess;
+* a retried copy copies the same source again; a listing page (``walk``, and ``list`` on S3) is
+  retried with its own continuation token, so no key is repeated or skipped, and a listing that
+  failed is an error, never read as an empty directory;
 * a read whose reply is shorter than its ``Content-Length`` fails in the client and is retried:
   a short object is never parsed. Streams (``open_read``) are ranged GETs, each retried on its own,
   pinned to the first reply's ETag.
@@ -30,7 +40,7 @@ import contextlib
 import errno
 import io
 import tempfile
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from ..errors import StoreUnavailableError
 from . import killswitch
@@ -38,7 +48,7 @@ from .manager import AtomicWriter, CheckpointFileManager, FileInfo, PendingUploa
 from .paths import Location
 from .rename import _fileinfo
 from .retry import OPTION as RETRY_OPTION
-from .retry import Retrier, RetryPolicy
+from .retry import Retrier, RetryPolicy, transient_code
 
 # Buffer in memory up to this size, then spool to a local temp file.
 _SPOOL_BYTES = 16 * 2**20
@@ -47,6 +57,21 @@ _SINGLE_PUT_MAX = 64 * 2**20
 _PART_BYTES = 8 * 2**20  # multipart uploads: part size (S3's minimum is 5 MiB)
 _READ_BLOCK = 64 * 2**20  # streamed reads: bytes per ranged GET (most files take one)
 _S3_DELETE_BATCH = 1000
+# Per-key codes of a multi-object delete that mean the object (or version) is already gone: done.
+_GONE = frozenset({"NoSuchKey"})
+_GONE_VERSION = frozenset({"NoSuchKey", "NoSuchVersion"})
+# undelete: at most this many rounds of removing delete markers (each removes at least the newest
+# marker of every key still deleted; a retried delete stacks one marker per attempt)
+_UNDELETE_ROUNDS = 32
+# Paged listings: method -> (request kind for the retry policy, what _count calls it, the markers of the
+# next page: (request parameter, reply field), ...)
+_PAGED = {
+    "list_objects_v2": ("ListObjectsV2", "list", (("ContinuationToken", "NextContinuationToken"),)),
+    "list_object_versions": ("ListObjectVersions", "list-versions",
+                             (("KeyMarker", "NextKeyMarker"), ("VersionIdMarker", "NextVersionIdMarker"))),
+    "list_multipart_uploads": ("ListMultipartUploads", "list-uploads",
+                               (("KeyMarker", "NextKeyMarker"), ("UploadIdMarker", "NextUploadIdMarker"))),
+}
 _READ_CONCURRENCY = 32
 
 
@@ -379,6 +404,9 @@ class DirectPutFileManager(CheckpointFileManager):
         return self.info(path) is not None
 
     def list(self, path: str) -> list[FileInfo]:
+        if self.location.scheme == "s3":
+            return self._s3_list(path)
+
         def ls():  # a failed page starts the listing over: nothing repeated, nothing skipped
             self._count("list")
             return self.fs.ls(path, detail=True, refresh=True)
@@ -402,23 +430,45 @@ class DirectPutFileManager(CheckpointFileManager):
             return []
         return [_fileinfo(d) for d in found.values() if d.get("type") != "directory"]
 
+    def _s3_list(self, path: str) -> list[FileInfo]:
+        """The direct children of ``path`` (``Delimiter=/``), sorted. Not s3fs's ``ls``: when a directory
+        lists empty, that lists the parent too (for a file of that name) and swallows its failure."""
+        return sorted(self._s3_objects(path, children_only=True), key=lambda f: f.path)
+
     def _s3_walk(self, path: str) -> list[FileInfo]:
-        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes). A page
-        that fails is asked for again with the same continuation token."""
+        """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes)."""
+        return self._s3_objects(path, children_only=False)
+
+    def _s3_objects(self, path: str, children_only: bool) -> list[FileInfo]:
         bucket, _, key = path.strip("/").partition("/")
         kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
+        if children_only:
+            kwargs["Delimiter"] = "/"
         out = []
-        while True:
-            page = dict(kwargs)
-            resp = self.retrier.call("ListObjectsV2", self.url(path),
-                                     lambda: self.fs.call_s3("list_objects_v2", **page))
+        for resp in self._s3_pages("list_objects_v2", self.url(path), kwargs):
             for o in resp.get("Contents", []):
                 mtime = o.get("LastModified")
                 out.append(FileInfo(f"{bucket}/{o['Key']}", int(o.get("Size", 0)),
                                     mtime.timestamp() if hasattr(mtime, "timestamp") else None))
+            for d in resp.get("CommonPrefixes", []):
+                out.append(FileInfo(f"{bucket}/{d['Prefix'].rstrip('/')}", 0, None, is_dir=True))
+        return out
+
+    def _s3_pages(self, method: str, url: str, kwargs: dict) -> Iterator[dict]:
+        """Each page of a paged S3 listing (``method``: a key of ``_PAGED``), each its own request
+        through the retry policy: a page that fails is asked for again with the same markers."""
+        kind, counted_as, markers = _PAGED[method]
+        kwargs = dict(kwargs)
+        while True:
+            def page(kw=dict(kwargs)):
+                self._count(counted_as)
+                return self.fs.call_s3(method, **kw)
+
+            resp = self.retrier.call(kind, url, page)
+            yield resp
             if not resp.get("IsTruncated"):
-                return out
-            kwargs["ContinuationToken"] = resp["NextContinuationToken"]
+                return
+            kwargs.update({param: resp.get(field) for param, field in markers})
 
     def delete_many(self, paths: Iterable[str]) -> None:
         paths = list(dict.fromkeys(paths))
@@ -441,17 +491,31 @@ class DirectPutFileManager(CheckpointFileManager):
             by_bucket.setdefault(bucket, []).append(key)
         for bucket, keys in by_bucket.items():
             for i in range(0, len(keys), _S3_DELETE_BATCH):
-                batch = keys[i : i + _S3_DELETE_BATCH]
-                self._count("delete-batch")
-                delete = {"Objects": [{"Key": k} for k in batch], "Quiet": True}
-                resp = self.retrier.call("DeleteObjects", self.url(f"{bucket}/{batch[0]}"),
-                                         lambda: self.fs.call_s3("delete_objects", Bucket=bucket, Delete=delete))
-                errors = [e for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-                if errors:
-                    e = errors[0]
-                    raise OSError(f"delete failed for s3://{bucket}/{e.get('Key')}: {e.get('Code')} {e.get('Message')}")
+                self._s3_delete_objects(bucket, [{"Key": k} for k in keys[i : i + _S3_DELETE_BATCH]], _GONE)
         for p in paths:
             self.fs.invalidate_cache(p)
+
+    def _s3_delete_objects(self, bucket: str, objects: list[dict], gone: frozenset[str]) -> None:
+        """One DeleteObjects of ``objects`` (``{"Key": ...}``, with a ``VersionId`` to remove that
+        version), through the retry policy. A ``200 OK`` reply may name keys that failed: the keys
+        whose codes are transient are sent again, alone; a code in ``gone`` (already deleted) is done;
+        any other code is an answer (module docstring)."""
+        pending = list(objects)
+        url = self.url(f"{bucket}/{pending[0]['Key']}")
+
+        def attempt() -> None:
+            self._count("delete-batch")
+            resp = self.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": pending, "Quiet": True})
+            failed = [e for e in resp.get("Errors", []) if e.get("Code") not in gone]
+            answers = [e for e in failed if not transient_code(str(e.get("Code", "")))]
+            if answers:
+                raise _key_answer(self.url(f"{bucket}/{answers[0].get('Key')}"), answers)
+            failed_keys = {e.get("Key") for e in failed}
+            pending[:] = [o for o in pending if o["Key"] in failed_keys]
+            if pending:
+                raise _KeyErrors(url, failed)
+
+        self.retrier.call("DeleteObjects", url, attempt)
 
     def rename(self, src: str, dst: str, overwrite: bool = False) -> None:
         if not overwrite and self.exists(dst):
@@ -517,21 +581,14 @@ class DirectPutFileManager(CheckpointFileManager):
         if self.location.scheme != "s3":
             return []
         bucket, _, key = path.strip("/").partition("/")
-        kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
         out = []
-        while True:
-            def page(kw=dict(kwargs)):
-                self._count("list-uploads")
-                return self.fs.call_s3("list_multipart_uploads", **kw)
-
-            resp = self.retrier.call("ListMultipartUploads", self.url(path), page)
+        for resp in self._s3_pages("list_multipart_uploads", self.url(path),
+                                   {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}):
             for u in resp.get("Uploads", []):
                 started = u.get("Initiated")
                 out.append(PendingUpload(f"{bucket}/{u['Key']}", u["UploadId"],
                                          started.timestamp() if hasattr(started, "timestamp") else None))
-            if not resp.get("IsTruncated"):
-                return out
-            kwargs.update(KeyMarker=resp.get("NextKeyMarker"), UploadIdMarker=resp.get("NextUploadIdMarker"))
+        return out
 
     def abort_uploads(self, uploads: list[PendingUpload]) -> None:
         """Abort each upload, each request through the retry policy. An upload already gone (aborted or
@@ -568,7 +625,14 @@ class DirectPutFileManager(CheckpointFileManager):
         return resp.get("Status") == "Enabled"
 
     def undelete_many(self, paths: list[str]) -> list[str]:
-        """Remove the newest delete marker of each path, so its previous version is current again."""
+        """Make the newest real version of each path current again, and return the paths that are
+        still missing afterwards (no version to bring back, or markers that would not go).
+
+        Every delete marker above that version goes, not only the newest: a delete retried after its
+        reply was lost left one marker per attempt. Each round lists the versions below the paths'
+        common prefix and removes, for each path whose latest entry is a marker, that marker and every
+        marker newer than its newest version (by the store's clock; ties wait for the next round, whose
+        listing says which is latest). The listing that finds nothing left to remove is the check."""
         if self.location.scheme != "s3":
             return super().undelete_many(paths)
         by_bucket: dict[str, set[str]] = {}
@@ -578,35 +642,86 @@ class DirectPutFileManager(CheckpointFileManager):
         not_restored = []
         for bucket, keys in by_bucket.items():
             prefix = _common_prefix(sorted(keys))
-            markers: dict[str, str] = {}
-            kwargs = {"Bucket": bucket, "Prefix": prefix}
+            rounds = 0
             while True:
-                self._count("list-versions")
-                page = dict(kwargs)
-                resp = self.retrier.call("ListObjectVersions", f"s3://{bucket}/{prefix}",
-                                         lambda: self.fs.call_s3("list_object_versions", **page))
-                for m in resp.get("DeleteMarkers", []):
-                    if m.get("IsLatest") and m["Key"] in keys:
-                        markers[m["Key"]] = m["VersionId"]
-                if not resp.get("IsTruncated"):
+                history = self._key_histories(bucket, prefix, keys)
+                markers = sorted((key, marker) for key, h in history.items() for marker in h.markers_above())
+                if not markers or rounds == _UNDELETE_ROUNDS:
                     break
-                kwargs.update(KeyMarker=resp.get("NextKeyMarker"), VersionIdMarker=resp.get("NextVersionIdMarker"))
-            not_restored += [f"{bucket}/{k}" for k in keys if k not in markers]
-            items = sorted(markers.items())
-            for i in range(0, len(items), _S3_DELETE_BATCH):
-                batch = items[i : i + _S3_DELETE_BATCH]
-                self._count("delete-batch")
-                delete = {"Objects": [{"Key": k, "VersionId": v} for k, v in batch], "Quiet": True}
-                resp = self.retrier.call("DeleteObjects", f"s3://{bucket}/{batch[0][0]}",
-                                         lambda: self.fs.call_s3("delete_objects", Bucket=bucket, Delete=delete))
-                # a retried batch finds the markers its lost first attempt removed already gone
-                errors = [e for e in resp.get("Errors", []) if e.get("Code") not in ("NoSuchVersion", "NoSuchKey")]
-                if errors:
-                    e = errors[0]
-                    raise OSError(f"undelete failed for s3://{bucket}/{e.get('Key')}: {e.get('Code')} {e.get('Message')}")
-            for k in markers:
+                for i in range(0, len(markers), _S3_DELETE_BATCH):
+                    batch = markers[i : i + _S3_DELETE_BATCH]
+                    # a retried batch finds the markers its lost first attempt removed already gone
+                    self._s3_delete_objects(bucket, [{"Key": k, "VersionId": v} for k, v in batch], _GONE_VERSION)
+                rounds += 1
+            not_restored += [f"{bucket}/{k}" for k in sorted(keys) if k not in history or not history[k].current]
+            for k in keys:
                 self.fs.invalidate_cache(f"{bucket}/{k}")
         return not_restored
+
+    def _key_histories(self, bucket: str, prefix: str, keys: set[str]) -> dict[str, "_KeyHistory"]:
+        """The versions and delete markers of ``keys`` (ListObjectVersions below ``prefix``, paged)."""
+        history: dict[str, _KeyHistory] = {}
+        listing = {"Bucket": bucket, "Prefix": prefix}
+        for resp in self._s3_pages("list_object_versions", f"s3://{bucket}/{prefix}", listing):
+            for entries, is_marker in ((resp.get("Versions", []), False), (resp.get("DeleteMarkers", []), True)):
+                for entry in entries:
+                    if entry["Key"] in keys:
+                        history.setdefault(entry["Key"], _KeyHistory()).add(entry, is_marker)
+        return history
+
+
+class _KeyHistory:
+    """What ListObjectVersions says of one key: its delete markers, its newest real version."""
+
+    __slots__ = ("markers", "latest_marker", "newest_version", "has_version", "current")
+
+    def __init__(self):
+        self.markers: list[tuple[str, float | None]] = []  # (version id, LastModified)
+        self.latest_marker: str | None = None
+        self.newest_version: float | None = None  # LastModified of the newest real version
+        self.has_version = False
+        self.current = False  # the latest entry is a real version: the key exists
+
+    def add(self, entry: dict, is_marker: bool) -> None:
+        modified = entry.get("LastModified")
+        stamp = modified.timestamp() if hasattr(modified, "timestamp") else None
+        if is_marker:
+            self.markers.append((entry["VersionId"], stamp))
+            if entry.get("IsLatest"):
+                self.latest_marker = entry["VersionId"]
+            return
+        self.has_version = True
+        self.current = self.current or bool(entry.get("IsLatest"))
+        if stamp is not None and (self.newest_version is None or stamp > self.newest_version):
+            self.newest_version = stamp
+
+    def markers_above(self) -> list[str]:
+        """The markers to remove so the newest real version becomes current: none if it is current
+        or there is none; else the latest marker and every marker newer than that version."""
+        if self.current or not self.has_version or self.latest_marker is None:
+            return []
+        return [marker for marker, stamp in self.markers if marker == self.latest_marker
+                or (stamp is not None and self.newest_version is not None and stamp > self.newest_version)]
+
+
+class _KeyErrors(OSError):
+    """Keys a ``200 OK`` multi-object delete failed with transient per-key codes (``SlowDown``,
+    ``InternalError``...): shaped like a client error (``response``), so the retry policy retries it."""
+
+    def __init__(self, url: str, errors: list[dict]):
+        code = str(errors[0].get("Code", ""))
+        super().__init__(errno.EIO, f"{len(errors)} key(s) of a batch delete failed ({code}: "
+                                    f"{errors[0].get('Message')}), e.g. {errors[0].get('Key')}", url)
+        self.response = {"Error": {"Code": code, "Message": errors[0].get("Message")}, "ResponseMetadata": {}}
+
+
+def _key_answer(url: str, errors: list[dict]) -> OSError:
+    """The per-key answer of a multi-object delete that retrying will not change: denied or else."""
+    code = str(errors[0].get("Code", ""))
+    message = f"{len(errors)} key(s) of a batch delete refused: {code} {errors[0].get('Message')}"
+    if code in ("AccessDenied", "AllAccessDisabled", "InvalidAccessKeyId", "SignatureDoesNotMatch"):
+        return PermissionError(errno.EACCES, message, url)
+    return OSError(errno.EIO, message, url)
 
 
 _SESSION_CLS: list = []

@@ -8,8 +8,11 @@ attempts multiply, and neither knows what a retried request means to us. So the 
 turns botocore's and s3fs's retries off and runs every request through a ``Retrier`` with this policy:
 
 * which failures are worth another attempt is decided here (``transient_reason``): throttling, 5xx,
-  dropped or refused connections, timeouts, a reply body shorter than its ``Content-Length``, an
-  unparsable reply. Not found, exists, access denied and every other 4xx are answers, never retried;
+  dropped or refused connections, timeouts, a reply body shorter than its ``Content-Length`` or not
+  matching its checksum (``x-amz-checksum-*``), an unparsable reply. Not found, exists, access denied
+  and every other 4xx are answers, never retried. The same codes decide for the per-key errors of a
+  ``200 OK`` multi-object delete (``transient_code``), which the file manager sends again, those keys
+  only, through the same policy;
 * attempts are bounded (``max_attempts``), spaced by capped exponential backoff with full jitter
   (``delay_s``), and counted by request kind (``OpCounter.retries``);
 * when they run out, ``StoreUnavailableError`` (not an ``OSError``: no caller mistakes a flaky store for
@@ -61,6 +64,7 @@ _TRANSIENT_CODES = {
 _TRANSIENT_TYPES = (
     ("IncompleteReadError", "truncated reply (shorter than its Content-Length)"),
     ("IncompleteRead", "truncated reply (shorter than its Content-Length)"),
+    ("FlexibleChecksumError", "damaged reply (its body does not match its checksum)"),
     ("ClientPayloadError", "truncated reply (shorter than its Content-Length)"),
     ("ResponseStreamingError", "connection broken while reading the reply"),
     ("ResponseParserError", "unparsable reply"),
@@ -128,6 +132,12 @@ class RetryPolicy:
         return asdict(self)
 
 
+def transient_code(code: str) -> bool:
+    """Whether an S3 error code (of a reply, or of one key in a multi-object delete's reply) means
+    "try again"."""
+    return code in _TRANSIENT_CODES
+
+
 def transient_reason(e: BaseException) -> str | None:
     """Why ``e`` is worth another attempt (e.g. ``"503 SlowDown"``, ``"connection reset"``,
     ``"truncated reply (shorter than its Content-Length)"``), or None when it is an answer (not found,
@@ -143,7 +153,9 @@ def transient_reason(e: BaseException) -> str | None:
             status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             status = int(status) if str(status).isdigit() else (int(code) if code.isdigit() else None)
             if code in _TRANSIENT_CODES or (status is not None and (status >= 500 or status == 429)):
-                return f"{status} {code}" if code and code != str(status) else str(status or code)
+                if status is None:  # a per-key error of a 200 reply carries a code only
+                    return code
+                return f"{status} {code}" if code and code != str(status) else str(status)
             return None  # an HTTP answer that retrying will not change
         names = {cls.__name__ for cls in type(exc).__mro__}
         for name, reason in _TRANSIENT_TYPES:
