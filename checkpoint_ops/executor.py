@@ -102,10 +102,16 @@ class Executor:
         final = journal.record.get("final_metadata", journal.record.get("original_metadata"))
         self.final_metadata = _b64(final)
         self.fenced = "checkpoint" in roots and journal.record.get("fence", True)
+        # what the anchor's ``metadata`` held when the command opened it (a recovery's ``reopen``; a fresh
+        # apply's: the original), kept for the checks: ``_current_metadata`` is used up by the fence
+        self.anchor_metadata = current_metadata
+        self.fence_up = False  # this run wrote (or found) its fence and has not taken it down
+        self.unfenced = False  # this run put ``metadata`` back: Spark can start from the checkpoint now
         self.chunk = CHUNK
         self.steps = 0
         self._scanned: dict[str, Listing] | None = None
         self._memo: dict[tuple[str, str], bool] = {}  # undo's checks: does a file hold the plan's content?
+        self._trash: dict[str, dict[str, int | None]] = {}  # root id -> its undo record's files (rel -> size)
         self._sources: dict[tuple, CheckpointFileManager] = {}  # one file manager per store content comes from
         self._bar = None
         if progress:
@@ -151,10 +157,12 @@ class Executor:
                 raise RefusedError(f"the checkpoint is fenced by another operation ({f.op_id})",
                                    path=self.ckpt.fm.url(meta))
             if f.operation == operation:
+                self.fence_up = True
                 return
         fence = Fence(operation, self.journal.op_id, self.journal.fm.url(self.journal.path),
                       self.original_metadata or self.final_metadata or b"")
         self.ckpt.fm.write_bytes(meta, fence_bytes(fence, self.ckpt.url), overwrite=True)
+        self.fence_up = True
         self._step()
 
     def _unfence(self, metadata: bytes | None) -> None:
@@ -165,7 +173,23 @@ class Executor:
             self.ckpt.fm.delete(meta)
         else:
             self.ckpt.fm.write_bytes(meta, metadata, overwrite=True)
+        self.fence_up, self.unfenced = False, True
         self._step()
+
+    @property
+    def open_to_spark(self) -> bool:
+        """An operation that fences its checkpoint, found (when the command opened it) not fenced: either it
+        had not fenced it yet, or it (or its undo) had put ``metadata`` back. Spark may have run since."""
+        return self.fenced and not is_fence(self.anchor_metadata)
+
+    @property
+    def fenced_now(self) -> bool:
+        """Whether the checkpoint holds this operation's fence now, as far as this run knows."""
+        return self.fence_up or (self.fenced and not self.unfenced and is_fence(self.anchor_metadata))
+
+    @property
+    def anchor_url(self) -> str:
+        return self.journal.record.get("anchor", {}).get("url") or self.journal.record["checkpoint"]
 
     # -- content --------------------------------------------------------------------------------------
     def _source(self, sha: str) -> tuple[CheckpointFileManager, str]:
@@ -265,9 +289,11 @@ class Executor:
     def apply(self, resuming: bool) -> None:
         plan = self.plan
         actions = plan.ordered()
+        if resuming:  # before the fence, so that a refusal changes nothing
+            actions = self._pending(actions)
+            self._check_trash_free([a for a in actions if a.kind == DELETE])
         self._fence(plan.operation)
         if resuming:
-            actions = self._pending(actions)
             self._drop_stray_temps(self._listings())
         self._retire([a for a in actions if a.kind == DELETE and a.phase == "write"])  # replaced files
         for a in actions:
@@ -321,6 +347,166 @@ class Executor:
         content themselves)."""
         listings = self._listings()
         return [a for a in actions if a.kind in (WRITE, REPLACE) or a.rel in listings[a.root]]
+
+    def _trash_files(self, rid: str) -> dict[str, int | None]:
+        """What the undo record of root ``rid`` holds: rel -> size (one listing per root, taken once)."""
+        if rid not in self._trash:
+            root = self.roots[rid]
+            self._trash[rid] = {f.path[len(root.trash) + 1:]: f.size for f in root.fm.walk(root.trash)}
+        return self._trash[rid]
+
+    def _check_trash_free(self, deletes: list[FileAction]) -> None:
+        """A resumed run never replaces what the undo record holds: a file to move aside whose name is in the
+        trash already must be the same file (a move the crash cut between its copy and its delete), else the
+        one in the trash is the original and the one in place came after (the query ran?). Refused before
+        anything changes."""
+        for rid, root in self.roots.items():
+            moving = [a for a in deletes if a.root == rid and (not root.versioned or a.phase == "write")]
+            if not moving:
+                continue
+            held, listing = self._trash_files(rid), self._listings()[rid]
+            for a in moving:
+                if a.rel not in held:
+                    continue
+                here = listing.files.get(a.rel)
+                same = (here is None or held[a.rel] is None or here.size == held[a.rel]) and \
+                    _sha256_of(root.fm, root.abs(a.rel)) == _sha256_of(root.fm, root.trash_path(a.rel))
+                if not same:
+                    raise RefusedError(
+                        f"{a.rel} is in the undo record of the {self.plan.operation} {self.journal.op_id} already, "
+                        "with other content: the file in place was written after the operation moved the original "
+                        "aside, and moving it there would lose the original", path=root.fm.url(root.abs(a.rel)),
+                        fix=f"nothing was changed; stop the query, then `checkpoint-ops history {self.anchor_url}` "
+                            "and `checkpoint-ops fsck` show where the checkpoint stands")
+
+    def pending_effects(self) -> list[FileAction]:
+        """The plan's actions whose result is not on disk (from the listing taken once): a file it writes
+        or rewrites without that content, a file it removes still in place."""
+        listings = self._listings()
+        out = []
+        for a in self.plan.actions:
+            present = a.rel in listings[a.root]
+            if a.kind == WRITE and not (present and self._unchanged(a)):
+                out.append(a)
+            elif a.kind == REPLACE and not self._unchanged(a):
+                out.append(a)
+            elif a.kind in (DELETE, KEEP) and present and a.phase != "write":  # (replaced: the write's result)
+                out.append(a)
+        return out
+
+    def undone_on_disk(self) -> bool:
+        """Whether everything undo puts back is back (an undo that put ``metadata`` back and then stopped):
+        ``metadata`` as before the operation, what it wrote gone, what it rewrote and moved in place again."""
+        if self.fenced and self.anchor_metadata != self.original_metadata:
+            return False
+        listings = self._listings()
+        for a in self.plan.actions:
+            root, present = self.roots[a.root], a.rel in listings[a.root]
+            if a.kind == WRITE and present and self._unchanged(a):
+                return False
+            if a.kind in (DELETE, KEEP) and not present:
+                return False
+            if a.kind == REPLACE and (self._unchanged(a) or root.fm.exists(root.trash_path(a.rel))):
+                return False
+        return True
+
+    def record_applied(self) -> None:
+        """Mark an operation applied whose every change is on disk and whose ``metadata`` is back."""
+        self.journal.mark("applied")
+
+    def record_undone(self, by: str | None = None) -> None:
+        """Finish an undo whose every change is on disk: its ledger truncation goes, then the marker."""
+        if self.journal.record.get("ledger_truncation") is not None and "checkpoint" in self.roots:
+            ledger_at(self.ckpt.fm, self.ckpt.path).remove_truncation(self.journal.op_id)
+        self.journal.mark("undone", by=by)
+
+    def check_resumable(self) -> bool:
+        """For a resume that finds the checkpoint not fenced (``open_to_spark``): True if the operation had
+        made every change and put ``metadata`` back (only its ``applied`` marker is missing: record it);
+        False to finish it as usual (nothing was written since). Raises ``RefusedError`` if files were written
+        or changed since the operation's plan: the query may have run, and finishing the plan would delete
+        (or overwrite the undo record with) what it wrote."""
+        if not self.pending_effects():
+            return True
+        self._refuse_written_since(self._written_since(self._listings(), put_back=False), "finishing it")
+        return False
+
+    def check_roll_forward(self) -> None:
+        """For a resume that rolls forward an undo found not fenced (it had not fenced the checkpoint yet,
+        or had put ``metadata`` back): refused if the checkpoint is not the one the undo left (emptied or
+        replaced) or anything was written since (the query may have run)."""
+        if self.fenced and self.anchor_metadata not in (self.original_metadata, self.final_metadata):
+            self._refuse_anchor("`metadata` is missing" if self.anchor_metadata is None else
+                                "`metadata` holds neither what it held before the operation nor after it",
+                                "rolling it forward")
+        self._refuse_written_since(self._written_since(self._listings(), put_back=True), "rolling it forward")
+
+    def _refuse_written_since(self, changed: list[str], doing: str) -> None:
+        if not changed:
+            return
+        op = f"{self.plan.operation} {self.journal.op_id}"
+        more = f" (and {len(changed) - 1} more: {', '.join(changed[1:4])}{', ...' if len(changed) > 4 else ''})" \
+            if len(changed) > 1 else ""
+        fenced = " and the checkpoint is not fenced" if self.fenced else ""
+        raise RefusedError(
+            f"{changed[0]}{more} is new or changed since the {op}{fenced}: something wrote here after it (did the "
+            f"query run?), and {doing} would delete or replace what was written since",
+            path=self.roots[next(iter(self.roots))].url,
+            fix="nothing was changed; stop the query: the checkpoint is as it left it. To go back to a batch, roll "
+                "back to it (with --dry-run first)")
+
+    def _written_since(self, listings: dict[str, Listing], put_back: bool) -> list[str]:
+        """Files (``rel``) written or changed since the operation, judged against what it left (``put_back``
+        False) or against what was there before it (True: an undo put that back): a batch above its target in
+        the logs its journal guards (but, put back, one it removed); a file it removed (in place again; put back:
+        of another size than it had); a file it rewrote, changed since."""
+        t = self.plan.target_batch
+        removed = {(a.root, a.rel): a for a in self.plan.actions if a.kind in (DELETE, KEEP)}
+        newer: list[tuple[str, str]] = []
+        if t is not None:
+            for rid, dirs in self.journal.record.get("undo_guard", {}).items():
+                if rid in listings:
+                    for d in dirs:
+                        newer += [(rid, f.rel) for b, f in log_files(listings[rid], d, compactible=True).items()
+                                  if b > t and not (put_back and (rid, f.rel) in removed)]
+        for a in self.plan.actions:
+            here = listings[a.root].files.get(a.rel)
+            if a.kind in (DELETE, KEEP) and here is not None:
+                if not put_back:
+                    newer.append((a.root, a.rel))
+                elif a.size is not None and here.size is not None and here.size != a.size:
+                    newer.append((a.root, a.rel))
+            elif a.kind == REPLACE and not put_back and not self._unchanged(a):
+                newer.append((a.root, a.rel))
+        return list(dict.fromkeys(rel for _, rel in newer))
+
+    def _check_anchor(self, listings: dict[str, Listing]) -> None:
+        """Undo puts back only what the operation changed: it is only right on the tree the operation left.
+        A checkpoint emptied (or replaced) since would come back as a fragment, so ``metadata`` must be what
+        the operation left, and the target batch's files in the logs its journal guards (and it changed) must
+        be there."""
+        if not self.fenced:
+            return
+        if self.anchor_metadata != self.final_metadata:
+            self._refuse_anchor("`metadata` is missing" if self.anchor_metadata is None else
+                                "`metadata` is not what the operation left", "undoing it")
+        t = self.plan.target_batch
+        if t is None or t < 0:
+            return
+        listing = listings["checkpoint"]
+        touched = {a.rel.rpartition("/")[0] for a in self.plan.actions if a.root == "checkpoint"}
+        for d in self.journal.record.get("undo_guard", {}).get("checkpoint", []):
+            if d in touched and t not in log_files(listing, d, compactible=True):
+                self._refuse_anchor(f"{d}/{t} (the last batch the operation left) is missing", "undoing it")
+
+    def _refuse_anchor(self, what: str, doing: str) -> None:
+        op = f"{self.plan.operation} {self.journal.op_id}"
+        raise RefusedError(
+            f"{what}: the checkpoint is not the one the {op} left (emptied or replaced since?), and {doing} "
+            "would put back only the files the operation changed: a fragment of a checkpoint",
+            path=self.ckpt.fm.url(self.ckpt.abs("metadata")),
+            fix="nothing was changed; to get the old checkpoint back, restore a backup "
+                f"(`checkpoint-ops backup list DEST`); `checkpoint-ops history {self.anchor_url}` lists the operations")
 
     # -- undo --------------------------------------------------------------------------------------
     def preview_undo(self, applied: bool) -> Plan:
@@ -414,9 +600,11 @@ class Executor:
                 self._step()
         # 2. what it moved aside comes back
         written = {(a.root, a.rel) for a in plan.actions if a.kind == WRITE}
+        restored: dict[str, list[str]] = {}
         for rid, root in self.roots.items():
             retired = [a for a in plan.actions if a.root == rid and a.kind == DELETE
                        and (a.rel not in listings[rid] or (rid, a.rel) in written)]
+            restored[rid] = [a.rel for a in retired]
             in_trash = [a for a in retired if not root.versioned or a.phase == "write"]
             lost = root.fm.move_many([(root.trash_path(a.rel), root.abs(a.rel)) for a in in_trash])
             if root.versioned:
@@ -427,17 +615,19 @@ class Executor:
             if lost:  # checked before anything changed: only a concurrent change to the trash gets here
                 raise RefusedError(f"{len(lost)} moved-aside files vanished from the undo record while undo ran "
                                    f"(e.g. {lost[0]})", path=root.fm.url(root.trash),
-                                   fix="the checkpoint stays fenced: `checkpoint-ops resume` finishes the "
+                                   fix=f"{'the checkpoint stays fenced: ' if self.fenced_now else ''}"
+                                   "`checkpoint-ops resume` finishes the "
                                    f"{plan.operation} instead (its result is a checkpoint Spark starts from)")
         kept = [a for a in plan.actions if a.kind == KEEP]
         if kept:
             kfm, kpath = self.keep
             for rid in {a.root for a in kept}:
                 root = self.roots[rid]
-                pairs = [(join(kpath, a.dest), root.abs(a.rel)) for a in kept
-                         if a.root == rid and a.rel not in listings[rid]]
-                _transfer(kfm, root.fm, pairs)
+                back = [a for a in kept if a.root == rid and a.rel not in listings[rid]]
+                _transfer(kfm, root.fm, [(join(kpath, a.dest), root.abs(a.rel)) for a in back])
+                restored.setdefault(rid, []).extend(a.rel for a in back)
             self._step(len(kept))
+        self._verify_restored(restored)
         # the ledger forgets the truncation before the undo is marked done: killed in between, running undo
         # again (or resume) still sees an unfinished undo and finishes it (or rolls it forward)
         trunc = self.journal.record.get("ledger_truncation")
@@ -448,20 +638,11 @@ class Executor:
         self._step()
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:
-        """Undo is only safe if nothing was written to the roots since the operation: no batch above
-        its target in the logs its journal guards, and every file it removed or rewrote as it left it."""
-        t = self.plan.target_batch
-        newer = []
-        if t is not None:
-            for rid, dirs in self.journal.record.get("undo_guard", {}).items():
-                if rid in listings:
-                    for d in dirs:
-                        newer += [f.rel for b, f in log_files(listings[rid], d, compactible=True).items() if b > t]
-        for a in self.plan.actions:
-            if a.kind in (DELETE, KEEP) and a.rel in listings[a.root]:
-                newer.append(a.rel)
-            elif a.kind == REPLACE and not self._unchanged(a):
-                newer.append(a.rel)
+        """Undo is only safe on the tree the operation left (``_check_anchor``) if nothing was written to the
+        roots since (``_written_since``): no batch above its target in the logs its journal guards, and every
+        file it removed or rewrote as it left it."""
+        self._check_anchor(listings)
+        newer = self._written_since(listings, put_back=False)
         if newer:
             root = next(iter(self.roots.values()))
             raise RefusedError(
@@ -470,6 +651,27 @@ class Executor:
                 path=root.url,
                 fix="stop the query; to go back further, roll back to the batch you want instead",
             )
+
+    def _verify_restored(self, restored: dict[str, list[str]]) -> None:
+        """After undo put files back: every one of them is there (one listing per root it put files in). A
+        store that said it restored a file it did not (a versioned delete under a second delete marker) is
+        caught here, before ``metadata`` and the ``undone`` marker say the tree is as it was."""
+        for rid, rels in restored.items():
+            if not rels:
+                continue
+            root = self.roots[rid]
+            cut = len(root.path.rstrip("/")) + 1
+            have = {f.path[cut:] for f in root.fm.walk(root.path)}
+            missing = [rel for rel in rels if rel not in have]
+            if missing:
+                op = f"{self.plan.operation} {self.journal.op_id}"
+                fenced = "the checkpoint stays fenced and " if self.fenced_now else ""
+                raise RefusedError(
+                    f"undo could not bring back {len(missing)} file(s) the {op} removed (e.g. {missing[0]}): the "
+                    "store said it brought them back, but they are still missing", path=root.fm.url(root.abs(missing[0])),
+                    fix=f"{fenced}the undo is not marked done: run `checkpoint-ops undo {self.anchor_url}` again; if "
+                        f"they stay missing, `checkpoint-ops resume {self.anchor_url}` finishes the "
+                        f"{self.plan.operation} instead (its result is a checkpoint Spark starts from)")
 
 
 class UndoRecordLost(RefusedError):
@@ -638,6 +840,7 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         raise e.finish_with(f"nothing was changed yet; once the store answers, run "
                             f"`{resume_command(plan.operation, anchor.url)}` (it drops the journal if one was "
                             "stored), then the same command again") from e.__cause__
+    ex: Executor | None = None
     try:
         if hooks.ledger_truncation is not None:  # records above the target belong to the old timeline
             ledger_at(anchor.fm, anchor.root).truncate(hooks.ledger_truncation, op_id)
@@ -648,18 +851,27 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         finally:
             ex.close()
     except StoreUnavailableError as e:
-        raise interrupted(e, anchor, journal) from e.__cause__
+        raise interrupted(e, anchor, journal, ex=ex) from e.__cause__
     return AppliedOperation.of(journal, "applied", roots, ex)
 
 
-def interrupted(e: StoreUnavailableError, anchor: Anchor, journal: Journal, undoing: bool = False) -> \
-        StoreUnavailableError:
-    """A journaled operation stopped part-way because the store kept failing: say how to finish it."""
+def interrupted(e: StoreUnavailableError, anchor: Anchor, journal: Journal, undoing: bool = False,
+                ex: Executor | None = None) -> StoreUnavailableError:
+    """A journaled operation stopped part-way because the store kept failing: say how to finish it, and
+    whether Spark can start on the checkpoint now (from what ``ex``, the executor that stopped, did: an
+    operation that had put ``metadata`` back only lacks its marker)."""
     operation = journal.record["operation"]
     command = f"checkpoint-ops undo {anchor.url}" if undoing else resume_command(operation, anchor.url)
-    fenced = " and the checkpoint stays fenced (Spark cannot start on it)" if anchor.checkpoint else ""
-    return e.finish_with(f"the {'undo of ' if undoing else ''}{operation} {journal.op_id} stopped part-way; it is "
-                         f"journaled{fenced}: once the store answers, finish it with `{command}`")
+    what = f"{'undo of ' if undoing else ''}{operation} {journal.op_id}"
+    if ex is not None and ex.unfenced:
+        before = f"as it was before the {operation}" if undoing else f"from the {operation}'s result"
+        done = "undone" if undoing else "finished"
+        return e.finish_with(f"the {what} made every change and put `metadata` back (Spark can start {before}), "
+                             f"but the store failed before the journal recorded it as {done}: once the store "
+                             f"answers, and before the query starts, record it with `{command}`")
+    fenced = " and the checkpoint stays fenced (Spark cannot start on it)" if ex is not None and ex.fenced_now else ""
+    return e.finish_with(f"the {what} stopped part-way; it is journaled{fenced}: once the store answers, finish it "
+                         f"with `{command}`")
 
 
 def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,
@@ -673,7 +885,8 @@ def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None
                                    rec.get("versioned", {}).get("checkpoint", False))
     keep = open_file_manager(plan["keep_dir"], storage_options) if plan.get("keep_dir") else None
     try:
-        return Executor(journal, roots, keep, progress, storage_options=storage_options, guard=guard)
+        return Executor(journal, roots, keep, progress, current_metadata=anchor.metadata,
+                        storage_options=storage_options, guard=guard)
     except ValueError as e:
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
 

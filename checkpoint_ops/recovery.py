@@ -10,6 +10,12 @@ starts from, and neither points back at the other:
 * an operation whose undo record lost files: ``undo`` says so once, before changing anything, and names
   ``resume`` (interrupted) or says the checkpoint is consistent as it is (applied).
 
+An operation (or undo) that fences its checkpoint and is found *not* fenced, unmarked, may have let Spark run:
+it had put ``metadata`` back and stopped before its marker, or it had not fenced yet. Neither command then
+re-applies a plan blindly: one whose every change is on disk is only recorded (``applied``, ``undone``); one
+with changes left goes on only if nothing was written since its plan (``Executor.check_resumable``,
+``check_roll_forward``; undo checks as for an applied operation), else it is refused, changing nothing.
+
 The journal an anchor's ``resume``/``undo`` acts on is the fence's, else the newest one that is not
 undone or abandoned (operations the journal marks as not undoable, such as a ``lease break``, are
 history only).
@@ -256,13 +262,21 @@ class ResumeOperation(_JournalOperation):
     want = "resume"
     confirm_required = False  # the plan was confirmed when the operation started
 
+    record_only = False  # every change was on disk and ``metadata`` back: only the ``applied`` marker is written
+
     def plan(self, stage: bool) -> Plan:
         if self.state == APPLIED:
             raise RefusedError(f"the last operation ({self.journal.op_id}) completed: nothing to resume",
                                path=self.anchor.url)
         if self.state == UNFINISHED:
             self._stale_unstarted(stage)
-        return self._executor().plan
+        ex = self._executor()
+        if ex.open_to_spark:  # Spark may have run since (module docstring)
+            if _interrupted_undo(self.state):
+                ex.check_roll_forward()
+            else:
+                self.record_only = ex.check_resumable()
+        return ex.plan
 
     def nothing_to_do(self, plan: Plan) -> bool:
         return False  # an interrupted operation with every file done still unfences and marks itself
@@ -270,18 +284,24 @@ class ResumeOperation(_JournalOperation):
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         ex = self._executor(ctx)
         try:
-            ensure_ledger_truncation(self.anchor, self.journal)
-            try:
-                ex.apply(resuming=True)
-            finally:
-                ex.close()
+            if self.record_only:
+                ex.record_applied()
+            else:
+                ensure_ledger_truncation(self.anchor, self.journal)
+                try:
+                    ex.apply(resuming=True)
+                finally:
+                    ex.close()
             if _interrupted_undo(self.state):
                 self.journal.unmark(UNDOING)  # rolled forward: it stands applied, undoable again
         except StoreUnavailableError as e:  # every step is idempotent: the same resume finishes it
-            raise interrupted(e, self.anchor, self.journal) from e.__cause__
+            raise interrupted(e, self.anchor, self.journal, ex=ex) from e.__cause__
         return AppliedOperation.of(self.journal, "applied", ex.roots, ex)
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
+        if self.record_only:
+            return (f"Recorded {outcome.op_id} ({outcome.operation}, plan {outcome.plan_hash[:12]}) as finished: every "
+                    "change it makes was on disk and `metadata` back; nothing else was changed")
         how = "Rolled forward" if _interrupted_undo(self.state) else "Resumed and finished"
         return f"{how} {outcome.op_id} ({outcome.operation}, plan {outcome.plan_hash[:12]})" + (
             f"; last committed batch is now {outcome.target_batch}" if outcome.operation == "rollback" else "")
@@ -293,11 +313,19 @@ class UndoOperation(_JournalOperation):
     name = "undo"
     want = "undo"
 
+    record_only = False  # the undo had put everything back: only its ``undone`` marker (and ledger) is left
+    checked = False  # undo checks as for an applied operation (``Executor.preview_undo``)
+
     def plan(self, stage: bool) -> Plan:
         if self.state == UNFINISHED:
             self._stale_unstarted(stage)
+        ex = self._executor()
+        # not fenced: an undo that had put everything back is only recorded; otherwise Spark may have run on the
+        # operation's result, so undo checks as it does for an applied operation (module docstring)
+        self.record_only = self.state == UNDOING and ex.open_to_spark and ex.undone_on_disk()
+        self.checked = self.state == APPLIED or (ex.open_to_spark and not self.record_only)
         try:
-            return self._executor().preview_undo(applied=self.state == APPLIED)
+            return ex.preview_undo(applied=self.checked)
         except UndoRecordLost as e:
             op = self.journal.record["operation"]
             if self.state == APPLIED:
@@ -315,11 +343,14 @@ class UndoOperation(_JournalOperation):
         ex = self._executor(ctx)
         try:
             try:
-                ex.undo(applied=self.state == APPLIED, by=ctx.holder)  # the ledger's truncation goes before its mark
+                if self.record_only:
+                    ex.record_undone(by=ctx.holder)
+                else:
+                    ex.undo(applied=self.checked, by=ctx.holder)  # the ledger's truncation goes before its mark
             finally:
                 ex.close()
         except StoreUnavailableError as e:  # undo starts with its "undoing" marker: running it again finishes it
-            raise interrupted(e, self.anchor, self.journal, undoing=True) from e.__cause__
+            raise interrupted(e, self.anchor, self.journal, undoing=True, ex=ex) from e.__cause__
         return AppliedOperation.of(self.journal, "undone", ex.roots, ex)
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:

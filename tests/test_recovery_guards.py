@@ -1,0 +1,253 @@
+"""``resume`` and ``undo`` never act on a tree they did not leave: an operation stopped after it put ``metadata``
+back (Spark may have run since), a checkpoint emptied after a rollback, files a store said it brought back but
+did not. Fast tier: synthetic checkpoints in Spark's formats (benchmarks/synthetic.py), no Spark; the S3 cases
+go through the fault proxy (tests/faulty_s3.py) in front of the moto server."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import boto3
+import pytest
+
+from benchmarks import synthetic
+from tests.faulty_s3 import FaultPlan
+from tests.helpers import cli_json, is_lease_file
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FENCE = b"CHECKPOINT-OPS-FENCE"
+# batch 9 as a query started from the rollback's result writes it again: same names, other content
+SPARKS_BATCH_9 = {
+    "offsets/9": b'v1\n{"batchWatermarkMs":0,"batchTimestampMs":1999999999999,"conf":{}}\n{"logOffset":9}',
+    "commits/9": b'v1\n{"nextBatchWatermarkMs":0}',
+    "sources/0/9.compact": b"v1\nNEW-BY-SPARK",
+}
+
+
+# ---- helpers ------------------------------------------------------------------------------------------------
+
+
+def _s3(endpoint: str):
+    return boto3.client("s3", endpoint_url=endpoint)
+
+
+def _upload_checkpoint(endpoint: str, bucket: str, versioned: bool = False) -> str:
+    s3 = _s3(endpoint)
+    if versioned:
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    for rel, data in synthetic.files(batches=12, partitions=2, retain_state=13):
+        s3.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)
+    return f"s3://{bucket}/ckpt"
+
+
+def _objects(endpoint: str, bucket: str, prefix: str) -> dict[str, bytes]:
+    s3, out = _s3(endpoint), {}
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for o in page.get("Contents", []):
+            if not is_lease_file(o["Key"]):
+                out[o["Key"]] = s3.get_object(Bucket=bucket, Key=o["Key"])["Body"].read()
+    return out
+
+
+def _cli(endpoint: str, *args: str) -> tuple[int, dict]:
+    """``checkpoint-ops ... --json`` in a process of its own (a lease it could not release is then a dead
+    process's, which the next command takes over)."""
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    p = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *args, "--json", "--storage-options",
+                        json.dumps({"endpoint_url": endpoint})], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    try:
+        return p.returncode, json.loads(p.stdout)
+    except ValueError:
+        raise AssertionError(f"not JSON (exit {p.returncode}):\n{p.stdout}\n{p.stderr}") from None
+
+
+def _rollback_stopped_after_unfencing(faulty_s3, s3_server, bucket, monkeypatch) -> tuple[str, dict]:
+    """A rollback to batch 8 whose store fails right after it put ``metadata`` back (its 2nd plain PUT: the
+    fence, then the unfence) and before its ``applied`` marker. Returns the URL and the error record."""
+    url = _upload_checkpoint(s3_server, bucket)
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "3")
+    faulty_s3.outage(3, after_requests=2, of_kind="PUT")
+    code, err = _cli(faulty_s3.endpoint, "rollback", url, "--to-batch", "8", "--yes")
+    faulty_s3.wait_outage_over()
+    assert code == 2 and err["error"] == "StoreUnavailableError" and err["path"].endswith("/applied"), err
+    meta = _s3(s3_server).get_object(Bucket=bucket, Key="ckpt/metadata")["Body"].read()
+    assert not meta.startswith(FENCE), "the unfence did not happen: the test does not reach the window"
+    return url, err
+
+
+# ---- an operation stopped after it put metadata back ------------------------------------------------------
+
+
+def test_a_rollback_stopped_after_its_unfence_says_spark_can_start_and_resume_only_records_it(
+        faulty_s3, s3_server, bucket, monkeypatch):
+    url, err = _rollback_stopped_after_unfencing(faulty_s3, s3_server, bucket, monkeypatch)
+    assert "stays fenced" not in err["fix"] and "Spark cannot start" not in err["fix"], err["fix"]
+    assert "put `metadata` back (Spark can start" in err["fix"] and f"checkpoint-ops resume {url}" in err["fix"]
+    before = _objects(s3_server, bucket, "")
+    code, out = _cli(faulty_s3.endpoint, "resume", url)
+    assert code == 0 and out["result"]["status"] == "applied", out
+    after = _objects(s3_server, bucket, "")
+    journal = [k for k in after if k.endswith("/applied")]
+    assert len(journal) == 1 and {k: v for k, v in after.items() if k not in journal} == before  # only the marker
+
+
+def test_resume_and_undo_refuse_once_the_query_ran_after_the_unfence(faulty_s3, s3_server, bucket, monkeypatch):
+    url, _ = _rollback_stopped_after_unfencing(faulty_s3, s3_server, bucket, monkeypatch)
+    s3 = _s3(s3_server)
+    trash = [k for k in _objects(s3_server, bucket, ".checkpoint-ops/") if "/trash/" in k and k.endswith("/offsets/9")]
+    assert len(trash) == 1
+    original_offsets_9 = s3.get_object(Bucket=bucket, Key=trash[0])["Body"].read()
+    for rel, data in SPARKS_BATCH_9.items():  # the query ran from the rollback's result
+        s3.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)
+    before = _objects(s3_server, bucket, "")
+
+    code, err = _cli(faulty_s3.endpoint, "resume", url)
+    assert code == 1 and err["error"] == "RefusedError", err
+    assert "offsets/9" in err["problem"] and "not fenced" in err["problem"] and "nothing was changed" in err["fix"]
+    code, err = _cli(faulty_s3.endpoint, "undo", url, "--yes")
+    assert code == 1 and err["error"] == "RefusedError" and "offsets/9" in err["problem"], err
+
+    assert _objects(s3_server, bucket, "") == before  # Spark's batch 9 stays, the undo record holds the original
+    assert s3.get_object(Bucket=bucket, Key=trash[0])["Body"].read() == original_offsets_9
+
+
+# ---- undo on a checkpoint that is not the one the operation left --------------------------------------------
+
+
+def _synthetic_sink(out: str, batches: int) -> None:
+    os.makedirs(f"{out}/_spark_metadata", exist_ok=True)
+    for b in range(batches):
+        name = f"part-00000-{b:08d}-0000-0000-0000-000000000000-c000.json"
+        data = f'{{"batch":{b}}}\n'.encode()
+        with open(f"{out}/{name}", "wb") as f:
+            f.write(data)
+        entry = {"path": f"file://{out}/{name}", "size": len(data), "isDir": False,
+                 "modificationTime": 1790000000000 + b * 1000 + 500, "blockReplication": 1, "blockSize": 33554432,
+                 "action": "add"}
+        with open(f"{out}/_spark_metadata/{b}", "w") as f:
+            f.write("v1\n" + json.dumps(entry, separators=(",", ":")))
+
+
+def _files(*roots: str) -> dict[str, bytes]:
+    out = {}
+    for root in roots:
+        for d, _, names in os.walk(root):
+            for n in names:
+                path = os.path.join(d, n)
+                if not is_lease_file(path):
+                    with open(path, "rb") as f:
+                        out[path] = f.read()
+    return out
+
+
+def test_undo_refuses_on_a_checkpoint_emptied_since_the_rollback(tmp_path):
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    _synthetic_sink(out, 6)
+    code, r = cli_json("rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes")
+    assert code == 0, r
+    for root in (ckpt, out):  # emptied (to restore into it, say), not removed: the journal beside it stays
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    ops = str(tmp_path / ".checkpoint-ops")
+    before = _files(ckpt, out, ops)
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 1 and r["error"] == "RefusedError", r
+    assert "`metadata` is missing" in r["problem"] and "not the one the rollback" in r["problem"], r
+    assert r["path"].endswith("/metadata") and "restore a backup" in r["fix"]
+    assert _files(ckpt, out, ops) == before  # no fragment of batches 3..5 written back
+
+
+def test_undo_refuses_when_the_last_batch_the_rollback_left_is_gone(tmp_path):
+    ckpt = str(tmp_path / "ck")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    code, r = cli_json("rollback", ckpt, "--to-batch", "2", "--yes")
+    assert code == 0, r
+    for rel in ("offsets/2", "offsets/.2.crc", "commits/2", "commits/.2.crc"):  # metadata kept, its last batch gone
+        os.remove(os.path.join(ckpt, rel))
+    before = _files(ckpt)
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 1 and "offsets/2 (the last batch the operation left) is missing" in r["problem"], r
+    assert _files(ckpt) == before
+
+
+# ---- undo says "undone" only with every file back ------------------------------------------------------------
+
+
+def test_undo_is_never_marked_done_while_a_file_it_restored_is_still_missing(faulty_s3, s3_server, bucket):
+    """Versioned bucket: the rollback's DeleteObjects is stored but its reply lost, so its retry adds a second
+    delete marker per key; undo removes one. Whatever the store then does, undo either brings every file back
+    and says so, or says which are missing and is not marked done."""
+    url = _upload_checkpoint(s3_server, bucket, versioned=True)
+    original = _objects(s3_server, bucket, "ckpt/")
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), requests=frozenset({"DELETE-MULTI"}), limit=1))
+    code, r = _cli(faulty_s3.endpoint, "rollback", url, "--to-batch", "8", "--yes")
+    assert code == 0, r
+    faulty_s3.clear()
+    code, r = _cli(faulty_s3.endpoint, "undo", url, "--yes")
+    after = _objects(s3_server, bucket, "ckpt/")
+    missing = sorted(k for k in original if k not in after)
+    journal = [k for k in _objects(s3_server, bucket, ".checkpoint-ops/") if "/journal/" in k]
+    if code == 0:
+        assert r["result"]["status"] == "undone" and not missing, missing
+    else:
+        assert missing and r["error"] == "RefusedError", r
+        assert "still missing" in r["problem"] and any(k.removeprefix("ckpt/") in r["problem"] for k in missing), r
+        assert not [k for k in journal if k.endswith("/undone")], "marked undone with files missing"
+        assert _s3(s3_server).get_object(Bucket=bucket, Key="ckpt/metadata")["Body"].read().startswith(FENCE)
+
+
+def test_an_undo_stopped_after_its_unfence_is_recorded_by_undo_and_not_rolled_forward_over_new_batches(
+        faulty_s3, s3_server, bucket, monkeypatch):
+    url = _upload_checkpoint(s3_server, bucket)
+    original = _objects(s3_server, bucket, "ckpt/")
+    code, r = _cli(faulty_s3.endpoint, "rollback", url, "--to-batch", "8", "--yes")
+    assert code == 0, r
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "3")
+    faulty_s3.outage(3, after_requests=2, of_kind="PUT")  # the undo's fence, its unfence, then the store fails
+    code, err = _cli(faulty_s3.endpoint, "undo", url, "--yes")
+    faulty_s3.wait_outage_over()
+    assert code == 2 and err["path"].endswith("/undone"), err
+    assert _objects(s3_server, bucket, "ckpt/") == original  # every file and metadata back: Spark can start
+    assert "stays fenced" not in err["fix"] and f"checkpoint-ops undo {url}" in err["fix"], err["fix"]
+    s3 = _s3(s3_server)
+    for rel, data in {"offsets/12": SPARKS_BATCH_9["offsets/9"], "commits/12": SPARKS_BATCH_9["commits/9"]}.items():
+        s3.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)  # the query ran on from batch 11
+    before = _objects(s3_server, bucket, "")
+
+    code, err = _cli(faulty_s3.endpoint, "resume", url)  # rolling the rollback forward would strand batch 12
+    assert code == 1 and "offsets/12" in err["problem"] and "not fenced" in err["problem"], err
+    assert _objects(s3_server, bucket, "") == before
+    code, r = _cli(faulty_s3.endpoint, "undo", url, "--yes")  # only records what was done
+    assert code == 0 and r["result"]["status"] == "undone", r
+    after = _objects(s3_server, bucket, "")
+    assert [k for k in after if k not in before] and all(k.endswith("/undone") for k in after if k not in before)
+    assert {k: v for k, v in after.items() if k in before} == before
+
+
+def test_a_resumed_rollback_never_replaces_what_its_undo_record_holds(tmp_path):
+    """Killed part-way (fenced), then a file it had moved aside appears again with other content: resume
+    refuses rather than move it over the original in the trash."""
+    ckpt = str(tmp_path / "ck")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    env = {**os.environ, "CHECKPOINT_OPS_KILL_AT": "14"}  # fenced, commits/5 moved aside
+    p = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", ckpt, "--to-batch", "2", "--yes"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == -9, p.stderr
+    with open(os.path.join(ckpt, "metadata"), "rb") as f:
+        assert f.read().startswith(FENCE)
+    trash = next(os.path.join(d, n) for d, _, names in os.walk(str(tmp_path / ".checkpoint-ops")) for n in names
+                 if "/trash/" in d and not n.startswith("."))
+    rel = trash.split("/trash/", 1)[1].split("/", 1)[1]
+    with open(os.path.join(ckpt, rel), "wb") as f:
+        f.write(b"v1\nwritten while the checkpoint was fenced")
+    before = _files(ckpt, str(tmp_path / ".checkpoint-ops"))
+    code, r = cli_json("resume", ckpt)
+    assert code == 1 and r["error"] == "RefusedError" and "undo record" in r["problem"] and rel in r["problem"], r
+    assert _files(ckpt, str(tmp_path / ".checkpoint-ops")) == before
