@@ -411,11 +411,23 @@ class Executor:
         return True
 
     def record_applied(self) -> None:
-        """Mark an operation applied whose every change is on disk and whose ``metadata`` is back."""
+        """Mark an operation applied whose every change is on disk and whose ``metadata`` is back (the
+        sidecars of what it wrote last first: the crash may have come between a file and its sidecar)."""
+        self._ensure_sidecars([(a.root, a.rel) for a in self.plan.actions if a.kind in (WRITE, REPLACE)])
         self.journal.mark("applied")
+
+    def _ensure_sidecars(self, files: list[tuple[str, str]]) -> None:
+        """The Hadoop sidecar of each of ``files`` (root id, rel) and of the checkpoint's ``metadata`` (the
+        unfence's write), where a crash after the file left it out."""
+        if self.fenced:
+            files = [*files, ("checkpoint", "metadata")]
+        for rid, rel in files:
+            root = self.roots[rid]
+            root.fm.ensure_checksum(root.abs(rel))
 
     def record_undone(self, by: str | None = None) -> None:
         """Finish an undo whose every change is on disk: its ledger truncation goes, then the marker."""
+        self._ensure_sidecars([])
         if self.journal.record.get("ledger_truncation") is not None and "checkpoint" in self.roots:
             ledger_at(self.ckpt.fm, self.ckpt.path).remove_truncation(self.journal.op_id)
         self.journal.mark("undone", by=by)
