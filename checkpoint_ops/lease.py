@@ -23,6 +23,12 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   in retries) may have replaced the record of a process that took the lease over meanwhile: the holder
   treats the lease as lost (and stops), and the other process finds a record not its own at its next
   renewal and stops too (it is resumable). Never two holders going on together.
+* **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
+  run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
+  heartbeat would let the record go stale while the query still runs, and any command take the lease
+  and change the checkpoint under it. Their heartbeat renews while the record holds their token, however
+  late, and a renewal the store failed is tried again at the next beat (``renew_errors``); only a record
+  that is not theirs stops it (then ``check`` fails, as the Dagster run checks after its query).
 * **Takeover.** A lease whose holder is a dead pid on this host, or whose heartbeat lapsed, is stale.
   Taking it over is race-free: the taker first creates ``.checkpoint-ops.lease.takeover-<token>`` (put-
   if-absent, named after the stale record's token, so only one process can claim a given stale lease),
@@ -188,6 +194,11 @@ class Lease:
     notes: list[str] = field(default_factory=list)  # warnings for the user (a takeover)
     created: list[str] = field(default_factory=list)  # directories the lease made (a new restore target, and
     # its missing parents, deepest first): gone again if left empty
+    # an operation that calls ``check`` between its steps (True), or a holder across one opaque run (a
+    # streaming query: ``spark.hold_lease_while_active``, a Dagster run), which must not lose its lease
+    # while the run goes on (False: module docstring, "Holders without steps")
+    stepwise: bool = True
+    renew_errors: int = 0  # renewals of a holder without steps that failed and were tried again
     _heartbeat: Heartbeat | None = None
     _lost: LeaseLost | None = None  # once lost, lost for good (a later renewal must not revive it)
 
@@ -221,7 +232,20 @@ class Lease:
                          "where it was: finish it with `checkpoint-ops resume` (or `undo`)")
 
     def _renew(self) -> None:
-        if self._lost is not None:
+        if self.stepwise:
+            self._renew_once()
+            return
+        try:  # a holder without steps renews while the record is its own, however late (module docstring)
+            self._renew_once()
+        except LeaseLost:
+            raise
+        except Exception:  # noqa: BLE001 - the store failed this time (after its retries): try again next beat
+            self.renew_errors += 1
+
+    def _renew_once(self) -> None:
+        """Read the record (still ours?), write it renewed. A stepwise holder never writes once it may have
+        lapsed, and stops if its write landed that late (module docstring)."""
+        if self._lost is not None and self.stepwise:
             raise self._lost
         started = time.monotonic()
         state = read_lease(self.fm, self.root)
@@ -229,12 +253,12 @@ class Lease:
             raise LeaseLost(f"the lease was taken from this process: it is now {state.describe()}", path=state.url,
                             fix="the operation stopped where it was; finish it with `checkpoint-ops resume` once the "
                             "other holder is done")
-        lapse = self._lapse()
+        lapse = self._lapse() if self.stepwise else None
         if lapse is not None:  # too late to write: the record may be someone else's by the time it lands
             raise lapse
         renewed = self.holder.renewed()
         self.fm.write_bytes(self.path, json.dumps(renewed.to_dict()).encode(), overwrite=True)
-        lapse = self._lapse(stored_late=True)
+        lapse = self._lapse(stored_late=True) if self.stepwise else None
         if lapse is not None:
             raise lapse
         self.holder, self.renewed_at = renewed, started
@@ -247,7 +271,7 @@ class Lease:
         """Raise ``LeaseLost`` if the heartbeat found the lease taken or could not renew it, or if no renewal
         succeeded for too long (module docstring). Called between steps; once lost, always lost."""
         if self._lost is None:
-            self._lost = self._heartbeat_error() or self._lapse()
+            self._lost = self._heartbeat_error() or (self._lapse() if self.stepwise else None)
         if self._lost is not None:
             raise self._lost
 
@@ -290,15 +314,16 @@ class Lease:
 
 
 def acquire(fm: CheckpointFileManager, root: str, owner: str, what: str | None = None,
-            ttl_s: float | None = None, heartbeat: bool = True) -> Lease:
-    """Take the lease of ``root`` for ``owner`` (module docstring); ``LeaseHeld`` if another holds it."""
+            ttl_s: float | None = None, heartbeat: bool = True, stepwise: bool = True) -> Lease:
+    """Take the lease of ``root`` for ``owner`` (module docstring); ``LeaseHeld`` if another holds it.
+    ``stepwise``: see ``Lease.stepwise``."""
     what = what or fm.url(root)
     started = time.monotonic()  # no later than our record's heartbeat time: ``check`` counts from here
     me = Holder.me(owner, ttl_s)
     with _HELD_LOCK:  # before the record can exist: a thread of this process must never judge it left behind
         _HELD_HERE.add(me.token)
     try:
-        return _acquire(fm, root, what, me, started, heartbeat)
+        return _acquire(fm, root, what, me, started, heartbeat, stepwise)
     except BaseException:
         with _HELD_LOCK:
             _HELD_HERE.discard(me.token)
@@ -306,7 +331,7 @@ def acquire(fm: CheckpointFileManager, root: str, owner: str, what: str | None =
 
 
 def _acquire(fm: CheckpointFileManager, root: str, what: str, me: Holder, started: float,
-             heartbeat: bool) -> Lease:
+             heartbeat: bool, stepwise: bool = True) -> Lease:
     body = json.dumps(me.to_dict()).encode()
     path = lease_path(root)
     created = _missing_dirs(fm, root)
@@ -334,6 +359,7 @@ def _acquire(fm: CheckpointFileManager, root: str, what: str, me: Holder, starte
         if in_the_way is not None and state.present and not state.held:
             raise _claim_refusal(state, in_the_way, what, fm.url(root))
         raise _refusal(state, what, fm.url(root))
+    lease.stepwise = stepwise
     if heartbeat:
         lease.start_heartbeat()
     return lease
@@ -454,7 +480,7 @@ class LeaseSet:
 
 
 def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: str,
-                held: LeaseSet | None = None, into: LeaseSet | None = None) -> LeaseSet:
+                held: LeaseSet | None = None, into: LeaseSet | None = None, stepwise: bool = True) -> LeaseSet:
     """Take the lease of each (file manager, root, what) not already ``held``, in URL order; on a
     refusal release what was taken and re-raise. Returns the set taken now (``into`` if given)."""
     taken = into if into is not None else LeaseSet()
@@ -465,7 +491,7 @@ def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: 
             continue
         seen.add(url)
         try:
-            taken.leases.append(acquire(fm, root, owner, what))
+            taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise))
         except BaseException:
             taken.release()
             raise

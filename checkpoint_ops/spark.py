@@ -69,4 +69,4 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
     for url in [checkpoint, *sinks]:
         fm, root = open_file_manager(url, storage_options)
         sites.append((fm, root, url))
-    return ActiveQueryLease(query, acquire_all(sites, owner), poll_s)
+    return ActiveQueryLease(query, acquire_all(sites, owner, stepwise=False), poll_s)

@@ -195,7 +195,8 @@ def hold_leases(context, query, files) -> LeaseSet:
     (and no other run) changes them meanwhile. A dead earlier run's lease is taken over, with a warning."""
     sites = [(*files.file_manager(url), url) for url in [query.checkpoint, *query.sinks]]
     try:
-        leases = acquire_all(sites, f"dagster run {context.run.run_id} ({query.name})")
+        # held across the Spark run, which has no steps to stop at: renewed however late (lease.py)
+        leases = acquire_all(sites, f"dagster run {context.run.run_id} ({query.name})", stepwise=False)
     except CheckpointOpsError as e:
         raise failure(e, f"{query.name} cannot run") from None
     for note in leases.notes:

@@ -99,6 +99,56 @@ def test_a_holder_whose_renewal_is_stuck_stops_before_its_lease_can_be_taken_ove
     assert _s3_keys(s3_server, bucket) == []  # A removed its record, B its takeover claim
 
 
+class _ActiveQuery:
+    """What ``hold_lease_while_active`` asks of a streaming query: it stays active until stopped."""
+
+    name = "q"
+    isActive = True
+
+
+def test_a_running_query_keeps_its_lease_through_a_slow_renewal(faulty_s3, s3_server, bucket, monkeypatch):
+    """A query's lease (``spark.hold_lease_while_active``) has no steps to stop at: one renewal PUT 2 s late
+    (ttl 3 s) must not stop its heartbeat, else its record goes stale while the query runs and any command
+    takes the lease over and changes the checkpoint under it. The record stays fresh and another command is
+    refused; a renewal the store fails is tried again at the next beat."""
+    from checkpoint_ops.spark import hold_lease_while_active
+
+    monkeypatch.setenv("CHECKPOINT_OPS_LEASE_TTL", "3")
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "2")  # so that a renewal fails within the outage
+    url = f"s3://{bucket}/root"
+    held = hold_lease_while_active(_ActiveQuery(), url, poll_s=0.2,
+                                   storage_options={"endpoint_url": faulty_s3.endpoint})
+    lease = held.leases.leases[0]
+    fm_other, root = open_file_manager(url, {"endpoint_url": s3_server})
+    try:
+        faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("slow",), requests=frozenset({"PUT"}), delay_s=2))
+        deadline = time.monotonic() + 5
+        while not faulty_s3.stats.faults[("PUT", "slow")]:  # one renewal (each has its own body) is slow
+            assert time.monotonic() < deadline, faulty_s3.stats
+            time.sleep(0.02)
+        faulty_s3.calm()
+        time.sleep(3)  # it lands 2 s late, past 5/6 of the ttl since the renewal before it began
+        faulty_s3.outage(2.5)  # every request fails: a renewal or two fail after their retries
+        faulty_s3.wait_outage_over()
+        time.sleep(3.5)  # longer than the ttl: only renewals after the outage keep the record fresh
+        assert lease._heartbeat.error is None, lease._heartbeat.error
+        assert lease.renew_errors >= 1, faulty_s3.stats
+        deadline = time.monotonic() + 5
+        while True:  # a renewal just landed: the record is fresh for most of the ttl (the machine may be slow)
+            state = read_lease(fm_other, root)
+            if state.held and time.time() - state.holder.heartbeat_ms / 1000 < 0.8:
+                break
+            assert time.monotonic() < deadline, f"no renewal since the outage: {state.describe()}"
+            time.sleep(0.05)
+        with pytest.raises(LeaseHeld):
+            acquire(fm_other, root, "another command", ttl_s=3)
+        lease.check()
+    finally:
+        faulty_s3.calm()
+        held.release()
+    assert _s3_keys(s3_server, bucket) == []
+
+
 def test_a_lease_not_renewed_for_most_of_its_time_to_live_is_lost(tmp_path):
     """No renewal succeeded for five sixths of the time to live (here: none started): ``check()`` fails,
     and keeps failing."""
