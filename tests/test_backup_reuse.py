@@ -261,3 +261,23 @@ def test_a_reflinked_object_whose_source_grew_holds_exactly_the_bytes_its_hash_n
     sha = hashlib.sha256(content).hexdigest()
     assert target.copy_in(source, src, str(tmp_path / "dst" / sha), sha256=sha)
     assert read(str(tmp_path / "dst" / sha)) == content
+
+
+def test_an_object_found_bad_is_stored_again_by_the_first_backup_of_another_checkpoint(dest, tmp_path):
+    """Two checkpoints share content (commit files, schemas): an object a verification of the first one's
+    backup found bad is stored again by the FIRST backup of the second one, which has no parent to learn it
+    from, instead of being named as it is (a manifest naming it seals it for every later backup)."""
+    first = checkpoint(str(tmp_path / "a"))
+    backup(first, dest.url)
+    good = read(f"{first}/commits/0")
+    sha = hashlib.sha256(good).hexdigest()
+    dest.write(sha, b"garbage")
+    assert cli_json("backup", "verify", dest.url)[0] == 1
+
+    second = checkpoint(str(tmp_path / "b"))
+    assert read(f"{second}/commits/0") == good
+    b = backup(second, dest.url)
+    assert b["parent"] is None and b["repaired_objects"] == 1, b
+    code, r = cli_json("backup", "verify", dest.url)
+    assert code == 0 and r["ok"], r  # both backups whole again
+    assert backup(second, dest.url)["repaired_objects"] == 0  # stored again once, not at every backup

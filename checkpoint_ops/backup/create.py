@@ -534,6 +534,8 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             if size > _BIG:
                 sha = _read(fm, path, lambda: _hash_stream(fm, path))
                 created = not reusable(sha) and repo.put_object_stream(sha, fm, path)
+                if created and sha in bad:
+                    repo.clear_bad([sha])  # it was missing: stored again
                 if not created and not reusable(sha) and damaged_leftover(sha):
                     repaired = repo.put_object_stream(sha, fm, path, replace=True)
                 nbytes = size
@@ -574,6 +576,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
         if not pending:
             return
         created = repo.put_objects_direct(pending)
+        repo.clear_bad([sha for (sha, _), made in zip(pending, created) if made and sha in bad])  # was missing
         new_objects = new_bytes = repaired = 0
         for (sha, data), made in zip(pending, created):
             if made:
@@ -644,13 +647,16 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
 
 
 def _found_bad(repo: Repository, parent: Manifest | None) -> set[str]:
-    """The objects that a verification stored since ``parent`` was created found missing, damaged or
-    unreadable: a backup incremental to it stores them again instead of naming them as they are (one
-    listing of ``verified/``; only the records stored since are read)."""
+    """The objects a verification found missing, damaged or unreadable and that no backup stored again
+    since: marked bad (``Repository.bad_objects``, one listing: whichever backup the verification was
+    of), and those a verification stored since ``parent`` was created lists (records of releases that
+    did not mark them; one listing of ``verified/``, only the records stored since are read). A backup
+    stores their content again instead of naming them as they are."""
+    bad = repo.bad_objects()
     if parent is None:
-        return set()
+        return bad
     since = calendar.timegm(time.strptime(parent.created, TIME_FORMAT)) - _RECORD_SKEW_S
-    return set().union(*(bad_hashes(doc) for doc in repo.verified(since).values() if doc.get("ok") is False))
+    return bad.union(*(bad_hashes(doc) for doc in repo.verified(since).values() if doc.get("ok") is False))
 
 
 def _parent(repo: Repository, checkpoint_url: str, refresh: bool = False) -> Manifest | None:

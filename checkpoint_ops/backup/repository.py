@@ -8,6 +8,9 @@ Layout under the destination URL (local directory or object-store prefix)::
     manifests/<backup id>.json      one per backup, put-if-absent, published last: a backup exists
                                     exactly when its manifest does
     verified/<backup id>.json       the outcome of the last verification of that backup (good or bad)
+    bad/<sha256>                    (empty) an object a verification found missing, damaged or unreadable,
+                                    until it is stored again or found whole: every backup that needs its
+                                    content stores it again, whichever checkpoint it backs up
     drills/<backup id>.json         the outcome of the last restore drill of that backup (``drill.py``)
     intents/<backup id>.json        a backup being taken (claims.py: its holder, kept alive by a heartbeat)
     locks/prune-<id>.json           a garbage collection in progress (backups wait for it while it lives)
@@ -52,6 +55,7 @@ from .claims import INTENT, PRUNE_LOCK, Claim, HeldClaim, intent_claim, prune_lo
 
 MARKER = "checkpoint-ops-backups.json"
 FORMAT = 1
+BAD_DIR = "bad"  # bad/<sha256>: objects a verification found bad, until stored again (module docstring)
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 _STREAM = 8 * 2**20
 _ROOT_ID = re.compile(r"checkpoint|ledger|sink\d+")
@@ -223,6 +227,7 @@ class Repository:
     _manifests: list[Manifest] | None = field(default=None, repr=False)
     _damaged: list[DamagedManifest] = field(default_factory=list, repr=False)
     _held: dict[str, HeldClaim] = field(default_factory=dict, repr=False)
+    _bad_seen: set[str] | None = field(default=None, repr=False)  # ``bad_objects`` as last listed
 
     @classmethod
     def locate(cls, url: str, storage_options: dict | None = None) -> "Repository":
@@ -415,8 +420,26 @@ class Repository:
 
     def replace_object(self, sha: str, data: bytes) -> None:
         """Store ``data`` (whose hash is ``sha``) in place of whatever is there, atomically: a reader sees
-        the old file or the new one, whole (a temp file renamed over it)."""
+        the old file or the new one, whole (a temp file renamed over it). It is no longer bad."""
         self.fm.write_bytes(self.object_path(sha), data, overwrite=True)
+        self.clear_bad([sha])
+
+    # -- objects found bad ----------------------------------------------------------------------------
+    def mark_bad(self, shas) -> None:
+        """Remember objects a verification found missing, damaged or unreadable (``BAD_DIR``)."""
+        for sha in shas:
+            self.fm.write_bytes(self.path(f"{BAD_DIR}/{sha}"), b"", overwrite=True)
+
+    def bad_objects(self) -> set[str]:
+        """The objects marked bad (one listing)."""
+        self._bad_seen = {f.name for f in self.fm.list(self.path(BAD_DIR)) if not f.is_dir and len(f.name) == 64}
+        return set(self._bad_seen)
+
+    def clear_bad(self, shas) -> None:
+        """Objects stored again, or found whole: no longer bad. Best effort where none is marked."""
+        paths = [self.path(f"{BAD_DIR}/{sha}") for sha in shas]
+        if paths and (self._bad_seen is None or self._bad_seen & set(shas)):
+            self.fm.delete_many(paths)
 
     def put_object_stream(self, sha: str, fm: CheckpointFileManager, path: str, replace: bool = False) -> bool:
         """``put_object`` for a big file of ``fm``, copied without holding it in memory (in the kernel
@@ -425,7 +448,9 @@ class Repository:
         ``replace``, it atomically replaces whatever is stored under ``sha`` (``replace_object`` for a big
         file: True)."""
         if replace:
-            return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha, overwrite=True)
+            stored = self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha, overwrite=True)
+            self.clear_bad([sha])
+            return stored
         if self.object_exists(sha):
             return False
         return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha)

@@ -86,6 +86,8 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
         problems = dict(zip(hashes, pool.map(lambda h: object_problem(repo, h), hashes)))
     bad_objects = {h: p for h, p in problems.items() if p is not None}
+    repo.mark_bad(sorted(bad_objects))  # every later backup stores their content again (repository.py)
+    repo.clear_bad(sorted(repo.bad_objects() & (problems.keys() - bad_objects.keys())))  # found whole
     at = time.strftime(TIME_FORMAT, time.gmtime())
     reports = []
     for m in manifests:
