@@ -377,11 +377,15 @@ def _unchanged(prev: _Taken | None, size: int, mtime: float | None, racy_from: f
 
 
 def _identity(local: bool, path: str, info) -> tuple[int, float | None, tuple[int, ...]]:
-    """size, mtime and (local disk) ``(st_ino, st_ctime_ns)`` of a source file, looked at now: what
+    """size, mtime and (local disk) ``(st_ino, st_ctime_ns)`` of a source file, from one stat (the
+    listing's, where it took one, as the size and mtime always came from; else now): what
     ``cp -p``, ``touch -r`` or ``rsync -a`` cannot carry over (elsewhere the listing's size and mtime,
     which no user sets on an object store)."""
     if not local:
         return info.size, info.mtime, ()
+    identity = getattr(info, "identity", None)  # the listing's one stat, where it took one
+    if identity is not None:
+        return info.size, info.mtime, identity
     st = os.stat(path)
     return st.st_size, st.st_mtime, (st.st_ino, st.st_ctime_ns)
 

@@ -36,12 +36,13 @@ class _LazyStatInfo(FileInfo):
     """A listed local file whose size and mtime are read only if someone asks (a walk of a big
     checkpoint then costs one readdir per directory, not one stat per file)."""
 
-    __slots__ = ()
+    __slots__ = ("_identity",)
 
     def _stat(self) -> None:
         try:
             st = os.stat(self.path)
             self._size, self._mtime = st.st_size, st.st_mtime
+            self._identity = (st.st_ino, st.st_ctime_ns)
         except FileNotFoundError:
             self._size, self._mtime = 0, None
         except OSError as e:  # a symlink loop, or a link to something we may not see
@@ -64,6 +65,14 @@ class _LazyStatInfo(FileInfo):
         if self._size is None:
             self._stat()
         return self._mtime
+
+    @property
+    def identity(self) -> tuple[int, int] | None:
+        """``(st_ino, st_ctime_ns)`` from the same stat as the size and mtime (None: it could not be
+        taken); what a backup compares besides them (``backup/create.py``)."""
+        if self._size is None:
+            self._stat()
+        return getattr(self, "_identity", None)
 
 
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.tmp$")
@@ -547,7 +556,7 @@ class LocalFileManager(CheckpointFileManager):
             st = os.stat(path)
         except FileNotFoundError:
             return None
-        return FileInfo(path, st.st_size, st.st_mtime, is_dir=os.path.isdir(path))
+        return FileInfo(path, st.st_size, st.st_mtime, is_dir=stat.S_ISDIR(st.st_mode))
 
     def list(self, path: str) -> list[FileInfo]:
         self.counter.add("list")
