@@ -281,3 +281,37 @@ def test_an_object_found_bad_is_stored_again_by_the_first_backup_of_another_chec
     code, r = cli_json("backup", "verify", dest.url)
     assert code == 0 and r["ok"], r  # both backups whole again
     assert backup(second, dest.url)["repaired_objects"] == 0  # stored again once, not at every backup
+
+
+def test_a_backup_killed_before_its_manifest_leaves_the_bad_mark(tmp_path):
+    """An object marked bad that a backup stores again is no longer bad only once the manifest naming it is
+    published (then it is durable): killed at any mutating call before that, the mark stays, so the next
+    backup stores it again too; the one that finishes clears it."""
+    import subprocess
+    import sys
+
+    dest = str(tmp_path / "dest")
+    first = checkpoint(str(tmp_path / "a"))
+    backup(first, dest)
+    sha = hashlib.sha256(read(f"{first}/commits/0")).hexdigest()
+    os.remove(f"{dest}/objects/{sha[:2]}/{sha}")
+    assert cli_json("backup", "verify", dest)[0] == 1
+    mark = f"{dest}/bad/{sha}"
+    assert os.path.exists(mark)
+    second = checkpoint(str(tmp_path / "b"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for kill_at in range(1, 500):
+        env = {**os.environ, "CHECKPOINT_OPS_KILL_AT": str(kill_at), "PYTHONPATH": root}
+        code = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", second, dest],
+                              env=env, cwd=root, capture_output=True).returncode
+        published = [n for n in os.listdir(f"{dest}/manifests") if not n.startswith(".")]
+        if code == 0:
+            break
+        assert code == -9, (kill_at, code)
+        if len(published) == 1:  # killed before this backup's manifest
+            assert os.path.exists(mark), kill_at
+    else:
+        raise AssertionError("the backup never finished")
+    assert kill_at > 5, (kill_at, code)  # the matrix reached the backup's writes
+    assert not os.path.exists(mark)
+    assert cli_json("backup", "verify", dest)[0] == 0

@@ -472,6 +472,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     sealed: list[set[str]] = []  # every object a usable manifest names, built when first needed
     seen: dict[str, bool] = {}  # parent's object -> whether it is there at its size
     suspect = set(bad)  # objects to replace wherever they are: found bad, or there at the wrong size
+    stored_again: set[str] = set()  # objects marked bad that this backup stored again (cleared once published)
     stored: list[dict[str, int]] = []  # object stores: the one listing of ``objects/``, when first needed
 
     def reusable(sha: str) -> bool:
@@ -538,10 +539,11 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             if size > _BIG:
                 sha = _read(fm, path, lambda: _hash_stream(fm, path))
                 created = not reusable(sha) and repo.put_object_stream(sha, fm, path)
-                if created and sha in bad:
-                    repo.clear_bad([sha])  # it was missing: stored again
                 if not created and not reusable(sha) and damaged_leftover(sha):
                     repaired = repo.put_object_stream(sha, fm, path, replace=True)
+                if (created or repaired) and sha in bad:
+                    with lock:
+                        stored_again.add(sha)
                 nbytes = size
             else:
                 data = cut.prefetched.pop((rid, rel), None)
@@ -580,7 +582,6 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
         if not pending:
             return
         created = repo.put_objects_direct(pending)
-        repo.clear_bad([sha for (sha, _), made in zip(pending, created) if made and sha in bad])  # was missing
         new_objects = new_bytes = repaired = 0
         for (sha, data), made in zip(pending, created):
             if made:
@@ -589,6 +590,10 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             elif damaged_leftover(sha):
                 repo.replace_object(sha, data)
                 repaired += 1
+                made = True
+            if made and sha in bad:
+                with lock:
+                    stored_again.add(sha)
         with lock:
             stats["new_objects"] += new_objects
             stats["new_bytes"] += new_bytes
@@ -642,6 +647,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     }
     intent.check()  # a lapsed intent let a garbage collection run: objects this backup reuses may be gone
     m = repo.publish(backup_id, doc)
+    repo.clear_bad(sorted(stored_again))  # durable now, named by a manifest: no longer bad
     return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": cut.kind, "checkpoint": cut.url,
             "query_id": cut.query_id, "batch": cut.batch, "parent": doc["parent"], **doc["stats"],
             "skipped_vanished": stats["skipped_vanished"], "skipped_names": cut.skipped_names,

@@ -420,9 +420,8 @@ class Repository:
 
     def replace_object(self, sha: str, data: bytes) -> None:
         """Store ``data`` (whose hash is ``sha``) in place of whatever is there, atomically: a reader sees
-        the old file or the new one, whole (a temp file renamed over it). It is no longer bad."""
+        the old file or the new one, whole (a temp file renamed over it)."""
         self.fm.write_bytes(self.object_path(sha), data, overwrite=True)
-        self.clear_bad([sha])
 
     # -- objects found bad ----------------------------------------------------------------------------
     def mark_bad(self, shas) -> None:
@@ -436,7 +435,8 @@ class Repository:
         return set(self._bad_seen)
 
     def clear_bad(self, shas) -> None:
-        """Objects stored again, or found whole: no longer bad. Best effort where none is marked."""
+        """Objects stored again (cleared once the manifest naming them is published: then they are durable),
+        or found whole: no longer bad."""
         paths = [self.path(f"{BAD_DIR}/{sha}") for sha in shas]
         if paths and (self._bad_seen is None or self._bad_seen & set(shas)):
             self.fm.delete_many(paths)
@@ -448,9 +448,7 @@ class Repository:
         ``replace``, it atomically replaces whatever is stored under ``sha`` (``replace_object`` for a big
         file: True)."""
         if replace:
-            stored = self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha, overwrite=True)
-            self.clear_bad([sha])
-            return stored
+            return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha, overwrite=True)
         if self.object_exists(sha):
             return False
         return self.fm.copy_in(fm, path, self.object_path(sha), sha256=sha)
