@@ -51,6 +51,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from .errors import RefusedError
 from .liveness import Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
@@ -166,6 +167,27 @@ class LeaseHeld(RefusedError):
 
 class LeaseLost(RefusedError):
     """The lease was taken from us while we held it (our heartbeat lapsed): stop changing things."""
+
+    def finish_with(self, fix: str) -> "LeaseLost":
+        """The same loss, with how to finish the command it stopped (one that is not journaled says so)."""
+        e = LeaseLost(self.problem, path=self.path, fix=fix)
+        e.__cause__ = self.__cause__
+        return e
+
+
+def guard_saying(guard: Callable[[], None] | None, fix: str) -> Callable[[], None]:
+    """``guard`` (an operation's ``ApplyContext.guard``; None: nothing to check) whose ``LeaseLost`` says
+    ``fix``: how to finish a command that is not journaled, such as a prune (run it again)."""
+
+    def check() -> None:
+        if guard is None:
+            return
+        try:
+            guard()
+        except LeaseLost as e:
+            raise e.finish_with(fix) from None
+
+    return check
 
 
 def _refusal(state: LeaseState, what: str, root_url: str) -> LeaseHeld:

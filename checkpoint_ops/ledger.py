@@ -46,11 +46,12 @@ import heapq
 import json
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from .errors import BadInputError, RefusedError, StorageError
 from .journal import ops_dir, utc_stamp
+from .lease import guard_saying
 from .model.checkpoint import Checkpoint
 from .model.commits import CommitMetadata, parse_commit
 from .model.compactible import CompactibleLog, LogEntry, all_valid_batches, is_compaction_batch
@@ -721,7 +722,7 @@ def _merge(into: dict, rec: dict) -> None:
 
 
 def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger | None" = None, *,
-         assume_paired: bool = False) -> dict:
+         assume_paired: bool = False, guard: Callable[[], None] | None = None) -> dict:
     """Record every batch Spark's files still describe and the ledger does not have yet.
 
     With a checkpoint, first the pairing of the checkpoint and its sinks (``pairing.record_pairing``): a
@@ -733,7 +734,13 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     restored where the original ran on, a query started again from scratch at the same place), and the
     ledger forgets its records from the first batch that differs (``diverged_at``) before recording what
     is there now; otherwise a later rollback would put the abandoned timeline's files back. A fenced
-    checkpoint (an interrupted operation) is refused: its files are half-way between two states."""
+    checkpoint (an interrupted operation) is refused: its files are half-way between two states.
+
+    ``guard`` (the leases' check, under ``ledger sync``) is called before each write: a sync whose lease
+    lapsed while it read stops (``LeaseLost``) rather than record, beside the command that took the lease
+    over (a rollback truncating the ledger), batches that command removes."""
+    check = guard_saying(guard, "nothing half-done is kept: a segment is written whole or not at all, and records "
+                         "merge idempotently; run the same command again")
     ledger = ledger or Ledger.for_checkpoint(ckpt)
     ledger.writes_index = True  # a writer: the index of a segment it has to read whole is kept for next time
     timeline = None
@@ -747,11 +754,13 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
                                + ", then run the sync again")
         timeline = diverged_at(ckpt, ledger)
         if timeline is not None:
+            check()
             ledger.truncate(timeline.batch - 1, f"timeline-{uuid.uuid4().hex[:8]}")
     pairing = []
     if ckpt is not None and sinks:
         from .pairing import record_pairing  # pairing reads the ledger: imported here, not at the top
 
+        check()
         pairing = record_pairing(ckpt, list(sinks), ledger, by="ledger sync", assume_paired=assume_paired)
     new: dict[int, dict] = {}
 
@@ -794,7 +803,9 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
     known = [b for b in (*ledger.records.first_last(), *new) if b is not None]
     if new:
         body = "\n".join(json.dumps(new[b], separators=(",", ":")) for b in sorted(new)).encode()
+        check()  # the reads before may have been long (every new file of a big checkpoint, on a slow store)
         segment = ledger._write_segment("sync", body)
+        check()
         ledger.compact_segments()
     recorded = sorted(new)
     return {

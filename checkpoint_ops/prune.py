@@ -12,11 +12,13 @@ from __future__ import annotations
 import time
 from calendar import timegm
 from dataclasses import dataclass
+from typing import Callable
 
 from .errors import BadInputError
 from .fence import is_fence, parse_fence
 from .executor import Anchor
 from .journal import Journal, load_journal, scan_journals
+from .lease import guard_saying
 from .operation import ApplyContext, Operation, Site
 from .plan import Plan
 from .storage import CheckpointFileManager, FileInfo, open_file_manager
@@ -177,8 +179,19 @@ class PruneResult:
                 "plan_hash": self.plan_hash}
 
 
-def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None) -> PruneResult:
-    """Mark each chosen operation pruned (undo refuses it from then on), then delete its trash."""
+# deletes per request between two lease checks (an object store's DeleteObjects takes 1,000 keys)
+_DELETE_CHUNK = 1000
+_RERUN = ("the prune stopped part-way: each operation it marked pruned can no longer be undone and keeps what is "
+          "left of its undo record until a prune finishes it; run the same command again to finish it")
+
+
+def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None,
+                guard: Callable[[], None] | None = None) -> PruneResult:
+    """Mark each chosen operation pruned (undo refuses it from then on), then delete its trash.
+    ``guard`` (the operation's lease check) is called before each mark and each chunk of deletes: a
+    prune whose lease lapsed stops (``LeaseLost``, saying to run it again) before another command that
+    took the lease over (an undo of the next operation, say) sees its undo record go."""
+    check = guard_saying(guard, _RERUN)
     ops = anchor.ops
     trash_dirs = _TrashDirs(anchor, storage_options)
     chosen = plan.summary.get("prune")
@@ -187,6 +200,7 @@ def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None)
     for a in plan.actions:
         by_root.setdefault(a.root, []).append(a.rel)
     for op_id in chosen:
+        check()
         j = load_journal(anchor.fm, f"{ops}/journal/{op_id}")
         j.mark(PRUNED)
         for rid, trash in j.record.get("trash", {}).items():
@@ -195,7 +209,9 @@ def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None)
                 continue
             fm = trash_dirs.fm(j, rid)
             base = trash.rstrip("/")
-            fm.delete_many([f"{base}/{r}" for r in rels])
+            for start in range(0, len(rels), _DELETE_CHUNK):
+                check()
+                fm.delete_many([f"{base}/{r}" for r in rels[start:start + _DELETE_CHUNK]])
             fm.remove_empty_dirs(base)
     return PruneResult(chosen, len(plan.actions), plan.counts()["bytes_deleted"], plan.hash)
 
@@ -227,7 +243,7 @@ class PruneOperation(Operation):
         return plan.summary["prune"] == "nothing"  # an operation to mark pruned may have no trash left
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> PruneResult:
-        return apply_prune(plan, self.anchor, ctx.storage_options)
+        return apply_prune(plan, self.anchor, ctx.storage_options, guard=ctx.guard)
 
     def describe(self, plan: Plan, outcome: PruneResult) -> str:
         return (f"Pruned {', '.join(outcome.pruned)}: deleted {outcome.files_deleted} file(s); these operations can no "

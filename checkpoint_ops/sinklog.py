@@ -569,7 +569,7 @@ def apply(ctx: SinkContext, plan: Plan, storage_options: dict | None = None, pro
           guard=None) -> AppliedOperation:
     """Record in the ledger what the plan's log deletions would forget, apply the plan, and clear the
     staged rewrites it used."""
-    sync(ctx.ckpt, [ctx.sink], ledger=ctx.ledger)
+    sync(ctx.ckpt, [ctx.sink], ledger=ctx.ledger, guard=guard)
     hooks = JournalHooks(undo_guard={SINK: ["_spark_metadata"]})
     result = apply_plan(plan, ctx.anchor, ctx.root_fms(), storage_options, progress, hooks, guard=guard)
     clear_staging(ctx, plan)

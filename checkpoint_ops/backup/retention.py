@@ -26,8 +26,10 @@ import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from ..errors import BadInputError, StoreUnavailableError
+from ..lease import guard_saying
 from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
 from ..storage import open_file_manager
@@ -148,18 +150,26 @@ def plan_backup_prune(repo: Repository, keep_last: int | None = None, keep_withi
     return plan
 
 
-def apply_backup_prune(repo: Repository, plan: Plan) -> BackupPruneResult:
+_RERUN = ("the prune stopped part-way: every backup not yet deleted is whole (objects go only after no manifest names "
+          "them); run the same command again to finish it")
+_DELETE_CHUNK = 1000  # deletes between two lease checks (an object store's DeleteObjects takes 1,000 keys)
+
+
+def apply_backup_prune(repo: Repository, plan: Plan, guard: Callable[[], None] | None = None) -> BackupPruneResult:
     """Apply a prune plan under a prune lock: delete the planned manifests and the planned claims that
     are still stale; then, only if no backup is being taken (judged again, under the lock), the planned
     leftovers and, unless a manifest is damaged, the planned objects that no manifest references now (a
     backup may have published since the plan). Never deletes anything the plan does not name. A store
-    that stays unavailable stops it with a StoreUnavailableError saying how to finish."""
+    that stays unavailable stops it with a StoreUnavailableError saying how to finish. ``guard`` (the
+    destination's lease check) is called before each step and each chunk of deletes: a prune whose lease
+    lapsed stops (``LeaseLost``, saying to run it again) instead of deleting beside the command that took
+    the lease over."""
     try:
         lock = repo.hold_prune_lock()
     except StoreUnavailableError as e:
         raise e.finish_with("nothing was deleted; once the store answers, run the same command again") from e.__cause__
     try:
-        result = _collect(repo, plan, lock)
+        result = _collect(repo, plan, lock, guard_saying(guard, _RERUN))
     except StoreUnavailableError as e:
         with contextlib.suppress(StoreUnavailableError):  # the store may be down: the lock then goes stale
             lock.release()
@@ -173,30 +183,40 @@ def apply_backup_prune(repo: Repository, plan: Plan) -> BackupPruneResult:
     return dataclasses.replace(result, requests=repo.fm.counter.snapshot(), retries=repo.fm.counter.retries())
 
 
-def _collect(repo: Repository, plan: Plan, lock: HeldClaim) -> BackupPruneResult:
+def _delete(repo: Repository, paths: list[str], check: Callable[[], None]) -> None:
+    for start in range(0, len(paths), _DELETE_CHUNK):
+        check()
+        repo.fm.delete_many(paths[start:start + _DELETE_CHUNK])
+
+
+def _collect(repo: Repository, plan: Plan, lock: HeldClaim, check: Callable[[], None]) -> BackupPruneResult:
     leftovers = [a.rel for a in plan.actions if is_leftover_rel(a.rel)]
     rels = [a.rel for a in plan.actions if not is_leftover_rel(a.rel)]
     manifests = [r for r in rels if r.startswith("manifests/")]
-    repo.fm.delete_many([repo.path(r) for r in manifests])
-    repo.fm.delete_many([repo.path(r.replace("manifests/", folder)) for r in manifests
-                         for folder in ("verified/", "drills/")])  # their verification and drill records
+    _delete(repo, [repo.path(r) for r in manifests], check)
+    _delete(repo, [repo.path(r.replace("manifests/", folder)) for r in manifests
+                   for folder in ("verified/", "drills/")], check)  # their verification and drill records
 
     claims = {c.rel: c for c in repo.intents() + repo.locks()}
     stale = [r for r in rels if r in claims and not claims[r].live]
-    repo.fm.delete_many([repo.path(r) for r in stale])
+    _delete(repo, [repo.path(r) for r in stale], check)
     live = [c for c in claims.values() if c.live and c.kind == INTENT]
 
     if live:
         return BackupPruneResult(len(manifests), 0, 0, True, len(stale), 0, f"{_running(live)}: objects and "
                                  "leftovers of interrupted writes are left for the next prune")
+    check()
     removed = remove_leftovers(repo, leftovers)
     if repo.damaged_manifests(refresh=True):
         return BackupPruneResult(len(manifests), 0, 0, True, len(stale), removed, _damaged(repo))
     needed = set().union(*(m.hashes() for m in repo.manifests()))
     sizes = {a.rel: a.size or 0 for a in plan.actions}
     garbage = [r for r in rels if r.startswith("objects/") and r.rsplit("/", 1)[-1] not in needed]
-    lock.check()  # a lock that lapsed let a backup start meanwhile: its objects must not go
-    repo.fm.delete_many([repo.path(r) for r in garbage])
+    def still_alone() -> None:  # a lock that lapsed let a backup start meanwhile: its objects must not go
+        lock.check()
+        check()
+
+    _delete(repo, [repo.path(r) for r in garbage], still_alone)
     return BackupPruneResult(len(manifests), len(garbage), sum(sizes[r] for r in garbage), False, len(stale),
                              removed)
 
@@ -225,7 +245,7 @@ class BackupPruneOperation(Operation):
         return plan_backup_prune(self.repo, self.keep_last, self.keep_within_s, temp_min_age_s=self.temp_min_age_s)
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> BackupPruneResult:
-        return apply_backup_prune(self.repo, plan)
+        return apply_backup_prune(self.repo, plan, guard=ctx.guard)
 
     def describe(self, plan: Plan, outcome: BackupPruneResult) -> str:
         return (f"Deleted {outcome.manifests_deleted} backup(s) and {outcome.objects_deleted} unreferenced objects "

@@ -16,9 +16,9 @@ def cmd_ledger_sync(args) -> int:
     sites = [(ckpt.fm, ckpt.root, ckpt.url)] + [(s.fm, s.root, s.url) for s in sinks]
     # one writer at a time: a rollback, an undo or a run never has the ledger merged under it, nor the
     # pairing records rewritten; the model is read again under the leases
-    with acquire_all(sites, "checkpoint-ops ledger sync"):
+    with acquire_all(sites, "checkpoint-ops ledger sync") as leases:
         ckpt, sinks = open_checkpoint(args)
-        r = sync(ckpt, sinks, assume_paired=args.assume_paired)
+        r = sync(ckpt, sinks, assume_paired=args.assume_paired, guard=leases.check)
     rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"
     text = (f"Ledger {r['ledger']}: recorded {r['batches_recorded']} batch(es) ({rng}); "
             + ", ".join(f"{n} sink batch(es) of {u}" for u, n in r["sink_batches_recorded"].items()))
