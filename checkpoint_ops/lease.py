@@ -16,13 +16,16 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   start of the last renewal that succeeded (or of the acquire), by this process's monotonic clock: a
   renewal that hangs in retries stops the holder before its record can be judged stale. The sixth left
   is room for two hosts' clocks to disagree and for the step under way when ``check()`` last passed.
-* **A renewal never lands after that point unnoticed.** A renewal is a read (still our token?) then an
-  unconditional write: the file managers offer no conditional replace (S3's ``If-Match`` on a PUT would
-  be one; it is not wired into ``storage/direct_put.py``), nor does a local rename. So a renewal that
-  has not written by that point does not write; one whose write was stored only after it (a PUT stuck
-  in retries) may have replaced the record of a process that took the lease over meanwhile: the holder
-  treats the lease as lost (and stops), and the other process finds a record not its own at its next
-  renewal and stops too (it is resumable). Never two holders going on together.
+* **A renewal never lands after that point unnoticed.** A renewal reads the record (still our token?)
+  and replaces it only if it is still the version read (``replace_if_same``). On S3 that is one PUT with
+  ``If-Match``: a renewal stuck in retries until someone took the lease over is refused by the store, so
+  it never replaces the new holder's record (the late holder stops; the new one goes on). So is a
+  takeover's write, if the record it judged stale was renewed meanwhile. Where the store has no
+  conditional replace (local disk, HDFS: a rename cannot be made conditional) the replace is
+  unconditional: a renewal that has not written by that point does not write, and one whose write was
+  stored only after it may have replaced the record of a process that took the lease over meanwhile:
+  the holder treats the lease as lost (and stops), and the other process finds a record not its own at
+  its next renewal and stops too (it is resumable). Never two holders going on together.
 * **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
   run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
   heartbeat would let the record go stale while the query still runs, and any command take the lease
@@ -55,7 +58,7 @@ from typing import Callable
 from .errors import RefusedError
 from .liveness import Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
-from .storage import CheckpointFileManager
+from .storage import CheckpointFileManager, FileChangedError
 from .storage.paths import basename, dirname, join
 from .units import iso_ms
 
@@ -87,6 +90,7 @@ class LeaseState:
     present: bool
     stale_reason: str | None = None  # why the holder no longer holds it (None: it does, or free)
     unreadable: str | None = None  # the file is there but is not a lease record
+    version: str | None = None  # the record's version at the store, for ``replace_if_same`` (S3: its ETag)
 
     @property
     def held(self) -> bool:
@@ -138,7 +142,7 @@ def _read_record(fm: CheckpointFileManager, path: str, now: float | None = None)
     """A lease or a takeover claim (both hold a ``Holder``), judged now."""
     url = fm.url(path)
     try:
-        data = fm.read_bytes(path)
+        data, version = fm.read_versioned(path)
     except FileNotFoundError:
         return LeaseState(url, None, False)
     try:
@@ -146,12 +150,12 @@ def _read_record(fm: CheckpointFileManager, path: str, now: float | None = None)
     except ValueError:
         holder = None
     if holder is not None:
-        return LeaseState(url, holder, True, holder.stale_reason(now) or _left_here(holder))
+        return LeaseState(url, holder, True, holder.stale_reason(now) or _left_here(holder), version=version)
     # Not a record we wrote (edited, or a foreign file): judge it by its age alone.
     info = fm.info(path)
     age = (time.time() if now is None else now) - (info.mtime if info and info.mtime is not None else 0)
     stale = f"it is unreadable and {int(age)} s old" if age > default_ttl() else None
-    return LeaseState(url, None, True, stale, unreadable="not a lease record")
+    return LeaseState(url, None, True, stale, unreadable="not a lease record", version=version)
 
 
 def lease_of(fm: CheckpointFileManager, root: str, listing=None) -> LeaseState:
@@ -279,7 +283,14 @@ class Lease:
         if lapse is not None:  # too late to write: the record may be someone else's by the time it lands
             raise lapse
         renewed = self.holder.renewed()
-        self.fm.write_bytes(self.path, json.dumps(renewed.to_dict()).encode(), overwrite=True)
+        try:  # only over the record just read: never over one a taker wrote meanwhile (module docstring)
+            self.fm.replace_if_same(self.path, json.dumps(renewed.to_dict()).encode(), state.version)
+        except (FileChangedError, FileNotFoundError):
+            now = read_lease(self.fm, self.root)
+            raise LeaseLost(f"the lease was taken from this process while it renewed it (the store refused the "
+                            f"late renewal): it is now {now.describe()}", path=now.url,
+                            fix="the operation stopped where it was; finish it with `checkpoint-ops resume` once "
+                            "the other holder is done") from None
         lapse = self._lapse(stored_late=True) if self.stepwise else None
         if lapse is not None:
             raise lapse
@@ -436,7 +447,11 @@ def _take_over(fm: CheckpointFileManager, root: str, stale: LeaseState, me: Hold
             raise LeaseHeld(f"taking over the stale lease of {fm.url(root)} took {took:.1f} s, too long for its "
                             f"{me.ttl_s:g} s time to live: nothing was changed", path=fm.url(lease_path(root)),
                             fix="check the storage (it is slow), then run the command again")
-        fm.write_bytes(lease_path(root), body, overwrite=True)
+        try:  # only over the stale record judged: a renewal that landed meanwhile wins
+            fm.replace_if_same(lease_path(root), body, now.version)
+        except (FileChangedError, FileNotFoundError):
+            fm.delete(claim)
+            return None  # look again
     except BaseException:
         # A claim whose takeover failed is removed; left behind (the store did not answer), it goes stale
         # with this process and the next taker claims it in turn.

@@ -57,6 +57,18 @@ def test_overwrite_false_never_replaces(tmp_path):
     assert (tmp_path / "commits" / "3").read_bytes() == b"first"
 
 
+def test_replace_if_same_is_unconditional_on_local_disk(tmp_path):
+    """A rename cannot be made conditional: local disk says so (``conditional_replace``), names no
+    version, and replaces whatever is there (leases then detect a late renewal instead: lease.py)."""
+    fm, root = open_file_manager(str(tmp_path))
+    path = os.path.join(root, "record")
+    fm.write_bytes(path, b"v1")
+    assert not fm.conditional_replace and fm.read_versioned(path) == (b"v1", None)
+    fm.write_bytes(path, b"someone else's", overwrite=True)
+    fm.replace_if_same(path, b"v2", None)
+    assert fm.read_bytes(path) == b"v2"
+
+
 def test_overwrite_true_regenerates_stale_crc(tmp_path):
     fm, root = open_file_manager(str(tmp_path))
     (tmp_path / "f").write_bytes(b"a" * 600)

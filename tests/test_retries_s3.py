@@ -15,7 +15,7 @@ import botocore.exceptions
 import pytest
 
 from checkpoint_ops.errors import StorageError, StoreUnavailableError
-from checkpoint_ops.storage import OpCounter, open_file_manager
+from checkpoint_ops.storage import FileChangedError, OpCounter, open_file_manager
 from checkpoint_ops.storage import direct_put
 from checkpoint_ops.storage.retry import Retrier, RetryPolicy, transient_reason
 from tests.faulty_s3 import FAULTS, FaultPlan
@@ -193,6 +193,38 @@ def test_a_conditional_put_whose_reply_was_lost_is_our_own_write(faulty_s3, s3_s
     with pytest.raises(FileExistsError):
         fm.write_bytes(f"{root}/lease", b"holder B", overwrite=False)
     assert _direct(s3_server).get_object(Bucket=bucket, Key="root/lease")["Body"].read() == b"holder A"
+
+
+def test_a_replace_if_same_refuses_a_newer_version_and_takes_its_own_lost_reply_as_done(faulty_s3, s3_server, bucket):
+    """``replace_if_same`` (how leases renew) is one PUT with ``If-Match``: a retry refused because the
+    first attempt was stored (its reply lost) is our own write; a record replaced or deleted since the
+    version read is never overwritten."""
+    direct = _direct(s3_server)
+    direct.put_object(Bucket=bucket, Key="root/lease", Body=b"holder A, beat 1")
+    fm, root = _fm(faulty_s3, bucket)
+    assert fm.conditional_replace
+    data, version = fm.read_versioned(f"{root}/lease")
+    assert data == b"holder A, beat 1" and version
+
+    def stored() -> bytes:
+        return direct.get_object(Bucket=bucket, Key="root/lease")["Body"].read()
+
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), limit=1, requests=frozenset({"PUT"})))
+    fm.replace_if_same(f"{root}/lease", b"holder A, beat 2", version)  # stored; the retry gets 412
+    assert stored() == b"holder A, beat 2"
+    assert faulty_s3.stats.faults == {("PUT", "lost-reply"): 1} and fm.counter.retries() == {"PutObject": 1}
+
+    faulty_s3.calm()
+    _, version = fm.read_versioned(f"{root}/lease")
+    direct.put_object(Bucket=bucket, Key="root/lease", Body=b"holder B")  # taken over since
+    with pytest.raises(FileChangedError):
+        fm.replace_if_same(f"{root}/lease", b"holder A, beat 3", version)
+    assert stored() == b"holder B"
+    _, version = fm.read_versioned(f"{root}/lease")
+    direct.delete_object(Bucket=bucket, Key="root/lease")  # broken since
+    with pytest.raises(FileChangedError):
+        fm.replace_if_same(f"{root}/lease", b"holder B, beat 2", version)
+    assert _keys(s3_server, bucket) == []
 
 
 def test_retried_deletes_and_copies_of_what_is_already_done(faulty_s3, s3_server, bucket):

@@ -44,7 +44,7 @@ from typing import Iterable, Iterator
 
 from ..errors import StoreUnavailableError
 from . import killswitch
-from .manager import AtomicWriter, CheckpointFileManager, FileInfo, PendingUpload
+from .manager import AtomicWriter, CheckpointFileManager, FileChangedError, FileInfo, PendingUpload
 from .paths import Location
 from .rename import _fileinfo
 from .retry import OPTION as RETRY_OPTION
@@ -325,6 +325,61 @@ class DirectPutFileManager(CheckpointFileManager):
             return self.fs.cat_file(path, **self._cat_kwargs)
 
         return self.retrier.call("GetObject", self.url(path), get)
+
+    @property
+    def conditional_replace(self) -> bool:  # type: ignore[override]
+        return self.location.scheme == "s3"
+
+    def read_versioned(self, path: str) -> tuple[bytes, str | None]:
+        """One GET: the body and its ETag (S3; other stores: no version)."""
+        if not self.conditional_replace:
+            return super().read_versioned(path)
+        from fsspec.asyn import sync
+
+        bucket, _, key = path.partition("/")
+
+        async def get() -> tuple[bytes, str | None]:
+            self._count("get")
+            resp = await self.fs._call_s3("get_object", Bucket=bucket, Key=key)
+            try:
+                data = await resp["Body"].read()
+            finally:
+                resp["Body"].close()
+            length = resp.get("ContentLength")
+            if length is not None and len(data) != int(length):  # a short reply is never taken as the object
+                raise ConnectionResetError(errno.ECONNRESET, "connection reset (truncated reply)")
+            return data, resp.get("ETag")
+
+        return self.retrier.call("GetObject", self.url(path), lambda: sync(self.fs.loop, get))
+
+    def replace_if_same(self, path: str, data: bytes, version: str | None) -> None:
+        """S3: one PUT with ``If-Match: version`` (manager docstring); a 412 or 404 is read back."""
+        if not self.conditional_replace or version is None:
+            return super().replace_if_same(path, data, version)
+        from fsspec.asyn import sync
+
+        bucket, _, key = path.partition("/")
+        url = self.url(path)
+
+        async def put() -> None:
+            self._count("put")
+            await self.fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=version)
+
+        killswitch.tick()
+        try:
+            self.retrier.call("PutObject", url, lambda: sync(self.fs.loop, put))
+        except Exception as e:
+            if not (_is_precondition_failed(e) or isinstance(e, FileNotFoundError)):
+                raise
+            try:  # an earlier attempt of this call may have been stored, its reply lost: then it is ours
+                now = self.read_bytes(path)
+            except FileNotFoundError:
+                now = None
+            if now != data:
+                raise FileChangedError(errno.ESTALE, "replaced or deleted since it was read (conditional put "
+                                       "refused)", url) from e
+        finally:
+            self.fs.invalidate_cache(path)
 
     def read_prefix(self, path: str, n: int) -> bytes:
         def get():

@@ -7,6 +7,9 @@ per kind of file system, chosen by URL scheme.
   file at once and whose ``cancel()`` (or an exception inside ``with``) leaves nothing visible.
   With ``overwrite=False`` an existing file is never replaced, even when writers race: the loser
   gets ``FileExistsError``.
+* ``read_versioned`` and ``replace_if_same`` replace a small record only if it is still the version
+  read, in one request where the store has conditional writes (S3: ``If-Match``); elsewhere the
+  replace is unconditional (``conditional_replace`` says which). Leases renew this way.
 * Everything else (``read_bytes``, ``exists``, ``list``, ``walk``, ``delete``, ``rename``...) is
   plain, and every call is counted so benchmarks and tests can see the requests we make.
 """
@@ -25,6 +28,11 @@ from .checksums import sidecar_names
 from .paths import Location, basename, dirname, join
 
 COPY_CHUNK = 8 * 2**20  # bytes per read when a copy streams through this process
+
+
+class FileChangedError(OSError):
+    """``replace_if_same`` found the file replaced (or deleted) since the version it was given: nothing
+    was written."""
 
 
 class FileInfo:
@@ -181,6 +189,8 @@ class CheckpointFileManager(abc.ABC):
     hadoop_crc: bool = False
     #: ``rename`` is a metadata operation (cheap, atomic), not copy + delete
     atomic_rename: bool = False
+    #: ``replace_if_same`` is one conditional request at the store, not an unconditional replace
+    conditional_replace: bool = False
 
     def __init__(self, location: Location):
         self.location = location
@@ -197,6 +207,17 @@ class CheckpointFileManager(abc.ABC):
     def write_bytes(self, path: str, data: bytes, overwrite: bool = False) -> None:
         with self.create_atomic(path, overwrite=overwrite) as out:
             out.write(data)
+
+    def replace_if_same(self, path: str, data: bytes, version: str | None) -> None:
+        """Replace ``path`` with ``data``, whole, only if it is still the ``version`` ``read_versioned``
+        returned; else ``FileChangedError`` and nothing is written (a deleted file counts as changed).
+        Where ``conditional_replace`` is True this is one conditional request, so a write that reaches the
+        store late (stuck in retries) can never replace what another process wrote meanwhile; a retried
+        attempt refused because an earlier attempt of this very call was stored (its reply lost) is taken
+        as done, by reading back exactly ``data``. Elsewhere (local disk, HDFS: a rename cannot be made
+        conditional), or without a ``version``, it replaces unconditionally, as ``write_bytes(path, data,
+        overwrite=True)``. One mutating call for the crash switch."""
+        self.write_bytes(path, data, overwrite=True)
 
     def write_many(self, items: Iterable[tuple[str, bytes]]) -> list[bool]:
         """Publish several new files, each exactly as ``write_bytes(path, data, overwrite=False)`` does.
@@ -281,6 +302,11 @@ class CheckpointFileManager(abc.ABC):
     @abc.abstractmethod
     def read_bytes(self, path: str) -> bytes:
         """Whole file; raises FileNotFoundError."""
+
+    def read_versioned(self, path: str) -> tuple[bytes, str | None]:
+        """The whole file and the version it was (for ``replace_if_same``; None where the store names no
+        versions, and ``replace_if_same`` is then unconditional); raises FileNotFoundError."""
+        return self.read_bytes(path), None
 
     def read_prefix(self, path: str, n: int) -> bytes:
         """The first ``n`` bytes (fewer if the file is shorter)."""
