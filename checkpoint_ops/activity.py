@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from .errors import RefusedError, param
+from .errors import CheckpointOpsError, RefusedError, param
 from .model.checkpoint import Checkpoint
 
 DEFAULT_FRESH_SECONDS = 600  # an uncommitted batch planned this recently means "running"
@@ -36,10 +36,32 @@ def active_reasons(ckpt: Checkpoint, fresh_seconds: int = DEFAULT_FRESH_SECONDS,
     # interrupted operation's own doing.
     if ckpt.fence is None and L is not None and (C is None or L > C):
         info = ckpt.offset_files[L].info
-        if info.mtime is not None and now - info.mtime < fresh_seconds:
+        if info.mtime is not None and now - info.mtime < fresh_seconds and not _left_planned(ckpt, f"offsets/{L}"):
             return [f"offsets/{L} has no commit yet and was written {int(now - info.mtime)} s ago: a batch is "
                     "probably running"]
     return []
+
+
+def _left_planned(ckpt: Checkpoint, rel: str) -> bool:
+    """``rel`` is the no-data batch the newest operation, applied and not undone, left planned (a
+    rollback keeps it: rollback.py): its age is that of the run that planned it, not a sign of a run now.
+    Only the newest journal counts: after a later operation journaled here, such a file looks active
+    until it is 10 minutes old (a refusal `--force` overrides, never a run missed)."""
+    from .journal import load_journal, ops_dir, scan_journals
+
+    try:
+        journals = scan_journals(ckpt.fm, ops_dir(ckpt.fm, ckpt.root))
+    except (OSError, ValueError, CheckpointOpsError):
+        return False
+    if not journals:
+        return False
+    path, markers = list(journals.items())[-1]
+    if "applied" not in markers or "undone" in markers or "undoing" in markers:
+        return False
+    try:
+        return rel in load_journal(ckpt.fm, path).record.get("left_planned", [])
+    except (OSError, ValueError, CheckpointOpsError):
+        return False
 
 
 def sink_active_reasons(sink, fresh_seconds: int = DEFAULT_FRESH_SECONDS, now: float | None = None) -> list[str]:

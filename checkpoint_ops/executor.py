@@ -474,13 +474,14 @@ class Executor:
         of another size than it had); a file it rewrote, changed since."""
         t = self.plan.target_batch
         removed = {(a.root, a.rel): a for a in self.plan.actions if a.kind in (DELETE, KEEP)}
+        left = {("checkpoint", rel) for rel in self.journal.record.get("left_planned", [])}
         newer: list[tuple[str, str]] = []
         if t is not None:
             for rid, dirs in self.journal.record.get("undo_guard", {}).items():
                 if rid in listings:
                     for d in dirs:
                         newer += [(rid, f.rel) for b, f in log_files(listings[rid], d, compactible=True).items()
-                                  if b > t and not (put_back and (rid, f.rel) in removed)]
+                                  if b > t and not (put_back and (rid, f.rel) in removed) and (rid, f.rel) not in left]
         for a in self.plan.actions:
             here = listings[a.root].files.get(a.rel)
             if a.kind in (DELETE, KEEP) and here is not None:
@@ -745,10 +746,15 @@ class JournalHooks:
     ledger_truncation: int | None = None  # the batch ledger forgets batches above this (a rollback)
     undo_guard: dict[str, list[str]] = field(default_factory=dict)  # root id -> log dirs (``_check_untouched``)
     undoable: bool = True
+    # checkpoint files above the target the operation left in place: the planned no-data batch a rollback
+    # keeps (rollback.py), not a write since (``_written_since``)
+    left_planned: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)  # recorded for people (a restore's backup id)
 
     def record(self) -> dict:
         out = {"undo_guard": self.undo_guard, "undoable": self.undoable, **self.extra}
+        if self.left_planned:
+            out["left_planned"] = list(self.left_planned)
         if self.final_metadata is not None:
             out["final_metadata"] = _b64e(self.final_metadata)
         if self.ledger_truncation is not None:

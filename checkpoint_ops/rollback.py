@@ -2,7 +2,12 @@
 
 Afterwards the last committed batch is N and Spark plans N+1 from ``offsets/N`` (reference §6):
 
-* ``offsets/`` and ``commits/`` above N go;
+* ``offsets/`` and ``commits/`` above N go, but for ``offsets/N+1`` of a **no-data batch** (the source
+  offsets of batch N again: Spark ran it because the watermark moved on, and in append mode it emitted the
+  windows that closed). Spark plans such a batch only within a run, never at a restart whose last batch
+  is committed, so deleting it would lose its rows until new input arrives (for a finished source, for
+  good). It stays planned and uncommitted, and Spark runs it again at restart with its recorded
+  watermark (state, sink log and sink files above N are rolled back as for any batch above N);
 * each file-source log is trimmed to the log offset ``offsets/N`` records, rebuilding files Spark
   already compacted away from a later compact file (entries carry ``batchId``);
 * state versions above N+1 go (a stale higher snapshot would be loaded later and silently give
@@ -43,6 +48,7 @@ from .model.compactible import (
 )
 from .model.listing import Listing
 from .model.logfile import LogFormatError
+from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
 from .plan import SIDECAR_PREFIX, Plan
@@ -96,11 +102,36 @@ class _Builder:
         self.plan.write(root, rel, content, reason)
 
     # -- components ----------------------------------------------------------------------------
+    def _no_data_next(self) -> OffsetSeq | None:
+        """``offsets/N+1`` if batch N+1 is a no-data batch (module docstring): its source offsets are batch
+        N's. None if it is not, or if either file cannot be read (then it goes, as any batch above N)."""
+        ck, t = self.ckpt, self.target
+        if t + 1 not in ck.offset_files:
+            return None
+        try:
+            after = ck.offsets(t + 1)
+            before = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
+        except (LogFormatError, OSError, ValueError):
+            return None
+        if before is None or not after.offsets:
+            return None
+        same = [(o.source_id, o.value) for o in after.offsets] == [(o.source_id, o.value) for o in before.offsets]
+        return after if same else None
+
     def logs(self) -> None:
         ck, t = self.ckpt, self.target
         L, C = ck.latest_offset, ck.latest_commit
+        planned = self._no_data_next()
+        if planned is not None:
+            before = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
+            rel = f"offsets/{t + 1}"
+            self.plan.summary["kept"] = (
+                f"{rel}: batch {t + 1} is a no-data batch (the source offsets of batch {t}; watermark "
+                f"{_ms(before.watermark_ms)} -> {_ms(planned.watermark_ms)}): it stays planned, and Spark runs it "
+                "again at restart, emitting what its watermark closes")
+            self.plan.summary["kept_planned"] = [rel]
         for b in ck.offset_files:
-            if b > t:
+            if b > t and not (planned is not None and b == t + 1):
                 self.delete(CKPT, ck.listing, f"offsets/{b}", f"offsets of batches after {t}", "offsets")
         for b in ck.commit_files:
             if b > t:
@@ -111,7 +142,8 @@ class _Builder:
                 self.from_ledger = True
                 self.write(CKPT, ck.listing, f"{kind}/{b}", self.ledger.raw(kind, b),
                            f"{kind}/{b} restored from the batch ledger (Spark purged it)")
-        self.plan.summary["last committed batch"] = f"{C} -> {t}" + (f" (latest planned was {L})" if L != C else "")
+        self.plan.summary["last committed batch"] = f"{C} -> {t}" + (f" (latest planned was {L})" if L != C else "") \
+            + (f"; batch {t + 1} stays planned" if planned is not None else "")
 
     def sources(self) -> None:
         ck, t = self.ckpt, self.target
@@ -339,6 +371,10 @@ def _ssts_of(st, zips) -> set[str] | None:
     return out
 
 
+def _ms(ms: int | None) -> str:
+    return iso_ms(ms) if ms is not None else "none"
+
+
 def _batch(e: LogEntry) -> int:
     b = e.doc.get("batchId")
     if not isinstance(b, int):
@@ -562,7 +598,8 @@ class RollbackOperation(Operation):
                              ledger=self.ledger, force=self.force, recorded_sinks=recorded)
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
-        hooks = JournalHooks(ledger_truncation=plan.target_batch, undo_guard={"checkpoint": ["offsets", "commits"]})
+        hooks = JournalHooks(ledger_truncation=plan.target_batch, undo_guard={"checkpoint": ["offsets", "commits"]},
+                             left_planned=plan.summary.get("kept_planned", []))
         applied = apply_plan(plan, Anchor.of_checkpoint(self.ckpt), checkpoint_roots(self.ckpt, self.sinks),
                              ctx.storage_options, ctx.progress, hooks, guard=ctx.guard)
         if self.sinks:  # checked when planned; now recorded on both sides (an operation that took both)

@@ -251,6 +251,7 @@ class _Restore:
         files = {rid: m.files(rid) for rid in m.roots}
         removed: set[tuple[str, str]] = set()
         rb_writes: list[tuple[str, str, bytes, str]] = []
+        left_planned: list[str] = []
         batch = m.batch
         if to_batch is not None:
             if m.doc["kind"] != "structured":
@@ -268,6 +269,7 @@ class _Restore:
             rb = plan_rollback(vckpt, to_batch, sinks=vsinks, ledger=vledger)
             removed = {(a.root, a.rel) for a in rb.actions if a.kind == "delete"}
             rb_writes = [(a.root, a.rel, rb.contents[a.sha256], a.reason) for a in rb.actions if a.kind == "write"]
+            left_planned = rb.summary.get("kept_planned", [])  # a no-data batch the rollback keeps planned
             batch = to_batch
         roots = {"checkpoint": self.target_url, **{rid: fm.url(root) for rid, (fm, root) in self.sink_fms.items()}}
         pair = bool(self.sinks) and m.doc["kind"] == "structured"
@@ -302,6 +304,9 @@ class _Restore:
             plan.write("ledger", name, body, f"the ledger forgets batches after {to_batch}")
         if pair:
             self._pairing(plan, roots, m.doc["checkpoint"].get("query_id"))
+        if left_planned:
+            plan.summary["kept"] = rb.summary["kept"]
+            plan.summary["kept_planned"] = left_planned
         plan.summary["restore"] = (f"backup {m.id} ({m.doc['kind']}, batch {m.batch}) of {m.checkpoint_url} into "
                                    f"{self.target_url}" + (f", rolled back to batch {to_batch}" if to_batch is not None
                                                            and to_batch < m.batch else ""))
@@ -409,6 +414,7 @@ def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | No
         clear_staged(rp)
         raise
     hooks = JournalHooks(final_metadata=rp.metadata, undo_guard={"checkpoint": ["offsets", "commits"]},
+                         left_planned=rp.plan.summary.get("kept_planned", []),
                          extra={"backup": {"destination": repo.url, "id": rp.manifest.id}})
     result = apply_plan(rp.plan, rp.anchor, rp.fms, storage_options, progress, hooks, guard=guard)
     clear_staged(rp)  # a resume would still need them; an applied restore does not
