@@ -318,8 +318,11 @@ class Executor:
         return self._scanned
 
     def effects_on_disk(self) -> int:
-        """How many of the plan's actions have taken effect (moved away, written, or rewritten)."""
+        """How many of the plan's actions have taken effect (moved away, written, or rewritten). A move
+        counts once its copy is there: on an object store a move is a copy, then a delete, and a run stopped
+        in between has copies in the trash (or the keep directory) that only finishing the plan accounts for."""
         listings = self._listings()
+        kept: dict[str, int | None] | None = None
         done = 0
         for a in self.plan.actions:
             root = self.roots[a.root]
@@ -327,9 +330,23 @@ class Executor:
                 done += a.rel in listings[a.root] and self._matches(root, a)
             elif a.kind == REPLACE:
                 done += root.fm.exists(root.trash_path(a.rel))
-            else:
-                done += a.rel not in listings[a.root]
+            elif a.rel not in listings[a.root]:
+                done += 1
+            else:  # still in place: copied already?
+                size = listings[a.root].files[a.rel].size
+                if a.kind == KEEP:
+                    kept = self._kept_files() if kept is None else kept
+                    done += kept.get(a.dest) == size
+                elif not root.versioned or a.phase == "write":
+                    done += self._trash_files(a.root).get(a.rel, -1) in (size, None)
         return done
+
+    def _kept_files(self) -> dict[str, int | None]:
+        """What the keep directory holds (rel -> size; one listing)."""
+        if self.keep is None:
+            return {}
+        kfm, kpath = self.keep
+        return {f.path[len(kpath.rstrip("/")) + 1:]: f.size for f in kfm.walk(kpath)}
 
     def _drop_stray_temps(self, listings: dict[str, Listing]) -> None:
         """Temp files of our own writes that a crash left behind (hidden ``.<name>.<uuid>.tmp``, not

@@ -237,7 +237,9 @@ class _JournalOperation(Operation):
 
     def _stale_unstarted(self, stage: bool) -> None:
         """An operation that never changed anything has a plan that may be stale now (Spark may have
-        run since): it is dropped (marked ``abandoned``, its ledger truncation removed), not resumed."""
+        run since): it is dropped (marked ``abandoned``, its ledger truncation removed), not resumed. A copy it
+        left in its trash or keep directory (a move on an object store stopped before its delete) is a change:
+        ``effects_on_disk``."""
         ex = self._executor()
         if ex.effects_on_disk() > 0:
             return

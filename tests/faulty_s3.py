@@ -14,7 +14,7 @@ one of these ways (``FAULTS``):
   cut in half and the connection closed (a client must notice the mismatch, never take a short object).
   A reply without a body is lost instead.
 
-These are the faults a plan picks from by default (``FAULTS``). Three more must be asked for by name
+These are the faults a plan picks from by default (``FAULTS``). Four more must be asked for by name
 (``OPT_IN_FAULTS``), as they damage a reply in ways only some requests can show:
 
 * ``key-errors``: a multi-object delete (``DELETE-MULTI``) is answered, without forwarding, ``200 OK``
@@ -24,7 +24,10 @@ These are the faults a plan picks from by default (``FAULTS``). Three more must 
 * ``key-denied``: the same, with ``AccessDenied`` for every key (an answer, not a failure to retry);
 * ``corrupt``: the server handles the request; its reply keeps its framing but one byte of the body is
   flipped, so its checksum (``x-amz-checksum-*``, sent for a whole-object GET of an object stored with
-  one) does not match. A reply without a body passes unchanged.
+  one) does not match. A reply without a body passes unchanged;
+* ``copy-too-large``: a CopyObject (``COPY``) is answered, without forwarding, ``400 InvalidRequest``
+  "The specified copy source is larger than the maximum allowable size", as S3 answers for a source over
+  5 GiB (so a small object takes the multipart copy path). Any other request gets the ``500`` fault.
 
 Which requests fail is decided per request from a seed: the *i*-th time the same request (method,
 path, query, range and body) comes, it fails when ``Random(f"{seed}|{request}|{i}")`` says so, so a run is
@@ -51,7 +54,7 @@ from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, urlsplit
 
 FAULTS = ("reset", "lost-reply", "500", "503", "slow", "truncate")  # a plan's default
-OPT_IN_FAULTS = ("key-errors", "key-denied", "corrupt")  # named in a plan's ``faults`` only
+OPT_IN_FAULTS = ("key-errors", "key-denied", "corrupt", "copy-too-large")  # named in a plan's ``faults`` only
 # What the server must have done before the fault: these forward the request first.
 _AFTER = {"lost-reply", "truncate", "slow", "corrupt"}
 # Per-key error codes of a multi-object delete's 200 reply, by fault.
@@ -63,6 +66,8 @@ REQUEST_KINDS = ("LIST", "GET", "HEAD", "PUT", "PUT-IF-NONE-MATCH", "COPY", "DEL
 _ERRORS = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+    "copy-too-large": (400, "Bad Request", "InvalidRequest", "The specified copy source is larger than the maximum "
+                       "allowable size for a copy source: 5368709120"),
 }
 
 
@@ -396,7 +401,8 @@ class FaultyS3:
                 if fault == "reset":
                     _reset(writer)
                     return
-                if fault in _KEY_ERRORS and req.kind != "DELETE-MULTI":
+                if (fault in _KEY_ERRORS and req.kind != "DELETE-MULTI") or (fault == "copy-too-large" and
+                                                                               req.kind != "COPY"):
                     fault = "500"
                 if fault in _KEY_ERRORS:
                     writer.write(_key_errors_reply(_KEY_ERRORS[fault], req))

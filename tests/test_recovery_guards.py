@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import boto3
 import pytest
@@ -229,6 +230,54 @@ def test_an_undo_stopped_after_its_unfence_is_recorded_by_undo_and_not_rolled_fo
     after = _objects(s3_server, bucket, "")
     assert [k for k in after if k not in before] and all(k.endswith("/undone") for k in after if k not in before)
     assert {k: v for k, v in after.items() if k in before} == before
+
+
+def _upload_sink_with_orphans(endpoint: str, bucket: str, batches: int, orphans: int) -> str:
+    """A sink output on S3 (``out/``): one data file per batch, each in the sink log, and ``orphans`` data
+    files no entry references."""
+    s3 = _s3(endpoint)
+    for b in range(batches):
+        name = f"part-00000-{b:08d}-0000-0000-0000-000000000000-c000.json"
+        data = f'{{"batch":{b}}}\n'.encode()
+        s3.put_object(Bucket=bucket, Key=f"out/{name}", Body=data)
+        entry = {"path": f"s3a://{bucket}/out/{name}", "size": len(data), "isDir": False,
+                 "modificationTime": 1790000000000 + b * 1000, "blockReplication": 1, "blockSize": 33554432,
+                 "action": "add"}
+        s3.put_object(Bucket=bucket, Key=f"out/_spark_metadata/{b}",
+                      Body=("v1\n" + json.dumps(entry, separators=(",", ":"))).encode())
+    for i in range(orphans):
+        s3.put_object(Bucket=bucket, Key=f"out/part-00000-{i:08d}-ffff-ffff-ffff-ffffffffffff-c000.json",
+                      Body=f"orphan {i}".encode())
+    return f"s3://{bucket}/out"
+
+
+@pytest.mark.parametrize("how", ["--quarantine", "--delete"])
+def test_an_orphan_cleanup_stopped_after_some_copies_is_finished_by_the_command_it_names(
+        faulty_s3, s3_server, bucket, monkeypatch, how):
+    """On S3 a move is a copy, then a delete. ``sink orphans`` (no checkpoint) stopped after 3 of its 6 copies
+    (into the quarantine, or into the trash), before any delete: its message names ``resume``, and ``resume``
+    finishes it (not "stopped before changing anything ... dropped", with the copies left behind without a
+    record)."""
+    out = _upload_sink_with_orphans(s3_server, bucket, batches=3, orphans=6)
+    orphans = sorted(k for k in _objects(s3_server, bucket, "out/") if "ffff" in k)
+    time.sleep(1.1)  # older than --min-age
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "3")
+    faulty_s3.outage(5, after_requests=3, of_kind="COPY")  # three copies go through, then the store is down
+    where = [how, f"s3://{bucket}/quarantine"] if how == "--quarantine" else [how]
+    code, err = _cli(faulty_s3.endpoint, "sink", "orphans", out, "--min-age", "1s", *where, "--force", "--yes")
+    faulty_s3.wait_outage_over()
+    assert code == 2 and err["error"] == "StoreUnavailableError", err
+    assert f"checkpoint-ops resume {out}" in err["fix"], err["fix"]
+    copies = [k for k in _objects(s3_server, bucket, "") if "ffff" in k and not k.startswith("out/")]
+    assert len(copies) == 3 and all(k in _objects(s3_server, bucket, "out/") for k in orphans), copies
+
+    code, r = _cli(faulty_s3.endpoint, "resume", out)
+    assert code == 0 and r["result"]["status"] == "applied", r
+    left = _objects(s3_server, bucket, "out/")
+    assert not [k for k in left if "ffff" in k] and len([k for k in left if k.startswith("out/part-")]) == 3
+    moved = {k.rsplit("/", 1)[1]: v for k, v in _objects(s3_server, bucket, "").items()
+             if "ffff" in k and not k.startswith("out/")}
+    assert moved == {k.rsplit("/", 1)[1]: f"orphan {i}".encode() for i, k in enumerate(orphans)}
 
 
 def test_a_resumed_rollback_never_replaces_what_its_undo_record_holds(tmp_path):

@@ -404,3 +404,80 @@ def test_aborting_leftover_uploads_is_retried_and_a_lost_reply_is_done(faulty_s3
     faulty_s3.set_plan(FaultPlan())
     assert [u["UploadId"] for u in direct.list_multipart_uploads(Bucket=bucket, Prefix="root/")["Uploads"]] == \
         [upload["UploadId"]]
+
+
+# what the counter calls each request kind of the proxy
+_COUNTED_AS = {"COPY": "CopyObject", "HEAD": "HeadObject", "LIST": "ListObjectsV2", "GET": "GetObject",
+               "PUT": "PutObject", "PUT-IF-NONE-MATCH": "PutObject", "DELETE-MULTI": "DeleteObjects"}
+
+
+def _by_counted_kind(counts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for kind, n in counts.items():
+        kind = kind[0] if isinstance(kind, tuple) else kind
+        out[_COUNTED_AS[kind]] = out.get(_COUNTED_AS[kind], 0) + n
+    return out
+
+
+def test_a_copy_is_one_request_per_attempt_and_completes_under_heavy_faults(faulty_s3, s3_server, bucket):
+    """A copy is one CopyObject, retried on its own: no LIST or HEAD in the same attempt (s3fs's ``copy``
+    sent four requests per attempt, and at 50% faults 8 of 40 copies ran out of attempts). What ``sink
+    retain`` and compaction copy to their undo record must not stop at a fault rate one request rides out."""
+    direct = _direct(s3_server)
+    for i in range(40):
+        direct.put_object(Bucket=bucket, Key=f"root/log/{i}", Body=f"entry {i}".encode())
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=0.5, faults=FAILING, seed=3))
+    for i in range(40):
+        fm.copy(f"{root}/log/{i}", f"{root}/trash/log/{i}")
+    stats = faulty_s3.reset_stats()
+    for i in range(40):
+        assert direct.get_object(Bucket=bucket, Key=f"root/trash/log/{i}")["Body"].read() == f"entry {i}".encode()
+    assert dict(stats.requests) == {"COPY": 40 + stats.total_faults}, stats.to_dict()
+    assert stats.total_faults >= 20  # the plan did break many of them
+    assert fm.counter.snapshot() == {"CopyObject": 40 + stats.total_faults}
+    assert fm.counter.retries() == {"CopyObject": stats.total_faults}
+
+
+def test_retries_are_counted_by_the_request_that_failed(faulty_s3, s3_server, bucket):
+    """``--json``'s retries by kind say which requests the store failed: a failed HEAD is a HeadObject retry,
+    never a CopyObject one. Renames (HEAD, copy, delete), existence checks of missing files and moves, at 30%
+    faults: the counter's retries and requests, by kind, are the proxy's own."""
+    direct = _direct(s3_server)
+    for i in range(12):
+        direct.put_object(Bucket=bucket, Key=f"root/a/{i}", Body=str(i).encode())
+    fm, root = _fm(faulty_s3, bucket)
+    faulty_s3.set_plan(FaultPlan(rate=0.3, faults=FAILING, seed=1))
+    for i in range(6):
+        fm.rename(f"{root}/a/{i}", f"{root}/b/{i}")
+        assert not fm.exists(f"{root}/none/{i}")
+    assert fm.move_many([(f"{root}/a/{i}", f"{root}/c/{i}") for i in range(6, 12)]) == []
+    stats = faulty_s3.reset_stats()
+    assert sorted(_keys(s3_server, bucket)) == sorted([f"root/b/{i}" for i in range(6)] +
+                                                      [f"root/c/{i}" for i in range(6, 12)])
+    assert stats.total_faults > 0, stats.to_dict()
+    assert fm.counter.retries() == _by_counted_kind(stats.faults)
+    assert fm.counter.snapshot() == _by_counted_kind(stats.requests)
+    assert "LIST" not in stats.requests  # one HEAD says a file is missing; a copy is one CopyObject
+
+
+def test_a_copy_the_store_refuses_whole_is_copied_in_parts_each_retried_alone(faulty_s3, s3_server, bucket,
+                                                                              monkeypatch):
+    """S3 refuses a CopyObject of a source over 5 GiB (400 InvalidRequest): the copy goes in parts (HEAD,
+    CreateMultipartUpload, UploadPartCopy per range, CompleteMultipartUpload), each request retried on its
+    own; nothing is left open at the store."""
+    monkeypatch.setattr(direct_put, "_COPY_PART_BYTES", 5 * 2**20)  # 12 MiB: parts of 5, 5 and 2 MiB
+    data = os.urandom(12 * 2**20)
+    direct = _direct(s3_server)
+    direct.put_object(Bucket=bucket, Key="root/big", Body=data)
+    fm, root = _fm(faulty_s3, bucket)
+    # the COPY is refused as too large; every other request of the copy fails once (500), then goes through
+    faulty_s3.set_plan(FaultPlan(rate=1.0, limit=1, faults=("copy-too-large",),
+                                 requests=frozenset({"COPY", "HEAD", "MULTIPART"})))
+    fm.copy(f"{root}/big", f"{root}/copied")
+    assert direct.get_object(Bucket=bucket, Key="root/copied")["Body"].read() == data
+    stats = faulty_s3.reset_stats()
+    assert stats.requests == {"COPY": 1, "HEAD": 2, "MULTIPART": 10}, stats.to_dict()  # (create, 3 parts, complete) x 2
+    assert fm.counter.retries() == {"HeadObject": 1, "CreateMultipartUpload": 1, "UploadPartCopy": 3,
+                                    "CompleteMultipartUpload": 1}
+    assert direct.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []

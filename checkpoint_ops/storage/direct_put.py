@@ -10,7 +10,11 @@ aborted; one whose process is killed stays open at the store, unlisted: ``pendin
 it and ``abort_uploads`` drops it.
 
 Every request goes through one retry policy (``retry.py``); on S3 the client libraries' own
-retries are off, so attempts never multiply. What a retry means here:
+retries are off, so attempts never multiply. On S3 what is retried is one request, never a sequence
+(a sequence of four fails about four times as often, and its failed LIST would be counted as a failed
+copy): a copy is one CopyObject (not s3fs's ``copy``, which LISTs and HEADs first), ``info`` one HEAD
+(not s3fs's, which LISTs after a 404), and retries are counted by the request that failed. The one
+exception left is a multipart upload (over 64 MiB), retried whole. What a retry means here:
 
 * a conditional PUT whose reply was lost may have been stored: its retry (ours, or aiohttp's
   resend on a dead reused connection, which nothing above it sees) gets 412. On any 412 the
@@ -25,9 +29,12 @@ retries are off, so attempts never multiply. What a retry means here:
   several markers above its version. ``undelete_many`` removes every marker above the newest real
   version (not only the newest marker), then lists once more and returns each path that is still
   missing: its result is what stayed deleted, never a guess;
-* a retried copy copies the same source again; a listing page (``walk``, and ``list`` on S3) is
-  retried with its own continuation token, so no key is repeated or skipped, and a listing that
-  failed is an error, never read as an empty directory;
+* a retried copy copies the same source again. A source over 5 GiB, which S3 refuses to copy in one
+  CopyObject (400 ``InvalidRequest``), is copied in parts: HEAD, CreateMultipartUpload, UploadPartCopy per
+  range (pinned to the source's ETag), CompleteMultipartUpload, each retried on its own; a completion whose
+  reply was lost is done if the copy has the source's size; a failed copy aborts its upload;
+* a listing page (``walk``, and ``list`` on S3) is retried with its own continuation token, so no key
+  is repeated or skipped, and a listing that failed is an error, never read as an empty directory;
 * a read whose reply is shorter than its ``Content-Length`` fails in the client and is retried:
   a short object is never parsed. Streams (``open_read``) are ranged GETs, each retried on its own,
   pinned to the first reply's ETag.
@@ -57,6 +64,10 @@ _SINGLE_PUT_MAX = 64 * 2**20
 _PART_BYTES = 8 * 2**20  # multipart uploads: part size (S3's minimum is 5 MiB)
 _READ_BLOCK = 64 * 2**20  # streamed reads: bytes per ranged GET (most files take one)
 _S3_DELETE_BATCH = 1000
+# Copies: S3 copies an object of up to 5 GiB in one CopyObject; a larger one in parts of this size (at least;
+# at most _MAX_PARTS parts)
+_COPY_PART_BYTES = 512 * 2**20
+_MAX_PARTS = 10_000
 # Per-key codes of a multi-object delete that mean the object (or version) is already gone: done.
 _GONE = frozenset({"NoSuchKey"})
 _GONE_VERSION = frozenset({"NoSuchKey", "NoSuchVersion"})
@@ -75,18 +86,34 @@ _PAGED = {
 _READ_CONCURRENCY = 32
 
 
-def _http_answer(e: BaseException) -> tuple[str, int | None] | None:
-    """(error code, HTTP status) of the S3 reply behind ``e`` (the client error, or what s3fs
-    translated it into), or None if no reply is behind it."""
+def _s3_reply(e: BaseException) -> dict | None:
+    """The S3 error reply behind ``e`` (the client error's ``response``, found through what s3fs translated
+    it into), or None if no reply is behind it."""
     exc, depth = e, 0
     while exc is not None and depth < 8:
         response = getattr(exc, "response", None)
         if isinstance(response, dict) and "Error" in response:
-            code = str(response["Error"].get("Code", ""))
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return code, int(status) if status is not None else (int(code) if code.isdigit() else None)
+            return response
         exc, depth = exc.__cause__ or exc.__context__, depth + 1
     return None
+
+
+def _http_answer(e: BaseException) -> tuple[str, int | None] | None:
+    """(error code, HTTP status) of the S3 reply behind ``e``, or None if no reply is behind it."""
+    response = _s3_reply(e)
+    if response is None:
+        return None
+    code = str(response["Error"].get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    return code, int(status) if status is not None else (int(code) if code.isdigit() else None)
+
+
+def _copy_source_too_large(e: BaseException) -> bool:
+    """Whether ``e`` is S3's refusal to copy a source over 5 GiB in one CopyObject (400 InvalidRequest: "The
+    specified copy source is larger than the maximum allowable size for a copy source")."""
+    response = _s3_reply(e)
+    return response is not None and response["Error"].get("Code") == "InvalidRequest" and \
+        "copy source is larger" in str(response["Error"].get("Message", ""))
 
 
 def _is_precondition_failed(e: BaseException) -> bool:
@@ -443,6 +470,18 @@ class DirectPutFileManager(CheckpointFileManager):
         return dict(sync(self.fs.loop, run))
 
     def info(self, path: str) -> FileInfo | None:
+        if self.location.scheme == "s3":  # one HEAD (s3fs's info LISTs after a 404, in the same attempt)
+            from fsspec.asyn import sync
+
+            if not path.partition("/")[2]:
+                return None  # a bucket is no file
+            resp = sync(self.fs.loop, self._s3_head, path, True)
+            if resp is None:
+                return None
+            mtime = resp.get("LastModified")
+            return FileInfo(path, int(resp.get("ContentLength") or 0),
+                            mtime.timestamp() if hasattr(mtime, "timestamp") else None)
+
         def head():
             self._count("head")
             return self.fs.info(path)
@@ -579,18 +618,119 @@ class DirectPutFileManager(CheckpointFileManager):
         self.delete_many([src])
 
     def copy(self, src: str, dst: str) -> None:
-        def cp():
+        if self.location.scheme == "s3":
+            from fsspec.asyn import sync
+
+            sync(self.fs.loop, self._s3_copy, src, dst)
+            return
+
+        def cp():  # gcsfs/adlfs retry inside; our policy is one attempt there (__init__)
             self._count("copy")
             self.fs.copy(src, dst)
 
         self.retrier.call("CopyObject", self.url(src), cp)
         self.fs.invalidate_cache(dst)
 
+    async def _s3_copy(self, src: str, dst: str) -> None:
+        """One CopyObject, retried on its own (no LIST, no HEAD: s3fs's ``copy`` expands paths and HEADs
+        first, and a unit of four requests fails four times as often). A source S3 refuses to copy whole
+        (over 5 GiB) is copied in parts (``_s3_copy_parts``)."""
+        src_bucket, _, src_key = src.partition("/")
+        bucket, _, key = dst.partition("/")
+
+        async def copy_object() -> None:
+            self._count("copy")
+            await self.fs._call_s3("copy_object", Bucket=bucket, Key=key,
+                                   CopySource={"Bucket": src_bucket, "Key": src_key})
+
+        try:
+            await self.retrier.acall("CopyObject", self.url(src), copy_object)
+        except OSError as e:
+            if not _copy_source_too_large(e):
+                raise
+            await self._s3_copy_parts(src, dst)
+        finally:
+            self.fs.invalidate_cache(dst)
+
+    async def _s3_copy_parts(self, src: str, dst: str) -> None:
+        """A multipart copy, as S3 requires for a source over 5 GiB: a HEAD (the source's size and ETag),
+        CreateMultipartUpload, one UploadPartCopy per range of the source (pinned to that ETag: a source
+        replaced meanwhile is an error, never a mix), CompleteMultipartUpload. Each request is retried on
+        its own: a part copied again replaces itself; a completion whose reply was lost is answered
+        ``NoSuchUpload`` on its retry, and is done if ``dst`` now has the source's size. If anything fails
+        the upload is aborted (an upload the abort misses is found by ``pending_uploads``)."""
+        src_bucket, _, src_key = src.partition("/")
+        bucket, _, key = dst.partition("/")
+        url = self.url(dst)
+        head = await self._s3_head(src)
+        size, etag = int(head["ContentLength"]), head.get("ETag")
+        part_bytes = max(_COPY_PART_BYTES, -(-size // _MAX_PARTS))
+
+        async def create() -> dict:
+            self._count("multipart-start")
+            return await self.fs._call_s3("create_multipart_upload", Bucket=bucket, Key=key)
+
+        upload_id = (await self.retrier.acall("CreateMultipartUpload", url, create))["UploadId"]
+        try:
+            parts = []
+            for number, first in enumerate(range(0, max(size, 1), part_bytes), start=1):
+                last = min(first + part_bytes, size) - 1
+                source = {"CopySource": {"Bucket": src_bucket, "Key": src_key}, **({"CopySourceIfMatch": etag}
+                                                                                   if etag else {})}
+                if size:
+                    source["CopySourceRange"] = f"bytes={first}-{last}"
+
+                async def copy_part(number=number, source=source) -> dict:
+                    self._count("copy-part")
+                    return await self.fs._call_s3("upload_part_copy", Bucket=bucket, Key=key, UploadId=upload_id,
+                                                  PartNumber=number, **source)
+
+                killswitch.tick()  # each part copied is a change at the store (its parts persist)
+                resp = await self.retrier.acall("UploadPartCopy", url, copy_part)
+                parts.append({"PartNumber": number, "ETag": resp["CopyPartResult"]["ETag"]})
+
+            async def complete() -> None:
+                self._count("multipart-complete")
+                await self.fs._call_s3("complete_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id,
+                                       MultipartUpload={"Parts": parts})
+
+            try:
+                await self.retrier.acall("CompleteMultipartUpload", url, complete)
+            except FileNotFoundError:  # NoSuchUpload: completed by an attempt whose reply was lost?
+                done = await self._s3_head(dst, missing_ok=True)
+                if done is None or int(done["ContentLength"]) != size:
+                    raise
+        except BaseException:
+            async def abort() -> None:
+                self._count("abort-upload")
+                await self.fs._call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload_id)
+
+            # best effort: the failure that stopped the copy is the one to report
+            with contextlib.suppress(Exception):
+                await self.retrier.acall("AbortMultipartUpload", url, abort)
+            raise
+
+    async def _s3_head(self, path: str, missing_ok: bool = False) -> dict | None:
+        """One HeadObject, retried on its own; None for a missing object when ``missing_ok``."""
+        bucket, _, key = path.partition("/")
+
+        async def head() -> dict:
+            self._count("head")
+            return await self.fs._call_s3("head_object", Bucket=bucket, Key=key)
+
+        try:
+            return await self.retrier.acall("HeadObject", self.url(path), head)
+        except FileNotFoundError:
+            if missing_ok:
+                return None
+            raise
+
     def mkdirs(self, path: str) -> None:
         pass  # object stores have no directories
 
     def move_many(self, pairs: list[tuple[str, str]]) -> list[str]:
-        """Server-side copies (concurrently), then batched deletes."""
+        """Server-side copies (concurrently; on S3 each one CopyObject retried on its own, ``_s3_copy``),
+        then batched deletes."""
         if not pairs:
             return []
         from fsspec.asyn import sync
@@ -598,27 +738,17 @@ class DirectPutFileManager(CheckpointFileManager):
         missing: list[str] = []
         sem_holder: dict = {}
 
-        async def basic(src: str, dst: str):
-            self._count("copy")
-            await self.fs._copy_basic(src, dst)  # one CopyObject, no HEAD
-
         async def managed(src: str, dst: str):
             self._count("copy")
             await self.fs._cp_file(src, dst)
 
         async def one(src: str, dst: str):
             async with sem_holder["sem"]:
-                url = self.url(src)
                 try:
                     if self.location.scheme == "s3":
-                        try:
-                            await self.retrier.acall("CopyObject", url, lambda: basic(src, dst))
-                        except FileNotFoundError:
-                            raise
-                        except (ValueError, OSError):  # over 5 GB: multipart copy
-                            await self.retrier.acall("CopyObject", url, lambda: managed(src, dst))
-                    else:
-                        await self.retrier.acall("CopyObject", url, lambda: managed(src, dst))
+                        await self._s3_copy(src, dst)  # each request retried on its own
+                    else:  # gcsfs/adlfs retry inside; our policy is one attempt there (__init__)
+                        await self.retrier.acall("CopyObject", self.url(src), lambda: managed(src, dst))
                 except FileNotFoundError:
                     missing.append(src)
 
