@@ -8,7 +8,9 @@
   go, after their batches are recorded in the ledger. Two compact files stay, so Spark derives the same
   compact interval from the files left; nothing after the latest compact is touched.
 * ``plan_retain``: drops whole batches (up to a batch, or older than a duration) from every log file
-  Spark or a rollback reads, and optionally deletes their data files.
+  Spark or a rollback reads, and optionally deletes their data files. The batch ledger keeps what they
+  wrote (history); what compares it with the log (``_check_ledger``, a rollback's rebuild of a log file
+  Spark deleted, the window fsck judges) looks at the entries the log still holds as of its latest batch.
 * ``plan_orphans``: data files no entry of the log references (failed task attempts, rolled-back
   batches whose files were kept), older than a safety window, deleted or moved to a quarantine.
 
@@ -159,7 +161,7 @@ def files_as_of_batch(ctx: SinkContext, batch: int) -> SinkSnapshot:
     if batch < 0 or log.latest is None or batch > log.latest:
         raise BadInputError(f"the sink log has no batch {batch}: it ends at batch {log.latest}", path=sink.url,
                             fix=f"pick a batch from 0 to {log.latest}")
-    restored = ctx.ledger.sink_log_files_at(sink, batch) if log.missing_for(batch) else {}
+    restored = ctx.ledger.sink_log_files_at(sink, batch, history=True) if log.missing_for(batch) else {}
     if restored is None:
         raise RefusedError(f"the output as of batch {batch} is unknown: Spark deleted "
                            f"{', '.join(log.rel(b) for b in log.missing_for(batch))} and no batch ledger recorded "
@@ -422,7 +424,11 @@ def plan_compact(ctx: SinkContext, drop_missing: bool = False, stage: bool = Fal
 
 def _check_ledger(ctx: SinkContext, plain: list[int]) -> None:
     """Before plain files go, their batches must be recordable, and what the ledger already says about
-    them must agree with the files (else one of the two is wrong: refuse, exit 2)."""
+    them must agree with the files (else one of the two is wrong: refuse, exit 2). They agree when they
+    name the same entries, or the same ones among those the log still holds as of its latest batch: entries
+    dropped on purpose since the ledger recorded the batch (``sink retain`` drops whole batches from every
+    log file, the ledger keeps what they wrote) are left out of both, as a rollback's rebuild of the file
+    from the ledger leaves them out (``Ledger.sink_log_files_at``)."""
     log, sink = ctx.sink.log, ctx.sink
     for b in plain:
         try:
@@ -431,11 +437,20 @@ def _check_ledger(ctx: SinkContext, plain: list[int]) -> None:
             raise BadInputError(f"{e.problem}; compaction would delete it, and with it the only record of what batch "
                                 f"{b} wrote", path=e.path, fix="restore it from a backup first") from None
         recorded = ctx.ledger.sink_entries(sink, b)
-        if recorded is not None and sorted(e.path for e in recorded) != sorted(e.path for e in entries):
+        if recorded is not None and not _same_entries(ctx, {e.path for e in recorded}, {e.path for e in entries}):
             raise BadInputError(f"the batch ledger disagrees with {log.rel(b)} about the files batch {b} wrote",
                                 path=ctx.ledger.fm.url(ctx.ledger.path),
                                 fix="find out which is wrong before anything is deleted (`checkpoint-ops ledger show "
                                 f"CHECKPOINT --batch {b}`); restore the other from a backup")
+
+
+def _same_entries(ctx: SinkContext, recorded: set[str], on_disk: set[str]) -> bool:
+    """Whether the ledger's record of a batch and its plain log file name the same entries, or the same
+    among those readers still see (the log's latest state, read only when they differ)."""
+    if recorded == on_disk:
+        return True
+    live = ctx.ledger.live_sink_paths(ctx.sink)
+    return live is not None and recorded & live == on_disk & live
 
 
 # ---- retention ---------------------------------------------------------------------------------------------
