@@ -20,7 +20,6 @@ there is none), fenced, resumable, undoable. Rewrites stream: memory does not gr
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -29,9 +28,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError
 from .activity import refuse_if_active, refuse_if_sink_active
-from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
+from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, clear_staged_sources, staging_dir
 from .journal import ops_dir
 from .lag import SinkLag, sink_lag
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
@@ -44,7 +43,7 @@ from .pairing import paired_checkpoint, record_pairing, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
-from .storage.paths import join, parse_url
+from .storage.paths import join
 
 SINK = "sink0"
 # One entry exactly as Spark writes it (SinkFileStatus, fields in this order): checked at regex speed;
@@ -313,7 +312,7 @@ def _entry(line: bytes, url: str, lineno: int, last: bool) -> tuple[bytes, int]:
 
 def _stage_dir(ctx: SinkContext) -> tuple:
     fm = ctx.sink.fm
-    return fm, join(ops_dir(fm, ctx.sink.root), "staging")
+    return fm, staging_dir(fm, ctx.sink.root)
 
 
 def _rewrite(ctx: SinkContext, plan: Plan, rel: str, keep, stage: bool, reason: str) -> _Rewrite:
@@ -325,10 +324,12 @@ def _rewrite(ctx: SinkContext, plan: Plan, rel: str, keep, stage: bool, reason: 
         sfm, sdir = _stage_dir(ctx)
         staged = (sfm, join(sdir, f"{uuid.uuid4().hex}"))
     r = _Rewrite(sink.fm, sink.listing.abs(rel), sink.listing.url(rel), keep, staged)
+    shared = r.digest in plan.sources  # another rewrite of this plan has the same content (several emptied files)
     if r.dropped:
-        source = staged[0].url(staged[1]) if staged else f"(staged when applied) {rel}"
+        source = plan.sources[r.digest] if shared else \
+            staged[0].url(staged[1]) if staged else f"(staged when applied) {rel}"
         plan.write_from(SINK, rel, r.digest, r.size, source, reason, kind="replace")
-    elif staged:
+    if staged and (shared or not r.dropped):  # not a source of the plan: nothing would ever delete it
         staged[0].delete(staged[1])
     return r
 
@@ -610,13 +611,10 @@ def sweep_staging(ctx: SinkContext) -> None:
 
 
 def clear_staging(ctx: SinkContext, plan: Plan) -> None:
-    """Delete the staged rewrites a finished plan used (a resume needs them until then). Best effort
-    when the store is failing: they are hidden, and ``sweep_staging`` removes them next time."""
-    sfm, sdir = _stage_dir(ctx)
-    staged = [u for u in plan.sources.values() if u.startswith(sfm.url(sdir))]
-    if staged:
-        with contextlib.suppress(StoreUnavailableError):  # best effort: the error that stopped it matters
-            sfm.delete_many([parse_url(u).path for u in staged])
+    """Delete the staged rewrites a finished plan used (a resume needs them until then; a resume clears
+    them the same way). Best effort when the store is failing: they are hidden, and ``sweep_staging``
+    removes them next time."""
+    clear_staged_sources(plan, {SINK: (ctx.sink.fm, ctx.sink.root)})
 
 
 # ---- the operations ----------------------------------------------------------------------------------------
