@@ -39,7 +39,7 @@ from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
-from .pairing import paired_checkpoint, record_pairing, require_pairing
+from .pairing import paired_checkpoint, record_pairing_after, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -661,7 +661,8 @@ class _SinkOperation(Operation):
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         applied = apply(self.ctx, plan, ctx.storage_options, ctx.progress, guard=ctx.guard)
         if self.ctx.ckpt is not None:  # checked when opened; now recorded on both sides
-            record_pairing(self.ctx.ckpt, [self.ctx.sink], self.ctx.ledger, by=f"{self.name} {applied.op_id}")
+            record_pairing_after(self.ctx.ckpt, [self.ctx.sink], self.ctx.ledger, operation=self.name,
+                                 op_id=applied.op_id, anchor_url=self.ctx.anchor.url)
         return applied
 
     def discard(self, plan: Plan) -> None:
