@@ -29,6 +29,7 @@ What differs between operations is data in the journal, never a branch on the op
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import sys
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from .model.listing import Listing
 from .model.logfile import log_files
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, open_file_manager
-from .storage.paths import join, parse_url
+from .storage.checksums import hadoop_crc_name
+from .storage.paths import basename, dirname, join, parse_url
 
 CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
 _STREAM = 8 * 2**20
@@ -924,6 +926,32 @@ def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None
                         storage_options=storage_options, guard=guard)
     except ValueError as e:
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
+
+
+STAGING_DIR = "staging"  # beside a root (``ops_dir``): rewrites a plan streamed there before it was applied
+
+
+def staging_dir(fm: CheckpointFileManager, root: str) -> str:
+    return join(ops_dir(fm, root), STAGING_DIR)
+
+
+def clear_staged_sources(plan: Plan, fms: dict[str, tuple[CheckpointFileManager, str]]) -> None:
+    """Delete the staged rewrites a finished plan used: its sources in the staging directory beside one of its
+    roots (``fms``: root id -> (file manager, path)). Other sources (a restore's backup objects) are never
+    touched. Best effort when the store is failing: they are hidden, and the next plan that stages sweeps
+    those no unfinished operation needs (``sinklog.sweep_staging``)."""
+    urls = set(plan.sources.values())
+    for fm, path in fms.values():
+        try:
+            prefix = fm.url(staging_dir(fm, path)) + "/"
+        except BadInputError:  # a root at a bucket root: nothing is staged beside it
+            continue
+        staged = [parse_url(u).path for u in sorted(urls) if u.startswith(prefix)]
+        if staged:
+            # their Hadoop checksum sidecars first (local disk keeps one per file), as ``delete`` does
+            sidecars = [join(dirname(p), hadoop_crc_name(basename(p))) for p in staged] if fm.hadoop_crc else []
+            with contextlib.suppress(StoreUnavailableError):  # best effort: the error that stopped it matters
+                fm.delete_many(sidecars + staged)
 
 
 def ensure_ledger_truncation(anchor: Anchor, journal: Journal) -> None:

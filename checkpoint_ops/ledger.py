@@ -9,7 +9,9 @@ Spark's folders. It is a sequence of immutable segment files, applied in name (=
 
 * ``<time>-sync-<id>.jsonl``: one record per batch: the raw ``offsets/N`` and ``commits/N`` files,
   the source offsets, the state version and unique ids, and per sink the log entries batch N added
-  (path, size, mtime, ...);
+  (path, size, mtime, ...): what the batch wrote, kept when ``sink retain`` or ``sink compact
+  --drop-missing`` drop entries from the log since (a sink log file rebuilt from it leaves out what the log
+  no longer holds: ``Ledger.sink_log_files_at``);
 * ``<time>-truncate-<op id>.json``: written by a rollback to N; records above N recorded before it
   belong to the abandoned timeline and are ignored. ``undo`` removes it. ``sync`` writes one too
   (``timeline-<id>``, no undo) when the checkpoint's ``offsets/`` show a timeline the ledger did not see
@@ -171,6 +173,7 @@ class Ledger:
     _pairings: list[PairingRecord] = field(default_factory=list)
     _handle: tuple | None = field(default=None, repr=False)  # (segment index, open reader) of _read_line
     writes_index: bool = False  # a load writes the index of each segment it had to read (``sync`` sets it)
+    _live: dict = field(default_factory=dict, repr=False)  # id(log) -> (log, live paths): ``live_sink_paths``
 
     @classmethod
     def for_checkpoint(cls, ckpt: Checkpoint) -> "Ledger":
@@ -353,11 +356,17 @@ class Ledger:
             return False
         return sink.url in self.records.get(batch, {}).get("sinks", {})
 
-    def sink_log_files_at(self, sink: SinkOutput, t: int) -> dict[int, list[LogEntry]] | None:
+    def sink_log_files_at(self, sink: SinkOutput, t: int, history: bool = False) -> dict[int, list[LogEntry]] | None:
         """Contents of the sink log files a reader needs as of batch ``t`` that are gone from disk.
 
-        A plain file is the batch's own entries. A compact file at c is everything live after c:
-        a later compact on disk (or the latest state) minus what batches c+1.. added.
+        A plain file is the batch's own entries that the log still holds as of its latest batch
+        (``live_sink_paths``): a file sink only adds entries, so an entry of a batch up to ``t`` that the log no
+        longer holds was dropped on purpose (``sink retain``, ``sink compact --drop-missing``, Spark's
+        ``retention`` option), and the files left on disk were rewritten without it; a rebuilt file leaves it
+        out the same way (else a rollback, or the window judged for one, would bring back what was dropped).
+        ``history``: every entry the batch wrote, dropped since or not (``sink files --as-of-batch``).
+        A compact file at c is everything live after c: a later compact on disk (or the latest state) minus
+        what batches c+1.. added.
         """
         log = sink.log
         out: dict[int, list[LogEntry]] = {}
@@ -366,7 +375,8 @@ class Ledger:
                 entries = self.sink_entries(sink, b)
                 if entries is None:
                     return None
-                out[b] = entries
+                live = None if history else self.live_sink_paths(sink)
+                out[b] = entries if live is None else [e for e in entries if e.path in live]
                 continue
             later = [c for c in log.compact_ids if c > b and not log.missing_for(c)]
             base = min(later) if later else log.latest
@@ -380,6 +390,27 @@ class Ledger:
                 added.update(e.path for e in entries)
             out[b] = [e for e in log.entries_after(base) if e.path not in added]
         return out
+
+    def live_sink_paths(self, sink: SinkOutput) -> frozenset[str] | None:
+        """The paths readers of the sink see as of its latest batch (Spark's ``allFiles()`` then), or None
+        when the log cannot be read as of it (a gap, a damaged file: fsck names it). Computed once per log
+        model (the files are read once by it, and the window asks for every batch it judges)."""
+        log = sink.log
+        cached = self._live.get(id(log))
+        if cached is not None and cached[0] is log:
+            return cached[1]
+        live = None
+        if log.latest is not None:
+            try:
+                entries = log.entries_after(log.latest)
+            except LogFormatError:
+                entries = None
+            if entries is not None:
+                deleted = {e.path for e in entries if e.doc.get("action") == "delete"}
+                live = frozenset(e.path for e in entries if e.doc.get("action", "add") != "delete"
+                                 and e.path not in deleted)
+        self._live[id(log)] = (log, live)  # the log is held, so its id names no other log meanwhile
+        return live
 
     def covers_sink(self, sink: SinkOutput, t: int) -> bool:
         return self.sink_log_files_at(sink, t) is not None

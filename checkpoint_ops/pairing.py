@@ -46,7 +46,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import BadInputError, RefusedError
+from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .journal import utc_stamp
 from .ledger import Ledger, PairingRecord
 from .model.checkpoint import Checkpoint
@@ -385,6 +385,23 @@ def record_pairing(ckpt: Checkpoint, sinks: list[SinkOutput], ledger: Ledger | N
                                 v.evidence if v.status == PAIRED else f"recorded now ({who}); {v.evidence}",
                                 compared=v.compared)
     return out
+
+
+def record_pairing_after(ckpt: Checkpoint, sinks: list[SinkOutput], ledger: Ledger | None, *, operation: str,
+                         op_id: str, anchor_url: str) -> list[PairingVerdict]:
+    """``record_pairing`` once a journaled operation (``operation`` ``op_id``, anchored at ``anchor_url``) was
+    applied: a store that fails now stops it as any store failure does (exit 2), saying that the operation
+    was applied and only the pairing record was not written, and how to write it (never "nothing was
+    changed": the operation's history says it was)."""
+    try:
+        return record_pairing(ckpt, sinks, ledger, by=f"{operation} {op_id}")
+    except StoreUnavailableError as e:
+        outputs = " ".join(f"--sink {s.url}" for s in sinks)
+        raise e.finish_with(f"the {operation} {op_id} was applied (`checkpoint-ops history {anchor_url}` shows it); "
+                            "only the record that pairs the checkpoint with its sink output was not written. Once "
+                            f"the store answers, write it with `checkpoint-ops ledger sync {ckpt.url} {outputs}` "
+                            "(the same command again finds nothing left to do and writes nothing); do not undo "
+                            "for this") from e.__cause__
 
 
 def paired_checkpoint(sink: SinkOutput, storage_options: dict | None = None) -> Checkpoint | None:

@@ -30,6 +30,7 @@ from .executor import (
     AppliedOperation,
     Executor,
     UndoRecordLost,
+    clear_staged_sources,
     ensure_ledger_truncation,
     interrupted,
     reopen,
@@ -298,6 +299,8 @@ class ResumeOperation(_JournalOperation):
                 self.journal.unmark(UNDOING)  # rolled forward: it stands applied, undoable again
         except StoreUnavailableError as e:  # every step is idempotent: the same resume finishes it
             raise interrupted(e, self.anchor, self.journal, ex=ex) from e.__cause__
+        # finished: the rewrites it staged beside its roots are not needed any more (as after an apply)
+        clear_staged_sources(ex.plan, {rid: (root.fm, root.path) for rid, root in ex.roots.items()})
         return AppliedOperation.of(self.journal, "applied", ex.roots, ex)
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:

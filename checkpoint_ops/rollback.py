@@ -31,7 +31,7 @@ from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
 from .ledger import diverged_at, ledger_or_none
 from .lag import SinkLag, sink_lag
-from .pairing import record_pairing, require_pairing
+from .pairing import record_pairing_after, require_pairing
 from .recorded_sinks import RecordedSinksCheck
 from .restart import Damage, RestartSets, damage_in_removed
 from .activity import refuse_if_active
@@ -603,7 +603,8 @@ class RollbackOperation(Operation):
         applied = apply_plan(plan, Anchor.of_checkpoint(self.ckpt), checkpoint_roots(self.ckpt, self.sinks),
                              ctx.storage_options, ctx.progress, hooks, guard=ctx.guard)
         if self.sinks:  # checked when planned; now recorded on both sides (an operation that took both)
-            record_pairing(self.ckpt, self.sinks, self.ledger, by=f"rollback {applied.op_id}")
+            record_pairing_after(self.ckpt, self.sinks, self.ledger, operation="rollback", op_id=applied.op_id,
+                                 anchor_url=self.ckpt.url)
         return applied
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:

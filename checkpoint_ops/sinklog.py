@@ -8,7 +8,9 @@
   go, after their batches are recorded in the ledger. Two compact files stay, so Spark derives the same
   compact interval from the files left; nothing after the latest compact is touched.
 * ``plan_retain``: drops whole batches (up to a batch, or older than a duration) from every log file
-  Spark or a rollback reads, and optionally deletes their data files.
+  Spark or a rollback reads, and optionally deletes their data files. The batch ledger keeps what they
+  wrote (history); what compares it with the log (``_check_ledger``, a rollback's rebuild of a log file
+  Spark deleted, the window fsck judges) looks at the entries the log still holds as of its latest batch.
 * ``plan_orphans``: data files no entry of the log references (failed task attempts, rolled-back
   batches whose files were kept), older than a safety window, deleted or moved to a quarantine.
 
@@ -18,7 +20,6 @@ there is none), fenced, resumable, undoable. Rewrites stream: memory does not gr
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -27,9 +28,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError
 from .activity import refuse_if_active, refuse_if_sink_active
-from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
+from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, clear_staged_sources, staging_dir
 from .journal import ops_dir
 from .lag import SinkLag, sink_lag
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
@@ -38,11 +39,11 @@ from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
-from .pairing import paired_checkpoint, record_pairing, require_pairing
+from .pairing import paired_checkpoint, record_pairing_after, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
-from .storage.paths import join, parse_url
+from .storage.paths import join
 
 SINK = "sink0"
 # One entry exactly as Spark writes it (SinkFileStatus, fields in this order): checked at regex speed;
@@ -159,7 +160,7 @@ def files_as_of_batch(ctx: SinkContext, batch: int) -> SinkSnapshot:
     if batch < 0 or log.latest is None or batch > log.latest:
         raise BadInputError(f"the sink log has no batch {batch}: it ends at batch {log.latest}", path=sink.url,
                             fix=f"pick a batch from 0 to {log.latest}")
-    restored = ctx.ledger.sink_log_files_at(sink, batch) if log.missing_for(batch) else {}
+    restored = ctx.ledger.sink_log_files_at(sink, batch, history=True) if log.missing_for(batch) else {}
     if restored is None:
         raise RefusedError(f"the output as of batch {batch} is unknown: Spark deleted "
                            f"{', '.join(log.rel(b) for b in log.missing_for(batch))} and no batch ledger recorded "
@@ -311,7 +312,7 @@ def _entry(line: bytes, url: str, lineno: int, last: bool) -> tuple[bytes, int]:
 
 def _stage_dir(ctx: SinkContext) -> tuple:
     fm = ctx.sink.fm
-    return fm, join(ops_dir(fm, ctx.sink.root), "staging")
+    return fm, staging_dir(fm, ctx.sink.root)
 
 
 def _rewrite(ctx: SinkContext, plan: Plan, rel: str, keep, stage: bool, reason: str) -> _Rewrite:
@@ -323,10 +324,12 @@ def _rewrite(ctx: SinkContext, plan: Plan, rel: str, keep, stage: bool, reason: 
         sfm, sdir = _stage_dir(ctx)
         staged = (sfm, join(sdir, f"{uuid.uuid4().hex}"))
     r = _Rewrite(sink.fm, sink.listing.abs(rel), sink.listing.url(rel), keep, staged)
+    shared = r.digest in plan.sources  # another rewrite of this plan has the same content (several emptied files)
     if r.dropped:
-        source = staged[0].url(staged[1]) if staged else f"(staged when applied) {rel}"
+        source = plan.sources[r.digest] if shared else \
+            staged[0].url(staged[1]) if staged else f"(staged when applied) {rel}"
         plan.write_from(SINK, rel, r.digest, r.size, source, reason, kind="replace")
-    elif staged:
+    if staged and (shared or not r.dropped):  # not a source of the plan: nothing would ever delete it
         staged[0].delete(staged[1])
     return r
 
@@ -422,7 +425,11 @@ def plan_compact(ctx: SinkContext, drop_missing: bool = False, stage: bool = Fal
 
 def _check_ledger(ctx: SinkContext, plain: list[int]) -> None:
     """Before plain files go, their batches must be recordable, and what the ledger already says about
-    them must agree with the files (else one of the two is wrong: refuse, exit 2)."""
+    them must agree with the files (else one of the two is wrong: refuse, exit 2). They agree when they
+    name the same entries, or the same ones among those the log still holds as of its latest batch: entries
+    dropped on purpose since the ledger recorded the batch (``sink retain`` drops whole batches from every
+    log file, the ledger keeps what they wrote) are left out of both, as a rollback's rebuild of the file
+    from the ledger leaves them out (``Ledger.sink_log_files_at``)."""
     log, sink = ctx.sink.log, ctx.sink
     for b in plain:
         try:
@@ -431,11 +438,20 @@ def _check_ledger(ctx: SinkContext, plain: list[int]) -> None:
             raise BadInputError(f"{e.problem}; compaction would delete it, and with it the only record of what batch "
                                 f"{b} wrote", path=e.path, fix="restore it from a backup first") from None
         recorded = ctx.ledger.sink_entries(sink, b)
-        if recorded is not None and sorted(e.path for e in recorded) != sorted(e.path for e in entries):
+        if recorded is not None and not _same_entries(ctx, {e.path for e in recorded}, {e.path for e in entries}):
             raise BadInputError(f"the batch ledger disagrees with {log.rel(b)} about the files batch {b} wrote",
                                 path=ctx.ledger.fm.url(ctx.ledger.path),
                                 fix="find out which is wrong before anything is deleted (`checkpoint-ops ledger show "
                                 f"CHECKPOINT --batch {b}`); restore the other from a backup")
+
+
+def _same_entries(ctx: SinkContext, recorded: set[str], on_disk: set[str]) -> bool:
+    """Whether the ledger's record of a batch and its plain log file name the same entries, or the same
+    among those readers still see (the log's latest state, read only when they differ)."""
+    if recorded == on_disk:
+        return True
+    live = ctx.ledger.live_sink_paths(ctx.sink)
+    return live is not None and recorded & live == on_disk & live
 
 
 # ---- retention ---------------------------------------------------------------------------------------------
@@ -595,13 +611,10 @@ def sweep_staging(ctx: SinkContext) -> None:
 
 
 def clear_staging(ctx: SinkContext, plan: Plan) -> None:
-    """Delete the staged rewrites a finished plan used (a resume needs them until then). Best effort
-    when the store is failing: they are hidden, and ``sweep_staging`` removes them next time."""
-    sfm, sdir = _stage_dir(ctx)
-    staged = [u for u in plan.sources.values() if u.startswith(sfm.url(sdir))]
-    if staged:
-        with contextlib.suppress(StoreUnavailableError):  # best effort: the error that stopped it matters
-            sfm.delete_many([parse_url(u).path for u in staged])
+    """Delete the staged rewrites a finished plan used (a resume needs them until then; a resume clears
+    them the same way). Best effort when the store is failing: they are hidden, and ``sweep_staging``
+    removes them next time."""
+    clear_staged_sources(plan, {SINK: (ctx.sink.fm, ctx.sink.root)})
 
 
 # ---- the operations ----------------------------------------------------------------------------------------
@@ -648,7 +661,8 @@ class _SinkOperation(Operation):
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
         applied = apply(self.ctx, plan, ctx.storage_options, ctx.progress, guard=ctx.guard)
         if self.ctx.ckpt is not None:  # checked when opened; now recorded on both sides
-            record_pairing(self.ctx.ckpt, [self.ctx.sink], self.ctx.ledger, by=f"{self.name} {applied.op_id}")
+            record_pairing_after(self.ctx.ckpt, [self.ctx.sink], self.ctx.ledger, operation=self.name,
+                                 op_id=applied.op_id, anchor_url=self.ctx.anchor.url)
         return applied
 
     def discard(self, plan: Plan) -> None:

@@ -10,11 +10,15 @@ import os
 FIRST_BATCH_MS = 1790000000000  # when the synthetic checkpoint's batch 0 ran (one batch a second)
 
 
-def write_sink(out: str, batches: int, folders: dict[int, str] | None = None) -> dict[int, str]:
+def write_sink(out: str, batches: int, folders: dict[int, str] | None = None,
+               compact_interval: int | None = None) -> dict[int, str]:
     """``out/_spark_metadata/0..batches-1`` and a data file per batch, in ``out`` or, for a batch in
-    ``folders``, under that folder of ``out`` (a partition directory). Returns batch -> data file path."""
+    ``folders``, under that folder of ``out`` (a partition directory). With ``compact_interval``, every
+    batch Spark compacts at is a ``<batch>.compact`` file holding every entry up to it, as Spark writes it
+    (every log file kept: delete those Spark's cleanup would). Returns batch -> data file path."""
     os.makedirs(f"{out}/_spark_metadata", exist_ok=True)
     written = {}
+    lines: list[str] = []
     for batch in range(batches):
         folder = f"{out}/{folders[batch]}" if folders and batch in folders else out
         os.makedirs(folder, exist_ok=True)
@@ -25,7 +29,12 @@ def write_sink(out: str, batches: int, folders: dict[int, str] | None = None) ->
         entry = {"path": f"file://{path}", "size": len(data), "isDir": False,
                  "modificationTime": FIRST_BATCH_MS + batch * 1000 + 500, "blockReplication": 1,
                  "blockSize": 33554432, "action": "add"}
-        with open(f"{out}/_spark_metadata/{batch}", "w") as f:
-            f.write("v1\n" + json.dumps(entry, separators=(",", ":")))
+        lines.append(json.dumps(entry, separators=(",", ":")))
+        if compact_interval and (batch + 1) % compact_interval == 0:
+            with open(f"{out}/_spark_metadata/{batch}.compact", "w") as f:
+                f.write("\n".join(["v1", *lines]))
+        else:
+            with open(f"{out}/_spark_metadata/{batch}", "w") as f:
+                f.write("v1\n" + lines[-1])
         written[batch] = path
     return written

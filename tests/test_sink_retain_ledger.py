@@ -1,0 +1,100 @@
+"""After ``sink retain``, the batch ledger still records what every batch wrote (history: a rollback rebuilds
+sink log files from it) while the log no longer holds the batches retain dropped. What compares the two
+(``sink compact``'s check before it deletes plain files, the rollback window fsck and inspect judge, a
+rollback's rebuild of a log file Spark deleted) judges the entries the log still holds: retain then
+compact, the maintenance the Dagster schedule runs, is not refused, fsck is clean, and a rollback does not
+bring back what retain dropped; a ledger that names other files is still refused. Fast tier: a synthetic
+checkpoint and file sink in Spark's formats (benchmarks/synthetic.py, tests/synthetic_sink.py), no Spark."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from benchmarks import synthetic
+from tests.helpers import cli, cli_json, tree_snapshot
+from tests.synthetic_sink import write_sink
+
+SINK = ("--sink-compact-interval", "5")
+
+
+def _retained(tmp_path, delete_files: bool = True) -> tuple[str, str, dict[int, str]]:
+    """A checkpoint of 24 batches and its sink (compact every 5), the ledger synced, the log files below
+    9.compact deleted as Spark's cleanup does, then batches 0..15 retained away."""
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=24, partitions=1, retain_state=24)
+    written = write_sink(out, 24, compact_interval=5)
+    code, r = cli_json("ledger", "sync", ckpt, "--sink", out, *SINK)
+    assert code == 0, r
+    for name in os.listdir(f"{out}/_spark_metadata"):
+        if int(name.lstrip(".").split(".")[0]) < 9:
+            os.remove(f"{out}/_spark_metadata/{name}")
+    code, r = cli_json("sink", "retain", out, "--checkpoint", ckpt, "--keep-after-batch", "15", *SINK, "--yes",
+                       *(["--delete-files"] if delete_files else []))
+    assert code == 0, r
+    return ckpt, out, written
+
+
+def test_compact_after_retain_is_not_refused_and_fsck_stays_clean(tmp_path):
+    ckpt, out, written = _retained(tmp_path)
+    assert not any(os.path.exists(written[b]) for b in range(16))
+
+    code, r = cli_json("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--dry-run")
+    assert code == 0, r  # before: exit 2, "the batch ledger disagrees with _spark_metadata/10"
+    code, r = cli_json("fsck", ckpt, "--sink", out, *SINK)
+    assert code == 0 and r["findings"] == [], r  # before: window-cut, "listed in the sink log (_spark_metadata/5)"
+
+    code, r = cli_json("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
+    assert code == 0, r
+    assert not os.path.exists(f"{out}/_spark_metadata/10")
+    code, r = cli_json("fsck", ckpt, "--sink", out, *SINK)
+    assert code == 0 and r["findings"] == [], r
+    code, r = cli_json("inspect", ckpt, "--sink", out, *SINK)
+    assert code == 0 and r["rollback_window"]["earliest"] == 0, r["rollback_window"]
+
+    # a rollback into the retained batches rebuilds the log files Spark deleted without what retain dropped
+    code, r = cli_json("rollback", ckpt, "--to-batch", "7", "--sink", out, *SINK, "--yes")
+    assert code == 0, r
+    for name in ("4.compact", "5", "6", "7"):
+        assert open(f"{out}/_spark_metadata/{name}").read() == "v1", name
+    code, r = cli_json("fsck", ckpt, "--sink", out, *SINK)
+    assert code == 0 and r["findings"] == [], r
+
+
+def test_compact_after_retain_keeping_data_files_brings_nothing_back(tmp_path):
+    ckpt, out, written = _retained(tmp_path, delete_files=False)
+    code, r = cli_json("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
+    assert code == 0, r
+    code, r = cli_json("sink", "files", out, "--checkpoint", ckpt, "--batch", "12")  # the ledger keeps history
+    assert code == 0 and [f["path"] for f in r["files"]] == [f"file://{written[12]}"], r
+    code, r = cli_json("rollback", ckpt, "--to-batch", "12", "--sink", out, *SINK, "--yes")
+    assert code == 0, r
+    assert open(f"{out}/_spark_metadata/12").read() == "v1"  # rebuilt from the ledger: batch 12 stays dropped
+    assert os.path.exists(written[12])  # its data file was kept: `sink orphans` finds it
+
+
+def _ledger_says(ckpt: str, out: str, batch: int, path: str) -> None:
+    entry = json.loads(open(f"{out}/_spark_metadata/19.compact").read().split("\n")[1])
+    entry["path"] = path
+    rec = {"batch": batch, "sinks": {out: {"entries": [json.dumps(entry, separators=(",", ":"))]}}}
+    seg = os.path.join(os.path.dirname(ckpt), ".checkpoint-ops", "ckpt", "ledger")
+    with open(f"{seg}/29991231T000000.000000Z-sync-deadbeef.jsonl", "w") as f:
+        f.write(json.dumps(rec))
+
+
+def test_a_ledger_that_disagrees_is_still_refused_after_retain(tmp_path):
+    ckpt, out, written = _retained(tmp_path)
+    _ledger_says(ckpt, out, 17, f"file://{out}/part-99999-not-written-c000.json")  # a batch retain kept
+    before = tree_snapshot(out, ckpt)
+    code, _, err = cli("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
+    assert code == 2 and "disagrees with _spark_metadata/17" in err, err
+    assert tree_snapshot(out, ckpt) == before
+
+
+def test_a_ledger_naming_a_live_file_for_a_retained_batch_is_refused(tmp_path):
+    ckpt, out, written = _retained(tmp_path)
+    _ledger_says(ckpt, out, 12, f"file://{written[20]}")  # batch 20's file, which readers see, for batch 12
+    before = tree_snapshot(out, ckpt)
+    code, _, err = cli("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
+    assert code == 2 and "disagrees with _spark_metadata/12" in err, err
+    assert tree_snapshot(out, ckpt) == before
