@@ -27,7 +27,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StoreUnavailableError, require_batch_number
 from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .journal import ops_dir
@@ -118,6 +118,7 @@ def lag_of(ctx: SinkContext) -> SinkLag:
 def batch_files(ctx: SinkContext, batch: int) -> dict:
     """The files ``batch`` wrote to the sink, from Spark's log or the ledger; RefusedError if unknown."""
     log, sink = ctx.sink.log, ctx.sink
+    require_batch_number(batch, "batch", sink.url)
     entries, source = attribute_batch(log, batch), "spark log"
     if entries is None:
         entries, source = ctx.ledger.sink_entries(sink, batch), "batch ledger"
@@ -156,7 +157,8 @@ def files_as_of_batch(ctx: SinkContext, batch: int) -> SinkSnapshot:
     Data files that sink retention or an orphan cleanup deleted since are still listed (and fail to read):
     the answer is what the output was, not what is left of it."""
     log, sink = ctx.sink.log, ctx.sink
-    if batch < 0 or log.latest is None or batch > log.latest:
+    require_batch_number(batch, "as_of_batch", sink.url)
+    if log.latest is None or batch > log.latest:
         raise BadInputError(f"the sink log has no batch {batch}: it ends at batch {log.latest}", path=sink.url,
                             fix=f"pick a batch from 0 to {log.latest}")
     restored = ctx.ledger.sink_log_files_at(sink, batch) if log.missing_for(batch) else {}
@@ -448,6 +450,8 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
     if (keep_after_batch is None) == (older_than_s is None):
         raise BadInputError("give exactly one of --keep-after-batch N and --older-than DURATION")
     sink, log = ctx.sink, ctx.sink.log
+    if keep_after_batch is not None:
+        require_batch_number(keep_after_batch, "keep_after_batch", sink.url)
     _check_log(log)
     now = time.time() if now is None else now
     plan = Plan("sink-retain", ctx.roots(), log.latest)
