@@ -1,5 +1,6 @@
-"""Batch numbers: a negative batch is a typing slip every command refuses the same way (exit 2, "must be >= 0",
-nothing read or written). Fast tier:
+"""Batch numbers and retention bounds: a negative batch is a typing slip every command refuses the same way
+(exit 2, "must be >= 0", nothing read or written), and ``sink retain`` refuses a rule that reaches the sink log's
+last batch (every batch dropped: Spark's readers would see no row of the output) unless ``--force``. Fast tier:
 a synthetic checkpoint in Spark's formats (benchmarks/synthetic.py) and its file sink (tests/synthetic_sink.py)."""
 
 from __future__ import annotations
@@ -44,3 +45,22 @@ def test_a_negative_batch_is_bad_input_everywhere(paired, command):
     assert code == 2 and r["error"] == "BadInputError", r
     assert r["problem"] == f"{flag} must be >= 0 (got -3)" and r["fix"], r
     assert content_snapshot(ckpt, out) == before
+
+
+@pytest.mark.parametrize("rule", [["--keep-after-batch", "99"], ["--keep-after-batch", str(BATCHES - 1)],
+                                  ["--older-than", "1d"]], ids=["beyond", "at-the-last", "older-than-all"])
+def test_retain_refuses_to_drop_every_batch_of_the_sink_log(paired, rule):
+    ckpt, out = paired
+    before = content_snapshot(ckpt, out)
+    code, r = cli_json("sink", "retain", out, "--checkpoint", ckpt, *rule, "--yes")
+    assert code == 1 and r["error"] == "RefusedError", r
+    assert "drops every batch left in the sink log (it ends at batch 5)" in r["problem"], r
+    assert "would find none" in r["problem"] and r["path"] == out, r
+    assert "--force" in r["fix"] and ("--keep-after-batch 4" in r["fix"]), r
+    assert content_snapshot(ckpt, out) == before
+
+    code, r = cli_json("sink", "retain", out, "--checkpoint", ckpt, "--keep-after-batch", str(BATCHES - 2),
+                       "--dry-run")
+    assert code == 0 and "5 batches (0..4)" in r["plan"]["summary"]["retain"], r  # all but the newest: allowed
+    code, r = cli_json("sink", "retain", out, "--checkpoint", ckpt, *rule, "--force", "--yes")
+    assert code == 0 and "6 batches (0..5)" in r["plan"]["summary"]["retain"], r  # on purpose
