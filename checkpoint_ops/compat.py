@@ -8,7 +8,12 @@ checkpoint holds and reports every difference as one of:
 * **fails at restart**: Spark will refuse, with the error class it raises;
 * **silently different**: Spark restarts, but does something other than the new code says (the
   checkpoint's ``spark.sql.shuffle.partitions`` wins over the session's, a file source now reads another
-  directory as if every file were new, a file sink starts a log Spark later fails on, ...).
+  directory as if every file were new, a file sink starts a log Spark later fails on, ...);
+* **check by hand**: Spark restarts, and checkpoint-ops cannot tell whether the result is what the new code
+  says: the plan changed below a stateful operator in a way that is not only a filter (how a grouping key or an
+  aggregated value is computed): rows from the next batch on are computed the new way, beside state the old
+  code computed. Never reported as safe; a plan change is safe only when it is provably a projection or filter
+  (the ``state_hash`` of the profile is unchanged, or the query has no stateful operator).
 
 **Spark is the judge** of everything it checks itself: the query is restarted on a scratch copy of the
 checkpoint's restart set with its sink replaced by ``noop`` (``restart_judge.py``), and Spark's own
@@ -49,7 +54,8 @@ from .storage.paths import parse_url, spark_url_to_location
 SAFE = "safe"
 FAILS = "fails-at-restart"
 SILENT = "silently-different"
-VERDICTS = (FAILS, SILENT, SAFE)
+CHECK = "check-by-hand"
+VERDICTS = (FAILS, SILENT, CHECK, SAFE)
 
 GUIDE = "Structured Streaming Programming Guide, 'Recovery Semantics after Changes in a Streaming Query'"
 RULES = {
@@ -104,7 +110,7 @@ class Difference:
     # sources | source-options | stateful-operators | state-schema | state | output-mode | sink | conf | projection
     # | query
     aspect: str
-    verdict: str  # safe | fails-at-restart | silently-different
+    verdict: str  # safe | fails-at-restart | silently-different | check-by-hand
     was: str | None
     now: str | None
     effect: str
@@ -121,7 +127,7 @@ class Difference:
 class CompatReport:
     """The verdict on one query against one checkpoint.
 
-    ``compatible``: every difference is safe (exit 0); otherwise exit 1. ``spark_restarts``: Spark's own
+    ``compatible``: every difference is safe (exit 0); otherwise exit 1 (a difference to check by hand too). ``spark_restarts``: Spark's own
     restart on the scratch copy accepted the query (None when it did not run: a fresh checkpoint, or the
     recorded profile shows Spark already accepted this exact query).
     """
@@ -152,14 +158,16 @@ class CompatReport:
                                      if self.recorded else None)}
 
     def render(self) -> str:
-        fails, silent = self.of(FAILS), self.of(SILENT)
+        fails, silent, check = self.of(FAILS), self.of(SILENT), self.of(CHECK)
         head = "compatible" if self.compatible else "NOT COMPATIBLE (" + ", ".join(
             part for part in (f"{len(fails)} fail(s) at restart" if fails else "",
-                              f"{len(silent)} silently different" if silent else "") if part) + ")"
+                              f"{len(silent)} silently different" if silent else "",
+                              f"{len(check)} to check by hand" if check else "") if part) + ")"
         at = f"last committed batch {self.batch}" if self.batch is not None else "nothing committed yet"
         lines = [f"{self.checkpoint} ({at}): {head}"]
         for d in self.differences:
-            label = {FAILS: "FAILS AT RESTART", SILENT: "SILENTLY DIFFERENT", SAFE: "safe"}[d.verdict]
+            label = {FAILS: "FAILS AT RESTART", SILENT: "SILENTLY DIFFERENT", CHECK: "CHECK BY HAND",
+                     SAFE: "safe"}[d.verdict]
             lines.append(f"  {label}  {d.aspect}" + (f"  [{d.error_class}]" if d.error_class else ""))
             if d.was is not None or d.now is not None:
                 lines.append(f"      was: {d.was if d.was is not None else '?'}")
@@ -622,10 +630,27 @@ def operator_differences(profile: QueryProfile, record: ProfileRecord | None, ba
                                   RULES["stateful"]))
     if not out and old.plan_hash and profile.plan_hash and old.plan_hash != profile.plan_hash \
             and _same_operators(old.operators, profile.operators) and old.sources == profile.sources:
-        out.append(Difference("projection", SAFE, f"plan {old.plan_hash[:12]}", f"plan {profile.plan_hash[:12]}",
-                              "allowed: the stateless part of the query (projections, filters) changed; Spark accepts "
-                              "the checkpoint", RULES["projection"]))
+        out.append(_plan_difference(old, profile, batch))
     return out
+
+
+def _plan_difference(old: QueryProfile, new: QueryProfile, batch: int) -> Difference:
+    """The plan changed, its sources and stateful operators did not: safe when the change is provably a
+    projection or filter (no stateful operator, or the part the state is computed from is unchanged but for
+    filters), else to check by hand."""
+    was, now = f"plan {old.plan_hash[:12]}", f"plan {new.plan_hash[:12]}"
+    if new.operators == () or (old.state_hash is not None and old.state_hash == new.state_hash):
+        return Difference("projection", SAFE, was, now, "allowed: the stateless part of the query (projections, "
+                          "filters) changed; Spark accepts the checkpoint", RULES["projection"])
+    why = ("the plan changed below a stateful operator, and not only its filters" if old.state_hash is not None
+           else "the plan changed, and the recorded profile (an earlier release's) does not say whether below a "
+                "stateful operator")
+    return Difference("projection", CHECK, was, now,
+                      f"Spark accepts the state (its schema is unchanged), but {why}: if the change is in how a "
+                      f"grouping key or an aggregated value is computed, rows from batch {batch + 1} on are "
+                      "computed the new way and combined with state the old code computed (sums, counts and "
+                      "groups mix both); checkpoint-ops cannot tell that from a harmless projection: check the "
+                      "change by hand", RULES["projection"])
 
 
 def _same_operators(before: tuple[OperatorProfile, ...] | None, after: tuple[OperatorProfile, ...] | None) -> bool:

@@ -146,7 +146,11 @@ class SinkProfile:
 class QueryProfile:
     """A query's shape as far as a restart is concerned. ``plan_hash`` hashes the canonical analyzed plan;
     ``fingerprint`` hashes it with the output mode, the Spark version and the settings that change how Spark
-    judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query."""
+    judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query.
+    ``state_hash`` hashes the part of the plan the state is computed from: the stateful operators and every
+    node below them except filters (which only choose rows). Equal state hashes with other plan hashes: only
+    filters, or what comes after the stateful operators, changed. None: unknown (an earlier release's
+    profile, a plan that cannot be read)."""
 
     output_mode: str  # append | update | complete (unknown: the writer could not be read)
     sink: SinkProfile
@@ -155,6 +159,7 @@ class QueryProfile:
     fingerprint: str | None
     spark_version: str
     plan_hash: str | None = None
+    state_hash: str | None = None
 
     @property
     def stateful(self) -> bool | None:
@@ -164,7 +169,8 @@ class QueryProfile:
         return {"output_mode": self.output_mode, "sink": self.sink.to_dict(),
                 "sources": None if self.sources is None else [s.to_dict() for s in self.sources],
                 "operators": None if self.operators is None else [o.to_dict() for o in self.operators],
-                "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "spark_version": self.spark_version}
+                "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "state_hash": self.state_hash,
+                "spark_version": self.spark_version}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "QueryProfile":
@@ -172,7 +178,7 @@ class QueryProfile:
         return cls(doc["output_mode"], SinkProfile.from_dict(doc["sink"]),
                    None if sources is None else tuple(SourceProfile.from_dict(s) for s in sources),
                    None if operators is None else tuple(OperatorProfile.from_dict(o) for o in operators),
-                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"))
+                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"), doc.get("state_hash"))
 
 
 @dataclass(frozen=True)
@@ -230,7 +236,8 @@ def describe_query(spark, writer) -> QueryProfile:
     settings = [f"{key}={_setting(spark, key)}" for key in JUDGE_SETTINGS]
     fingerprint = None if plan_hash is None else _sha256([plan_hash, output_mode, spark.version, *settings])
     return QueryProfile(output_mode, sink, None if sources is None else tuple(sources),
-                        None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash)
+                        None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash,
+                        None if operators is None else _state_hash(plan))
 
 
 def _describe_connect(spark, writer) -> QueryProfile:
@@ -445,6 +452,25 @@ def _plan_hash(plan) -> str | None:
     except Exception:  # a plan Spark cannot canonicalize: no hash, so the judge always runs
         return None
     return _sha256([_UUID.sub("<uuid>", canonical)])
+
+
+def _state_hash(plan) -> str | None:
+    """A hash of the stateful operators of the canonical analyzed plan and of every node below them, filters
+    left out (each node by its own arguments: a filter's removal changes no other node's canonical form)."""
+    try:
+        parts = []
+        stack = [(plan.canonicalized(), False)]
+        while stack:
+            node, below = stack.pop()
+            name = node.getClass().getSimpleName()
+            below = below or (node.isStreaming() and _is_stateful(node, name))
+            if below and name != "Filter":
+                parts.append(_UUID.sub("<uuid>", str(node.simpleString(1_000_000))))
+            children = node.children()
+            stack.extend((children.apply(i), below) for i in reversed(range(children.size())))
+    except Exception:  # a plan Spark cannot canonicalize: unknown
+        return None
+    return _sha256(parts)
 
 
 def _sha256(parts: list[str]) -> str:
