@@ -507,8 +507,12 @@ def _partitioning_differences(sink: SinkProfile, old_sink: SinkProfile | None, b
                   f"to {batch}")
         error_class = None
     fix = "keep the old partitionBy, or write the new partitioning to a new output directory (a new checkpoint)"
-    return [Difference("sink", SILENT, f"partitionBy({', '.join(before)})", f"partitionBy({', '.join(after)})",
-                       f"{effect}; {fix}", RULES["sink-partitioning"], error_class)]
+    return [Difference("sink", SILENT, _partition_text(before), _partition_text(after), f"{effect}; {fix}",
+                       RULES["sink-partitioning"], error_class)]
+
+
+def _partition_text(columns: tuple[str, ...]) -> str:
+    return f"partitionBy({', '.join(columns)})" if columns else "no partitionBy"
 
 
 def _unrecorded(old: QueryProfile, new: QueryProfile) -> list[str]:
