@@ -8,15 +8,22 @@ checkpoint holds and reports every difference as one of:
 * **fails at restart**: Spark will refuse, with the error class it raises;
 * **silently different**: Spark restarts, but does something other than the new code says (the
   checkpoint's ``spark.sql.shuffle.partitions`` wins over the session's, a file source now reads another
-  directory as if every file were new, a file sink starts a log Spark later fails on, ...).
+  directory as if every file were new, a file sink starts a log Spark later fails on, ...);
+* **check by hand**: Spark restarts, and checkpoint-ops cannot tell whether the result is what the new code
+  says: the plan changed below a stateful operator in a way that is not only a filter (how a grouping key or an
+  aggregated value is computed): rows from the next batch on are computed the new way, beside state the old
+  code computed. Never reported as safe; a plan change is safe only when it is provably a projection or filter
+  (the ``state_hash`` of the profile is unchanged, or the query has no stateful operator).
 
 **Spark is the judge** of everything it checks itself: the query is restarted on a scratch copy of the
 checkpoint's restart set with its sink replaced by ``noop`` (``restart_judge.py``), and Spark's own
 planning, operator-metadata and state-schema validation decide; a refusal is reported with Spark's error
 class and message. Checkpoint-ops adds the checks Spark does not make: the settings the offsets log pins,
 file-source paths against the source log, the file sink against its log, the output mode, and (with the
-profile recorded beside the checkpoint after the last accepted run, ``query_profile.py``) the sink,
-source options and stateful operators Spark accepts but computes differently.
+profile recorded beside the checkpoint after the last accepted run, ``query_profile.py``) the sink (its
+kind, path and ``partitionBy`` columns), source options and stateful operators (join type, time-window
+durations) Spark accepts but computes differently. What the recorded profile does not say (an earlier
+release did not record it) is unknown: a note, never a difference.
 
 No PySpark import here: the caller passes its session and the function that builds the query.
 """
@@ -38,8 +45,8 @@ from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
-from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, ProfileRecord, QueryProfile, SinkProfile, describe_query,
-                            read_profile, record_profile)
+from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, OperatorProfile, ProfileRecord, QueryProfile, SinkProfile,
+                            describe_query, read_profile, record_profile)
 from .restart_judge import JudgeOutcome, copy_for_restart, require_unfenced, restart_files, run_judge
 from .storage import open_file_manager
 from .storage.paths import parse_url, spark_url_to_location
@@ -47,7 +54,8 @@ from .storage.paths import parse_url, spark_url_to_location
 SAFE = "safe"
 FAILS = "fails-at-restart"
 SILENT = "silently-different"
-VERDICTS = (FAILS, SILENT, SAFE)
+CHECK = "check-by-hand"
+VERDICTS = (FAILS, SILENT, CHECK, SAFE)
 
 GUIDE = "Structured Streaming Programming Guide, 'Recovery Semantics after Changes in a Streaming Query'"
 RULES = {
@@ -58,6 +66,9 @@ RULES = {
     "sink": "Changes in the type of output sink are allowed only between some sinks: file sink to Kafka yes, Kafka "
             "to file sink no, Kafka to foreach (or back) yes.",
     "sink-path": "Changes in the parameters of output sink: the output directory of a file sink may not change.",
+    "sink-partitioning": "Changes in the parameters of output sink: a file sink's output keeps one partitioning "
+                         "(its readers infer the partition columns from the directories of all its files); Spark "
+                         "does not check it at a restart.",
     "projection": "Changes in projections, filters and map-like operations are allowed (a changed output schema "
                   "only if the sink accepts it).",
     "stateful": "Changes in stateful operations: the schema of state data may not change (aggregation keys and "
@@ -99,7 +110,7 @@ class Difference:
     # sources | source-options | stateful-operators | state-schema | state | output-mode | sink | conf | projection
     # | query
     aspect: str
-    verdict: str  # safe | fails-at-restart | silently-different
+    verdict: str  # safe | fails-at-restart | silently-different | check-by-hand
     was: str | None
     now: str | None
     effect: str
@@ -116,7 +127,7 @@ class Difference:
 class CompatReport:
     """The verdict on one query against one checkpoint.
 
-    ``compatible``: every difference is safe (exit 0); otherwise exit 1. ``spark_restarts``: Spark's own
+    ``compatible``: every difference is safe (exit 0); otherwise exit 1 (a difference to check by hand too). ``spark_restarts``: Spark's own
     restart on the scratch copy accepted the query (None when it did not run: a fresh checkpoint, or the
     recorded profile shows Spark already accepted this exact query).
     """
@@ -147,14 +158,16 @@ class CompatReport:
                                      if self.recorded else None)}
 
     def render(self) -> str:
-        fails, silent = self.of(FAILS), self.of(SILENT)
+        fails, silent, check = self.of(FAILS), self.of(SILENT), self.of(CHECK)
         head = "compatible" if self.compatible else "NOT COMPATIBLE (" + ", ".join(
             part for part in (f"{len(fails)} fail(s) at restart" if fails else "",
-                              f"{len(silent)} silently different" if silent else "") if part) + ")"
+                              f"{len(silent)} silently different" if silent else "",
+                              f"{len(check)} to check by hand" if check else "") if part) + ")"
         at = f"last committed batch {self.batch}" if self.batch is not None else "nothing committed yet"
         lines = [f"{self.checkpoint} ({at}): {head}"]
         for d in self.differences:
-            label = {FAILS: "FAILS AT RESTART", SILENT: "SILENTLY DIFFERENT", SAFE: "safe"}[d.verdict]
+            label = {FAILS: "FAILS AT RESTART", SILENT: "SILENTLY DIFFERENT", CHECK: "CHECK BY HAND",
+                     SAFE: "safe"}[d.verdict]
             lines.append(f"  {label}  {d.aspect}" + (f"  [{d.error_class}]" if d.error_class else ""))
             if d.was is not None or d.now is not None:
                 lines.append(f"      was: {d.was if d.was is not None else '?'}")
@@ -270,11 +283,13 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
         diffs.append(spark_difference(outcome, ckpt, offsets, profile, record))
     else:
         diffs += source_differences(ckpt, offsets, profile, record, batch)
-        diffs += operator_differences(profile, record)
+        diffs += operator_differences(profile, record, batch)
     diffs.sort(key=lambda d: (VERDICTS.index(d.verdict), _ASPECT_ORDER.index(d.aspect)))
     if record is None:
         notes.append("no query profile recorded for this checkpoint: the sink, the output mode and source options "
                      "of the query that wrote it are unknown (`compat --record` or a Dagster run records them)")
+    else:
+        notes += _unrecorded(record.profile, profile)
     compatible = all(d.verdict == SAFE for d in diffs)
     restarts = outcome.restarted if outcome is not None else None
     return CompatReport(ckpt.url, batch, compatible, restarts, tuple(diffs), tuple(notes), profile, outcome, record)
@@ -426,6 +441,7 @@ def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None,
                                   f"{effect}", RULES["output-mode"]))
     if sink.kind == "file" and sink.path:
         out += _file_sink_differences(spark, sink, old_sink, batch, storage_options)
+        out += _partitioning_differences(sink, old_sink, batch)
     elif old_sink is not None and (old_sink.kind, old_sink.path) != (sink.kind, sink.path):
         was = old_sink.describe()
         if old_sink.kind == "file":
@@ -464,6 +480,54 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
                        f"Spark restarts and writes batch {first} into a log that starts there: readers of "
                        f"{sink.path} fail ({missing} doesn't exist), and {fails} (compact interval {interval})",
                        RULES["sink-path"], "BATCH_METADATA_NOT_FOUND")]
+
+
+def _partitioning_differences(sink: SinkProfile, old_sink: SinkProfile | None, batch: int) -> list[Difference]:
+    """The same file sink written with other ``partitionBy`` columns: Spark's sink takes them as given (its log
+    does not record them), and its readers infer partitions from the directories of the files the log lists."""
+    if old_sink is None or old_sink.kind != "file" or old_sink.path != sink.path:
+        return []
+    before, after = old_sink.partition_by, sink.partition_by
+    if before is None or after is None or before == after:
+        return []  # unknown (a profile an earlier release recorded) is never a difference
+    first, out = batch + 1, sink.path
+    if before and after:
+        effect = (f"Spark restarts and from batch {first} writes into {'/'.join(f'{c}=...' for c in after)} "
+                  f"directories beside the {'/'.join(f'{c}=...' for c in before)} ones: readers of {out} then fail "
+                  "(spark.read: [CONFLICTING_PARTITION_COLUMN_NAMES])")
+        error_class = "CONFLICTING_PARTITION_COLUMN_NAMES"
+    elif before:
+        effect = (f"Spark restarts and from batch {first} writes its files at the top of {out}, beside the "
+                  f"{before[0]}=... directories: readers of {out} see only the partitioned files, so no row from "
+                  f"batch {first} on")
+        error_class = None
+    else:
+        effect = (f"Spark restarts and from batch {first} writes into {after[0]}=... directories beside the files "
+                  f"at the top of {out}: readers of {out} see only the partitioned files, so no row of batches up "
+                  f"to {batch}")
+        error_class = None
+    fix = "keep the old partitionBy, or write the new partitioning to a new output directory (a new checkpoint)"
+    return [Difference("sink", SILENT, _partition_text(before), _partition_text(after), f"{effect}; {fix}",
+                       RULES["sink-partitioning"], error_class)]
+
+
+def _partition_text(columns: tuple[str, ...]) -> str:
+    return f"partitionBy({', '.join(columns)})" if columns else "no partitionBy"
+
+
+def _unrecorded(old: QueryProfile, new: QueryProfile) -> list[str]:
+    """What the recorded profile does not say (an earlier release recorded it): not compared, never a difference."""
+    again = "record the accepted query again (`compat --record`, or a Dagster run) to have it compared"
+    out = []
+    if old.sink.kind == new.sink.kind == "file" and old.sink.path == new.sink.path \
+            and old.sink.partition_by is None and new.sink.partition_by is not None:
+        out.append(f"the file sink's partitionBy columns are unknown for the recorded query: a change is not checked "
+                   f"(readers fail, or miss rows, when they change); {again}")
+    if old.operators is not None and new.operators is not None and any(
+            before.windows is None and after.windows for before, after in zip(old.operators, new.operators)):
+        out.append(f"the time windows (durations) of the recorded query's aggregations are unknown: a change is not "
+                   f"checked; {again}")
+    return out
 
 
 def _sink_interval(spark) -> int:
@@ -541,7 +605,7 @@ def _under(logged_dir: str, new_path: str) -> bool:
     return logged_dir == target.rstrip("/") or logged_dir.startswith(target.rstrip("/") + "/")
 
 
-def operator_differences(profile: QueryProfile, record: ProfileRecord | None) -> list[Difference]:
+def operator_differences(profile: QueryProfile, record: ProfileRecord | None, batch: int) -> list[Difference]:
     """Against the recorded query: operators Spark accepted (same state schema) that now compute otherwise,
     and a changed stateless part (projections, filters)."""
     if record is None:
@@ -550,20 +614,50 @@ def operator_differences(profile: QueryProfile, record: ProfileRecord | None) ->
     out = []
     if old.operators is not None and profile.operators is not None:
         for before, after in zip(old.operators, profile.operators):
-            if before == after:
+            if before.same_as(after):
                 continue
             if before.kind == after.kind == "join" and before.detail.split(" ", 1)[0] != after.detail.split(" ", 1)[0]:
                 effect = (f"Spark accepts the join state (its schema does not record the join type) and from the next "
                           f"batch joins as {after.detail.split(' ', 1)[0]} instead of {before.detail.split(' ', 1)[0]}:"
                           " rows without a match are emitted (or dropped) differently")
+            elif (before.kind, before.detail) == (after.kind, after.detail) and before.windows and after.windows:
+                # the time windows alone changed
+                effect = (f"Spark accepts the state (a window key is struct<start, end> whatever its durations) and "
+                          f"from batch {batch + 1} puts new rows into {', '.join(after.windows)} windows, while the "
+                          f"{', '.join(before.windows)} windows already in the state get no more rows and are still "
+                          "emitted (in append mode when the watermark passes their end): the output mixes windows "
+                          "of both lengths")
             else:
                 effect = "Spark accepts the state (its schema is unchanged) but the operator now computes something " \
                          "else from it: the state built by the old operator is read as the new one's"
             out.append(Difference("stateful-operators", SILENT, before.describe(), after.describe(), effect,
                                   RULES["stateful"]))
     if not out and old.plan_hash and profile.plan_hash and old.plan_hash != profile.plan_hash \
-            and old.operators == profile.operators and old.sources == profile.sources:
-        out.append(Difference("projection", SAFE, f"plan {old.plan_hash[:12]}", f"plan {profile.plan_hash[:12]}",
-                              "allowed: the stateless part of the query (projections, filters) changed; Spark accepts "
-                              "the checkpoint", RULES["projection"]))
+            and _same_operators(old.operators, profile.operators) and old.sources == profile.sources:
+        out.append(_plan_difference(old, profile, batch))
     return out
+
+
+def _plan_difference(old: QueryProfile, new: QueryProfile, batch: int) -> Difference:
+    """The plan changed, its sources and stateful operators did not: safe when the change is provably a
+    projection or filter (no stateful operator, or the part the state is computed from is unchanged but for
+    filters), else to check by hand."""
+    was, now = f"plan {old.plan_hash[:12]}", f"plan {new.plan_hash[:12]}"
+    if new.operators == () or (old.state_hash is not None and old.state_hash == new.state_hash):
+        return Difference("projection", SAFE, was, now, "allowed: the stateless part of the query (projections, "
+                          "filters) changed; Spark accepts the checkpoint", RULES["projection"])
+    why = ("the plan changed below a stateful operator, and not only its filters" if old.state_hash is not None
+           else "the plan changed, and the recorded profile (an earlier release's) does not say whether below a "
+                "stateful operator")
+    return Difference("projection", CHECK, was, now,
+                      f"Spark accepts the state (its schema is unchanged), but {why}: if the change is in how a "
+                      f"grouping key or an aggregated value is computed, rows from batch {batch + 1} on are "
+                      "computed the new way and combined with state the old code computed (sums, counts and "
+                      "groups mix both); checkpoint-ops cannot tell that from a harmless projection: check the "
+                      "change by hand", RULES["projection"])
+
+
+def _same_operators(before: tuple[OperatorProfile, ...] | None, after: tuple[OperatorProfile, ...] | None) -> bool:
+    if before is None or after is None:
+        return before is after
+    return len(before) == len(after) and all(b.same_as(a) for b, a in zip(before, after))

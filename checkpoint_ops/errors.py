@@ -94,3 +94,12 @@ def parameter_names(names: dict[str, str | None]):
         yield
     finally:
         _PARAMETER_NAMES.reset(token)
+
+
+def require_batch_number(batch: int, key: str, path: str | None = None) -> int:
+    """``batch`` as given for parameter ``key`` (``param`` names it), refused when negative: Spark numbers
+    batches from 0, so a negative one names no file and is a typing slip, never "nothing" or "unknown"."""
+    if batch < 0:
+        raise BadInputError(f"{param(key)} must be >= 0 (got {batch})", path=path,
+                            fix="Spark numbers batches from 0 (`checkpoint-ops inspect` lists them)")
+    return batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from .errors import BadInputError
+from .errors import BadInputError, require_batch_number
 from .fence import Fence, recovery_advice
 from .lease import lease_of
 from .pairing import check_pairing
@@ -180,6 +180,7 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
     """Where batch N started (offsets of N-1) and ended (offsets of N), per source."""
     if ckpt.kind != "structured":
         raise BadInputError("offsets are a Structured Streaming concept; this is a DStream checkpoint", path=ckpt.url)
+    require_batch_number(batch, "batch", ckpt.url)
     on_disk = batch in ckpt.offset_files
     end = ckpt.offsets(batch) if on_disk else (ledger.offsets(batch) if ledger and ledger.has("offsets", batch) else None)
     if end is None:

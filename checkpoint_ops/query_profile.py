@@ -6,6 +6,11 @@ is accepted (a compatible ``compat`` verdict with ``--record``, or every Dagster
 checkpoint-ops records its profile beside the checkpoint, in ``<parent>/.checkpoint-ops/<name>/
 query-profile.json``. ``compat`` compares the next query with it (and with Spark's own files).
 
+What Spark checks at a restart is not all that changes a restarted query's output: a file sink's ``partitionBy``
+columns (its readers infer partitions from the directories of all its files) and the durations of an
+aggregation's time windows (the state's key is ``struct<start, end>`` whatever they are) are recorded too. A
+field an earlier release did not record is None: unknown, which ``compat`` never reports as a difference.
+
 The profile is read through the Spark session's JVM (py4j) on classic PySpark. Under Spark Connect only
 the writer's own settings are visible (output mode, sink, its options): ``sources``, ``operators`` and
 ``fingerprint`` are then None, and ``compat`` relies on Spark's verdict for them.
@@ -78,21 +83,35 @@ class SourceProfile:
 
 @dataclass(frozen=True)
 class OperatorProfile:
-    """One stateful operator of the logical plan, top down (``detail``: its keys, aggregates, join type)."""
+    """One stateful operator of the logical plan, top down (``detail``: its keys, aggregates, join type).
+
+    ``windows``: how an aggregation's time-window keys are computed, as Spark's ``window(...)`` call
+    (``window(ts, '20 seconds')``); the key's type (``struct<start,end>``) is the same whatever the durations,
+    so the state schema does not show them. Empty: no time-window key. None: unknown (a profile recorded by an
+    earlier release, or a window this release cannot read), and then never a difference."""
 
     index: int
     kind: str  # aggregation | deduplication | join | flatMapGroupsWithState | transformWithState | limit | ...
     detail: str
+    windows: tuple[str, ...] | None = None
 
     def describe(self) -> str:
-        return f"{self.kind} ({self.detail})" if self.detail else self.kind
+        detail = "; ".join([self.detail, *(self.windows or ())]) if self.detail else ""
+        return f"{self.kind} ({detail})" if detail else self.kind
+
+    def same_as(self, other: "OperatorProfile") -> bool:
+        """The same operator as far as both profiles know (an unknown ``windows`` matches any)."""
+        return (self.kind, self.detail) == (other.kind, other.detail) and (
+            self.windows is None or other.windows is None or self.windows == other.windows)
 
     def to_dict(self) -> dict:
-        return {"index": self.index, "kind": self.kind, "detail": self.detail}
+        return {"index": self.index, "kind": self.kind, "detail": self.detail,
+                "windows": None if self.windows is None else list(self.windows)}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "OperatorProfile":
-        return cls(doc["index"], doc["kind"], doc.get("detail", ""))
+        windows = doc.get("windows")
+        return cls(doc["index"], doc["kind"], doc.get("detail", ""), None if windows is None else tuple(windows))
 
 
 @dataclass(frozen=True)
@@ -100,23 +119,38 @@ class SinkProfile:
     kind: str  # file | foreachBatch | foreach | kafka | noop | console | memory | <format> | unknown
     format: str
     path: str | None  # file sinks: the output directory as given
+    # ``partitionBy`` columns in order (empty: none). None: unknown (a profile recorded by an earlier release,
+    # or a writer this release cannot read), and then never a difference.
+    partition_by: tuple[str, ...] | None = None
 
     def describe(self) -> str:
-        return f"{self.kind} sink" + (f" at {self.path}" if self.path else "")
+        return f"{self.kind} sink" + (f" at {self.path}" if self.path else "") + self.partitioning()
+
+    def partitioning(self) -> str:
+        if self.partition_by is None:
+            return ""
+        return f" partitioned by {', '.join(self.partition_by)}" if self.partition_by else " not partitioned"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "format": self.format, "path": self.path}
+        return {"kind": self.kind, "format": self.format, "path": self.path,
+                "partition_by": None if self.partition_by is None else list(self.partition_by)}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "SinkProfile":
-        return cls(doc["kind"], doc.get("format", doc["kind"]), doc.get("path"))
+        columns = doc.get("partition_by")
+        return cls(doc["kind"], doc.get("format", doc["kind"]), doc.get("path"),
+                   None if columns is None else tuple(str(c) for c in columns))
 
 
 @dataclass(frozen=True)
 class QueryProfile:
     """A query's shape as far as a restart is concerned. ``plan_hash`` hashes the canonical analyzed plan;
     ``fingerprint`` hashes it with the output mode, the Spark version and the settings that change how Spark
-    judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query."""
+    judges a restart (``JUDGE_SETTINGS``): equal fingerprints mean Spark would judge the same query.
+    ``state_hash`` hashes the part of the plan the state is computed from: the stateful operators and every
+    node below them except filters (which only choose rows). Equal state hashes with other plan hashes: only
+    filters, or what comes after the stateful operators, changed. None: unknown (an earlier release's
+    profile, a plan that cannot be read)."""
 
     output_mode: str  # append | update | complete (unknown: the writer could not be read)
     sink: SinkProfile
@@ -125,6 +159,7 @@ class QueryProfile:
     fingerprint: str | None
     spark_version: str
     plan_hash: str | None = None
+    state_hash: str | None = None
 
     @property
     def stateful(self) -> bool | None:
@@ -134,7 +169,8 @@ class QueryProfile:
         return {"output_mode": self.output_mode, "sink": self.sink.to_dict(),
                 "sources": None if self.sources is None else [s.to_dict() for s in self.sources],
                 "operators": None if self.operators is None else [o.to_dict() for o in self.operators],
-                "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "spark_version": self.spark_version}
+                "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "state_hash": self.state_hash,
+                "spark_version": self.spark_version}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "QueryProfile":
@@ -142,7 +178,7 @@ class QueryProfile:
         return cls(doc["output_mode"], SinkProfile.from_dict(doc["sink"]),
                    None if sources is None else tuple(SourceProfile.from_dict(s) for s in sources),
                    None if operators is None else tuple(OperatorProfile.from_dict(o) for o in operators),
-                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"))
+                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"), doc.get("state_hash"))
 
 
 @dataclass(frozen=True)
@@ -184,7 +220,7 @@ def describe_query(spark, writer) -> QueryProfile:
         options = _scala_map(jvm, fields["extraOptions"].originalMap()) if fields["extraOptions"] is not None else {}
         fmt = fields["source"] or "parquet"  # Spark's default sink format (spark.sql.sources.default)
         output_mode = str(fields["outputMode"].toString()).lower() if fields["outputMode"] is not None else "append"
-        sink = SinkProfile(_sink_kind(fmt), fmt, options.get("path"))
+        sink = SinkProfile(_sink_kind(fmt), fmt, options.get("path"), _partition_columns(writer._jwrite))
     plan = writer._df._jdf.queryExecution().analyzed()
     try:
         sources, operators = [], []
@@ -200,7 +236,8 @@ def describe_query(spark, writer) -> QueryProfile:
     settings = [f"{key}={_setting(spark, key)}" for key in JUDGE_SETTINGS]
     fingerprint = None if plan_hash is None else _sha256([plan_hash, output_mode, spark.version, *settings])
     return QueryProfile(output_mode, sink, None if sources is None else tuple(sources),
-                        None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash)
+                        None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash,
+                        None if operators is None else _state_hash(plan))
 
 
 def _describe_connect(spark, writer) -> QueryProfile:
@@ -213,8 +250,8 @@ def _describe_connect(spark, writer) -> QueryProfile:
     else:
         fmt = proto.format or "parquet"
     path = proto.path if proto.HasField("path") else options.get("path")
-    return QueryProfile((proto.output_mode or "append").lower(), SinkProfile(_sink_kind(fmt), fmt, path),
-                        None, None, None, spark.version)
+    sink = SinkProfile(_sink_kind(fmt), fmt, path, tuple(str(c) for c in proto.partitioning_column_names))
+    return QueryProfile((proto.output_mode or "append").lower(), sink, None, None, None, spark.version)
 
 
 def _writer_fields(jwrite, names) -> dict:
@@ -228,13 +265,26 @@ def _writer_fields(jwrite, names) -> dict:
     return out
 
 
+def _partition_columns(jwrite) -> tuple[str, ...] | None:
+    """The writer's ``partitionBy`` columns (empty: none), None when this Spark's writer does not say."""
+    try:
+        columns = _writer_fields(jwrite, ("partitioningColumns",))["partitioningColumns"]
+        if columns is None or not columns.isDefined():
+            return ()
+        names = columns.get()
+        return tuple(str(names.apply(i)) for i in range(names.size()))
+    except Exception:  # another Spark's writer: unknown, never a difference
+        return None
+
+
 def _scala_map(jvm, scala_map) -> dict[str, str]:
     java_map = jvm.scala.jdk.javaapi.CollectionConverters.asJava(scala_map)
     return {str(k): str(v) for k, v in java_map.items()}
 
 
 def _walk(node):
-    """Pre-order, left to right: the order in which Spark numbers sources (``sources/0``, ``sources/1``)."""
+    """Pre-order, left to right, over a plan (the order in which Spark numbers sources: ``sources/0``,
+    ``sources/1``) or an expression tree."""
     stack = [node]
     while stack:
         current = stack.pop()
@@ -268,12 +318,94 @@ def _operator(node, name: str, index: int) -> OperatorProfile:
         grouping = set(_sql(node.groupingExpressions()))
         aggregates = [a for a in _sql(node.aggregateExpressions()) if a not in grouping]
         return OperatorProfile(index, "aggregation", f"keys {', '.join(keys) or 'none'}; "
-                                                     f"aggregates {', '.join(aggregates) or 'none'}")
+                                                     f"aggregates {', '.join(aggregates) or 'none'}", _windows(node))
     if name in ("Deduplicate", "DeduplicateWithinWatermark"):
-        return OperatorProfile(index, _STATEFUL[name], f"keys {', '.join(_typed(node.keys()))}")
+        return OperatorProfile(index, _STATEFUL[name], f"keys {', '.join(_typed(node.keys()))}", ())
     if name == "Distinct":
-        return OperatorProfile(index, "aggregation", "distinct rows")
-    return OperatorProfile(index, _STATEFUL[name], "")
+        return OperatorProfile(index, "aggregation", "distinct rows", ())
+    return OperatorProfile(index, _STATEFUL[name], "", ())
+
+
+def _windows(aggregate) -> tuple[str, ...] | None:
+    """The time-window keys of an ``Aggregate`` as ``window(...)`` calls, read from what Spark's analyzer
+    (``TimeWindowing``) made of them: a ``Project`` (tumbling) or ``Expand`` (sliding) below the aggregate
+    computes each window as ``named_struct(start, ts - (ts - startTime) % slide - i * slide, end, start +
+    duration)``. None when one of them cannot be read that way (a session window, another Spark)."""
+    try:
+        grouping = aggregate.groupingExpressions()
+        out = []
+        for i in range(grouping.size()):
+            key = grouping.apply(i)
+            if key.getClass().getSimpleName() != "AttributeReference":
+                continue
+            if key.metadata().contains("spark.sessionWindow"):
+                return None
+            if not key.metadata().contains("spark.timeWindow"):
+                continue
+            definition = _defining_expression(aggregate.child(), key.exprId())
+            text = None if definition is None else _window_call(definition)
+            if text is None:
+                return None
+            out.append(text)
+        return tuple(out)
+    except Exception:  # a plan shape this release does not know: unknown, never a difference
+        return None
+
+
+def _defining_expression(plan, expr_id):
+    """The expression a ``Project`` (an alias) or ``Expand`` (its first projection) computes ``expr_id`` with."""
+    for node in _walk(plan):
+        name = node.getClass().getSimpleName()
+        if name == "Project":
+            projected = node.projectList()
+            for i in range(projected.size()):
+                item = projected.apply(i)
+                if item.getClass().getSimpleName() == "Alias" and item.exprId().equals(expr_id):
+                    return item.child()
+        elif name == "Expand":
+            output = node.output()
+            for i in range(output.size()):
+                if output.apply(i).exprId().equals(expr_id):
+                    return node.projections().apply(0).apply(i)
+    return None
+
+
+def _literal(expression) -> int | None:
+    if expression.getClass().getSimpleName() != "Literal" or expression.value() is None:
+        return None
+    return int(expression.value())
+
+
+def _window_call(definition) -> str | None:
+    """``window(ts, 'duration'[, 'slide'[, 'start']])`` from the struct ``TimeWindowing`` builds."""
+    if definition.getClass().getSimpleName() != "CreateNamedStruct":
+        return None
+    names, values = _sql(definition.nameExprs()), definition.valExprs()
+    if names != ["'start'", "'end'"]:
+        return None
+    remainder = next((e for e in _walk(values.apply(0)) if e.getClass().getSimpleName() == "Remainder"), None)
+    end = next((e for e in _walk(values.apply(1)) if e.getClass().getSimpleName() == "Add"), None)
+    if remainder is None or end is None or remainder.left().getClass().getSimpleName() != "Subtract":
+        return None
+    slide, start, duration = _literal(remainder.right()), _literal(remainder.left().right()), _literal(end.right())
+    column = next((e for e in _walk(remainder.left().left())
+                   if e.getClass().getSimpleName() == "AttributeReference"), None)
+    if None in (slide, start, duration) or column is None:
+        return None
+    args = [str(column.name()), _micros_text(duration)]
+    if slide != duration or start:
+        args.append(_micros_text(slide))
+    if start:
+        args.append(_micros_text(start))
+    return f"window({args[0]}, " + ", ".join(f"'{a}'" for a in args[1:]) + ")"
+
+
+def _micros_text(micros: int) -> str:
+    for unit, size in (("days", 86_400_000_000), ("hours", 3_600_000_000), ("minutes", 60_000_000),
+                       ("seconds", 1_000_000), ("milliseconds", 1000)):
+        if micros % size == 0:
+            return f"{micros // size} {unit}"
+    return f"{micros} microseconds"
 
 
 def _source(jvm, node, name: str, index: int) -> SourceProfile:
@@ -320,6 +452,25 @@ def _plan_hash(plan) -> str | None:
     except Exception:  # a plan Spark cannot canonicalize: no hash, so the judge always runs
         return None
     return _sha256([_UUID.sub("<uuid>", canonical)])
+
+
+def _state_hash(plan) -> str | None:
+    """A hash of the stateful operators of the canonical analyzed plan and of every node below them, filters
+    left out (each node by its own arguments: a filter's removal changes no other node's canonical form)."""
+    try:
+        parts = []
+        stack = [(plan.canonicalized(), False)]
+        while stack:
+            node, below = stack.pop()
+            name = node.getClass().getSimpleName()
+            below = below or (node.isStreaming() and _is_stateful(node, name))
+            if below and name != "Filter":
+                parts.append(_UUID.sub("<uuid>", str(node.simpleString(1_000_000))))
+            children = node.children()
+            stack.extend((children.apply(i), below) for i in reversed(range(children.size())))
+    except Exception:  # a plan Spark cannot canonicalize: unknown
+        return None
+    return _sha256(parts)
 
 
 def _sha256(parts: list[str]) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import zipfile
 from datetime import datetime
 
-from .errors import BadInputError, RefusedError, param
+from .errors import BadInputError, RefusedError, param, require_batch_number
 from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
 from .ledger import diverged_at, ledger_or_none
@@ -386,9 +386,7 @@ def resolve_target(ckpt: Checkpoint, to_batch: int | None, to_time: datetime | N
     if (to_batch is None) == (to_time is None):
         raise BadInputError(f"give exactly one of {param('to_batch')} and {param('to_time')}")
     if to_batch is not None:
-        if to_batch < 0:
-            raise BadInputError(f"{param('to_batch')} must be >= 0 (got {to_batch})")
-        return to_batch
+        return require_batch_number(to_batch, "to_batch")
     ms = int(to_time.timestamp() * 1000)
     committed = sorted(b for b in ckpt.offset_files if b in ckpt.commit_files)
     if not committed:

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BadInputError, RefusedError
+from .errors import BadInputError, RefusedError, param, require_batch_number
 from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, clear_staged_sources, staging_dir
 from .journal import ops_dir
@@ -119,6 +119,7 @@ def lag_of(ctx: SinkContext) -> SinkLag:
 def batch_files(ctx: SinkContext, batch: int) -> dict:
     """The files ``batch`` wrote to the sink, from Spark's log or the ledger; RefusedError if unknown."""
     log, sink = ctx.sink.log, ctx.sink
+    require_batch_number(batch, "batch", sink.url)
     entries, source = attribute_batch(log, batch), "spark log"
     if entries is None:
         entries, source = ctx.ledger.sink_entries(sink, batch), "batch ledger"
@@ -157,7 +158,8 @@ def files_as_of_batch(ctx: SinkContext, batch: int) -> SinkSnapshot:
     Data files that sink retention or an orphan cleanup deleted since are still listed (and fail to read):
     the answer is what the output was, not what is left of it."""
     log, sink = ctx.sink.log, ctx.sink
-    if batch < 0 or log.latest is None or batch > log.latest:
+    require_batch_number(batch, "as_of_batch", sink.url)
+    if log.latest is None or batch > log.latest:
         raise BadInputError(f"the sink log has no batch {batch}: it ends at batch {log.latest}", path=sink.url,
                             fix=f"pick a batch from 0 to {log.latest}")
     restored = ctx.ledger.sink_log_files_at(sink, batch, history=True) if log.missing_for(batch) else {}
@@ -458,12 +460,16 @@ def _same_entries(ctx: SinkContext, recorded: set[str], on_disk: set[str]) -> bo
 
 
 def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_than_s: float | None = None,
-                delete_files: bool = False, stage: bool = False, now: float | None = None) -> Plan:
+                delete_files: bool = False, stage: bool = False, now: float | None = None,
+                drop_every_batch: bool = False) -> Plan:
     """Drop whole batches from every log file on disk (readers, the next compaction and rollbacks all
-    stop seeing them) and optionally their data files."""
+    stop seeing them) and optionally their data files. A rule that reaches the log's last batch would drop
+    every batch (Spark's readers then find no file of the output): refused unless ``drop_every_batch``."""
     if (keep_after_batch is None) == (older_than_s is None):
         raise BadInputError("give exactly one of --keep-after-batch N and --older-than DURATION")
     sink, log = ctx.sink, ctx.sink.log
+    if keep_after_batch is not None:
+        require_batch_number(keep_after_batch, "keep_after_batch", sink.url)
     _check_log(log)
     now = time.time() if now is None else now
     plan = Plan("sink-retain", ctx.roots(), log.latest)
@@ -475,6 +481,8 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
         cutoff_ms = (now - older_than_s) * 1000
         drop_batches = sorted(b for b in known if _batch_time_ms(ctx, b, known[b]) < cutoff_ms)
         rule = f"batches older than {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now - older_than_s))}"
+    if not drop_every_batch:
+        _refuse_dropping_every_batch(sink, log, rule, keep_after_batch, drop_batches)
     dropped_paths = {e.path.encode() for b in drop_batches for e in known[b]}
     known_paths = {e.path.encode() for entries in known.values() for e in entries}
     unknown: list[bytes] = []
@@ -511,6 +519,26 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
                               + f", {len(dropped_paths)} entries" + (f", {files} data files deleted" if delete_files else
                                                                      " (data files kept: `sink orphans` finds them)"))
     return plan
+
+
+def _refuse_dropping_every_batch(sink: SinkOutput, log: CompactibleLog, rule: str, keep_after_batch: int | None,
+                                 drop_batches: list[int]) -> None:
+    """Refuse (before anything is staged) a retention that reaches the log's last batch: Spark's readers
+    list the output from the log alone, so the whole output would disappear from them."""
+    latest = log.latest
+    if latest is None or not ((keep_after_batch is not None and keep_after_batch >= latest) or latest in drop_batches):
+        return
+    if latest == 0:
+        keep = "the log holds batch 0 alone: there is nothing older to drop"
+    elif keep_after_batch is not None:
+        keep = f"{param('keep_after_batch')} {latest - 1} or lower keeps the newest batch"
+    else:
+        keep = f"a shorter {param('older_than')} (or {param('keep_after_batch')} {latest - 1}) keeps the newest batch"
+    raise RefusedError(f"dropping {rule} drops every batch left in the sink log (it ends at batch {latest}): "
+                       "Spark's readers of the output list its files from the log alone, so they would find none "
+                       "(spark.read fails with [UNABLE_TO_INFER_SCHEMA]; given a schema, it reads no row) until the "
+                       "query writes again",
+                       path=sink.url, fix=f"{keep}; to empty the output on purpose, run it again with --force")
 
 
 def _batch_time_ms(ctx: SinkContext, b: int, entries) -> float:
@@ -695,13 +723,16 @@ class SinkRetainOperation(_SinkOperation):
     what = "sink retention"
 
     def __init__(self, output_url: str, checkpoint_url: str | None = None, keep_after_batch: int | None = None,
-                 older_than_s: float | None = None, delete_files: bool = False, **kw):
+                 older_than_s: float | None = None, delete_files: bool = False, drop_every_batch: bool = False,
+                 **kw):
         super().__init__(output_url, checkpoint_url, **kw)
         self.keep_after_batch, self.older_than_s, self.delete_files = keep_after_batch, older_than_s, delete_files
+        self.drop_every_batch = drop_every_batch
         self.data = delete_files
 
     def build(self, stage: bool) -> Plan:
-        return plan_retain(self.ctx, self.keep_after_batch, self.older_than_s, self.delete_files, stage)
+        return plan_retain(self.ctx, self.keep_after_batch, self.older_than_s, self.delete_files, stage,
+                           drop_every_batch=self.drop_every_batch)
 
 
 class SinkOrphansOperation(_SinkOperation):

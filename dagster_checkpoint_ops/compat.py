@@ -3,7 +3,8 @@ the checkpoint (``checkpoint_ops.compat``).
 
 * **fails at restart**: the run fails with each reason, Spark's error class and the guide's rule; the
   query does not start and nothing changes;
-* **silently different**: a warning in the run's log and the materialization's metadata; the run goes on;
+* **silently different**, or **check by hand** (a plan change below a stateful operator checkpoint-ops cannot
+  prove harmless): a warning in the run's log and the materialization's metadata; the run goes on;
 * nothing changed since Spark last accepted this query (same plan fingerprint, recorded beside the
   checkpoint): Spark is not restarted again, only the checks Spark does not make run (a few reads).
 
@@ -17,7 +18,7 @@ from typing import Any, Optional
 
 import dagster as dg
 
-from checkpoint_ops.compat import FAILS, SILENT, CompatReport, accept, build_writer, check_compat
+from checkpoint_ops.compat import CHECK, FAILS, SILENT, CompatReport, accept, build_writer, check_compat
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.model import Checkpoint
 
@@ -56,6 +57,8 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
                          + " (run config skip_compat_check: true runs it anyway)", metadata=md)
     for d in report.of(SILENT):
         context.log.warning(f"{query.name}: silently different after the restart: {_reason(d)}")
+    for d in report.of(CHECK):
+        context.log.warning(f"{query.name}: check this change by hand: {_reason(d)}")
     try:
         accept(ckpt, report)
     except CheckpointOpsError as e:  # no place beside the checkpoint (a bucket root): the next run judges again
@@ -64,9 +67,9 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
 
 
 def report_metadata(report: CompatReport) -> dict:
-    fails, silent = report.of(FAILS), report.of(SILENT)
-    verdict = ("compatible" if report.compatible else
-               "fails at restart" if fails else f"silently different ({len(silent)})")
+    fails, silent, check = report.of(FAILS), report.of(SILENT), report.of(CHECK)
+    verdict = ("compatible" if report.compatible else "fails at restart" if fails else
+               f"silently different ({len(silent)})" if silent else f"check by hand ({len(check)})")
     md = {
         "compat": dg.MetadataValue.text(verdict),
         "compat_differences": dg.MetadataValue.json([d.to_dict() for d in report.differences]),

@@ -8,7 +8,8 @@ restarts a changed query on it for real.
 * ``agg``: windowed counts and sums of JSON events into parquet (append), HDFS state, batches 0..3;
 * ``dedup``: events deduplicated on ``key`` into parquet, batches 0..2;
 * ``join``: a stream-stream inner join of two event streams on ``key`` within 20 s, into parquet;
-* ``stateless``: the events as they arrive, written by ``foreachBatch`` (one parquet directory per batch).
+* ``stateless``: the events as they arrive, written by ``foreachBatch`` (one parquet directory per batch);
+* ``partitioned``: the events as they arrive into parquet, ``partitionBy("key")``, batches 0..2.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ def dedup_writer(spark, base: CompatBase, columns=("key",)):
     return deduped.writeStream.format("parquet").option("path", base.output)
 
 
+def partitioned_writer(spark, base: CompatBase, columns=("key",)):
+    writer = read_events(spark, base.dir("input")).writeStream.format("parquet").option("path", base.output)
+    return writer.partitionBy(*columns) if columns else writer
+
+
 def join_frame(spark, base: CompatBase, how: str = "inner", on_value: bool = False):
     from pyspark.sql import functions as F
 
@@ -109,7 +115,8 @@ def stateless_writer(spark, base: CompatBase):
     return read_events(spark, base.dir("input")).writeStream.foreachBatch(batch_writer(base.output))
 
 
-ORIGINAL = {"agg": agg_writer, "dedup": dedup_writer, "join": join_writer, "stateless": stateless_writer}
+ORIGINAL = {"agg": agg_writer, "dedup": dedup_writer, "join": join_writer, "stateless": stateless_writer,
+            "partitioned": partitioned_writer}
 
 
 def generate_base(spark, name: str, root: str) -> CompatBase:

@@ -68,7 +68,8 @@ def test_exit_codes_and_json(agg):
     assert doc["compatible"] is True and doc["spark_restarts"] is True and doc["differences"] == []
     assert doc["batch"] == 3 and doc["judge"]["restarted"] and doc["judge"]["batch"] == 4
     assert doc["judge"]["operators"] == ["stateStoreSave"]
-    assert doc["query"]["sink"] == {"kind": "file", "format": "parquet", "path": base.output}
+    assert doc["query"]["sink"] == {"kind": "file", "format": "parquet", "path": base.output, "partition_by": []}
+    assert doc["query"]["operators"][0]["windows"] == ["window(ts, '30 seconds')"]
     assert doc["recorded_profile"]["judged"] is False  # the base recorded its query before its first run
 
     code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:key_changed")

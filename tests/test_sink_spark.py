@@ -176,6 +176,27 @@ def test_retain_refuses_to_guess_without_a_ledger(run):
     assert tree_snapshot(run.out) == before
 
 
+def test_retain_refuses_to_drop_the_last_batch_which_would_hide_every_row(spark, run):
+    last = run.batches() - 1
+    before = tree_snapshot(run.out)
+    for keep_after in (last + 90, last):
+        code, r = cli_json("sink", "retain", run.out, "--checkpoint", run.ckpt, "--keep-after-batch", keep_after,
+                           *SINK, "--yes")
+        assert code == 1 and r["error"] == "RefusedError", r
+        assert f"every batch left in the sink log (it ends at batch {last})" in r["problem"], r
+        assert f"--keep-after-batch {last - 1}" in r["fix"] and "--force" in r["fix"], r
+        assert tree_snapshot(run.out) == before
+    assert rows(spark, run.out) == expected(range(last + 1))
+    # what the refusal spares: applied on purpose, Spark's readers find no file of the output, though all are there
+    code, r = cli_json("sink", "retain", run.out, "--checkpoint", run.ckpt, "--keep-after-batch", last, *SINK,
+                       "--force", "--yes")
+    assert code == 0, r
+    with pytest.raises(Exception, match="UNABLE_TO_INFER_SCHEMA"):
+        rows(spark, run.out)
+    assert spark.read.schema("key STRING, value LONG").parquet(run.out).count() == 0
+    assert {p for p in before if p.endswith(".parquet")} <= set(tree_snapshot(run.out))
+
+
 def test_orphans_respect_the_safety_window(spark, run):
     parts = sorted(f for f in os.listdir(run.out) if f.endswith(".parquet"))
     old = f"{run.out}/part-00000-00000000-0000-0000-0000-00000000dead-c000.snappy.parquet"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..cli import Parents, emit, open_checkpoint
-from ..errors import EXIT_FINDINGS, EXIT_OK, BadInputError
+from ..errors import EXIT_FINDINGS, EXIT_OK, BadInputError, require_batch_number
 
 
 def cmd_ledger_sync(args) -> int:
@@ -48,6 +48,7 @@ def cmd_ledger_show(args) -> int:
                 + (f" ({batches[0]}..{batches[-1]})" if batches else "") + f" in {len(ledger.segments)} segment(s)")
         emit(args, data, text)
         return EXIT_OK
+    require_batch_number(args.batch, "batch", ledger.fm.url(ledger.path))
     rec = ledger.records.get(args.batch)
     if rec is None:
         raise BadInputError(f"the ledger has no record of batch {args.batch}", path=ledger.fm.url(ledger.path),

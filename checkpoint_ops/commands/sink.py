@@ -44,7 +44,7 @@ def cmd_sink_retain(args) -> int:
 
     older = parse_duration(args.older_than, "--older-than") if args.older_than else None
     op = SinkRetainOperation(args.output, args.checkpoint, args.keep_after_batch, older, args.delete_files,
-                             **_common(args))
+                             drop_every_batch=args.force, **_common(args))
     return run_operation(args, op)
 
 
