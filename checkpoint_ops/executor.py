@@ -41,7 +41,7 @@ from .ledger import ledger_at
 from .model.listing import Listing
 from .model.logfile import log_files
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
-from .storage import CheckpointFileManager, open_file_manager
+from .storage import CheckpointFileManager, OpCounter, open_file_manager
 from .storage.paths import join, parse_url
 
 CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
@@ -760,7 +760,9 @@ class JournalHooks:
 class AppliedOperation:
     """What the executor did (``--json`` ``result``; keys documented in docs/cli.md). ``requests`` and
     ``retries``: per root, the requests its file manager issued (every attempt) and how many were
-    retries, by kind; ``source`` adds the stores content was streamed from (a restore's backup objects)."""
+    retries, by kind; a root that shares its file manager with an earlier one (a restore's ``ledger``
+    shares the ``checkpoint``'s) is counted there only, once; ``source`` adds the stores content was
+    streamed from (a restore's backup objects)."""
 
     op_id: str
     operation: str
@@ -781,7 +783,7 @@ class AppliedOperation:
     def of(cls, journal: Journal, status: str, roots: dict[str, "Root"],
            ex: "Executor | None" = None) -> "AppliedOperation":
         plan = journal.record["plan"]
-        counters = {rid: r.fm.counter for rid, r in roots.items()}
+        counters = per_file_manager({rid: r.fm for rid, r in roots.items()})
         requests = {rid: c.snapshot() for rid, c in counters.items()}
         retries = {rid: c.retries() for rid, c in counters.items()}
         sources = [fm.counter for fm in (ex._sources.values() if ex is not None else ())]
@@ -789,6 +791,19 @@ class AppliedOperation:
             requests["source"], retries["source"] = _summed(sources)
         return cls(journal.op_id, journal.record["operation"], status, plan["plan_hash"], plan["target_batch"],
                    journal.fm.url(journal.path), plan["counts"], requests, retries)
+
+
+def per_file_manager(fms: dict[str, CheckpointFileManager]) -> dict[str, OpCounter]:
+    """Root id -> the counter of its file manager, each file manager once (under the first root that uses
+    it): two roots on one file manager share its counter, and reporting it under both would count every
+    request twice."""
+    out: dict[str, OpCounter] = {}
+    seen: set[int] = set()
+    for rid, fm in fms.items():
+        if id(fm) not in seen:
+            seen.add(id(fm))
+            out[rid] = fm.counter
+    return out
 
 
 def _summed(counters) -> tuple[dict[str, int], dict[str, int]]:
