@@ -1,14 +1,20 @@
 """``backup restore`` guards and reports, found by a hostile review. Fast tier: ``benchmarks.check_pass.Stream``
 (a checkpoint and its file sink in Spark's formats), no Spark.
 
+* A target whose ledger directory (``.checkpoint-ops/<name>/ledger`` beside it) already holds another
+  checkpoint's batch ledger is refused, naming that directory, and nothing changes: restored over it, the two
+  ledgers merged silently (fsck then reported a false error, inspect a wrong rollback window). A restore
+  undone leaves the ledger empty, so restoring again there still works.
 * ``result.requests`` and ``result.retries`` count each file manager once: the ``ledger`` root shares the
   checkpoint's, and reporting it under both roots counted every checkpoint request twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 
 import boto3
 
@@ -28,6 +34,52 @@ def _backup(root: str, dest: str, batches: int) -> str:
     code, r = cli_json("backup", "create", s.ckpt, dest, "--sink", s.out, *I)
     assert code == 0, r
     return r["backup_id"]
+
+
+def _files(top: str) -> dict[str, str]:
+    """rel path -> sha256 of every file under ``top`` (hidden ones, ours, included)."""
+    return {os.path.relpath(os.path.join(d, n), top): hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+            for d, _, names in os.walk(top) for n in names}
+
+
+def test_a_restore_over_another_checkpoints_ledger_is_refused_and_changes_nothing(tmp_path):
+    """``rm -rf ckpt out`` leaves the hidden ledger beside them; restoring another backup there merged the two
+    ledgers (exit 0). Refused now (exit 2, the ledger directory named with what to do), nothing written; with
+    the ledger removed as the fix says, the restore goes through. Undo of a restore empties its ledger: a
+    restore undone and restored again is not refused."""
+    dest = str(tmp_path / "dest")
+    first = _backup(str(tmp_path / "a"), dest, 7)
+    second = _backup(str(tmp_path / "b"), dest, 4)
+    target = tmp_path / "t"
+    ckpt, out = str(target / "ckpt"), str(target / "out")
+    ledger = str(target / ".checkpoint-ops" / "ckpt" / "ledger")
+
+    def restore(backup_id: str) -> tuple[int, dict]:
+        return cli_json("backup", "restore", dest, backup_id, ckpt, "--sink-target", out, "--yes")
+
+    # restored, undone, restored again: the undo left the ledger empty, so the second restore is accepted
+    assert restore(first)[0] == 0
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 0, r
+    code, r = restore(first)
+    assert code == 0, r
+
+    # the checkpoint and its output removed by hand: the ledger beside them stays, and is not the next one's
+    shutil.rmtree(ckpt)
+    shutil.rmtree(out)
+    before = _files(str(target))
+    code, r = restore(second)
+    assert code == 2, r
+    assert r["path"].rstrip("/").endswith("/.checkpoint-ops/ckpt/ledger"), r
+    assert "batch ledger" in r["problem"] and "rm -r" in r["fix"] and "another" in r["fix"], r
+    assert _files(str(target)) == before, "a refused restore changed files"
+
+    shutil.rmtree(ledger)  # what the fix says to do
+    code, r = restore(second)
+    assert code == 0, r
+    code, shown = cli_json("ledger", "show", ckpt)
+    assert code == 0, shown
+    assert shown["batches"]["last"] == 3, shown  # the second backup's batches only (0..3), none of the first's
 
 
 def _total(per_store: dict) -> int:

@@ -16,7 +16,9 @@ that batch is validated and the rolled-back file set is known before anything is
 then writes exactly that set.
 
 Targets never overlap: a sink target equal to, inside or around the checkpoint target (or another sink
-target) is unusable input (exit 2), refused before anything is read or written. The restored checkpoint
+target) is unusable input (exit 2), refused before anything is read or written. So is a target whose batch
+ledger (``.checkpoint-ops/<name>/ledger`` beside it) holds anything: the record of another checkpoint that
+was there (removed by hand, which leaves the hidden directory), which the restore would merge with its own. The restored checkpoint
 and sinks are recorded as paired (``pairing.py``), at their new locations.
 """
 
@@ -148,6 +150,7 @@ class _Restore:
             _require_empty(fm, root, url)
             self.sink_fms[rid] = (fm, root)
         self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
+        _require_no_ledger(self.t_fm, self.ledger_path, self.target_url)
         # the backup's own locations go to the targets; the user's rules come first (more specific)
         self.rules = parse_rules(relocate) + [Rule(parse_url(m.roots["checkpoint"]["url"]), parse_url(self.target_url))]
         self.sink_rules = {rid: Rule(parse_url(m.roots[rid]["url"]), parse_url(fm.url(root)))
@@ -370,6 +373,23 @@ def _require_empty(fm, root: str, url: str) -> None:
         raise BadInputError(f"the target is not empty: it holds {', '.join(names[:5])}"
                             + (f" and {len(names) - 5} more" if len(names) > 5 else ""), path=url,
                             fix="restore into a new, empty location (a restore never overwrites)")
+
+
+def _require_no_ledger(fm, ledger: str, target_url: str) -> None:
+    """The target's batch ledger (beside it, in the hidden ops directory) must hold nothing: what a ledger
+    holds there records another checkpoint that lived at this place (removed by hand, which leaves the hidden
+    directory). Restored over it, the two timelines' records would merge, and every command that reads the
+    ledger (fsck, inspect, rollback beyond Spark's window) would judge the restored checkpoint by batches it
+    never ran. A restore that was undone left it empty (undo removes what the restore wrote)."""
+    found = sorted(f.path[len(ledger.rstrip("/")) + 1:] for f in fm.walk(ledger))
+    if found:
+        raise BadInputError(
+            f"the target's batch ledger already holds {len(found)} file(s) ({', '.join(found[:3])}"
+            + (", ..." if len(found) > 3 else "") + f"): the record of another checkpoint that was at {target_url}, "
+            "which the restore would merge with the backup's", path=fm.url(ledger),
+            fix=f"if that checkpoint is gone for good, remove its ledger (`rm -r {fm.url(ledger)}`, or the whole "
+                "hidden directory beside it with its journals and undo records), then restore again; else restore "
+                "into another location; nothing was written")
 
 
 def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets: list[str] = (),
