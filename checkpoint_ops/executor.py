@@ -8,15 +8,17 @@ operation has no checkpoint; the journal and the undo records (trash) live besid
 1. write the journal (plan, new small file contents, ``metadata`` before and after) beside the anchor;
 2. **fence** (checkpoint anchors): replace ``metadata`` with text Spark cannot parse, so no query starts
    mid-way;
-3. write new files (atomically, never replacing anything), then rewrite replaced files in place
-   (atomically; the old content is copied into the trash first);
+3. write new files (atomically, never replacing anything; a restore's sink logs first, phase
+   ``sink-log-write``, so a reader never sees its data files without the log that lists them), then
+   rewrite replaced files in place (atomically; the old content is copied into the trash first);
 4. move deleted files aside into the trash, phase by phase: sink log (newest first), commits, offsets,
    source logs, state, litter, then sink data files (or into the user's directory). On an object store
    with versioning the delete itself is reversible and nothing is copied;
 5. **unfence**: put ``metadata`` back (or the new one a restore brings); 6. mark the journal ``applied``.
 
-Undo deletes what was written, puts back what was rewritten or moved, removes the ledger truncation the
-operation wrote, and restores ``metadata``, all before its ``undone`` marker: the tree (and the batch ledger)
+Undo deletes what was written (last written first: a restore's sink data files before the log that lists
+them), puts back what was rewritten or moved, removes the ledger truncation the operation wrote, and
+restores ``metadata``, all before its ``undone`` marker: the tree (and the batch ledger)
 is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it), and
 it checks its whole undo record before it changes anything.
 
@@ -596,8 +598,9 @@ class Executor:
         self._fence("undo")
         self._drop_stray_temps(listings)
         # 1. what the operation wrote goes (with its checksum sidecars), and what it rewrote gets its
-        # old content back
-        for a in plan.actions:
+        # old content back, last written first (a restore's sink data files go before the log that lists
+        # them: readers of its sink target never see data files without their log)
+        for a in reversed(plan.ordered()):
             root = self.roots[a.root]
             if a.kind == WRITE and a.rel in listings[a.root]:
                 root.fm.delete(root.abs(a.rel))  # a sidecar the plan also wrote goes with it: fine

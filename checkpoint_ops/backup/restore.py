@@ -3,7 +3,14 @@
 The restore is one plan applied by the executor, anchored at the target checkpoint: its ``metadata``
 is the fence until every other file is written, then the backed-up ``metadata`` replaces it, so Spark
 cannot start on half a checkpoint; an interrupted restore resumes (``checkpoint-ops resume TARGET``) or
-undoes (``checkpoint-ops undo TARGET``, which leaves the target empty again). Every object is read and
+undoes (``checkpoint-ops undo TARGET``, which leaves the target empty again).
+
+A sink target is never a partial table to Spark's readers either: each sink's log (``_spark_metadata``) is
+written before anything else (phase ``sink-log-write``), then its data files. Spark reads a sink output
+through its log when one exists, and fails on a listed file that is missing; without one it lists the
+directory, so data files written first would be read as the whole table. Every prefix of the restore is
+thus read as nothing (no log yet, no data), or fails (a log whose batches or files are not all there yet),
+or is the full table; the undo removes the files in the reverse order (data before the log). Every object is read and
 checked against its hash before anything is written, and again as it is written.
 
 Relocation: file-source logs, sink logs and the batch ledger hold absolute paths (reference §7), and so
@@ -38,7 +45,7 @@ from ..journal import ops_dir, utc_stamp
 from ..lease import is_lease_file
 from ..ledger import PAIRING_DIR, Ledger, PairingRecord
 from ..model.checkpoint import Checkpoint
-from ..model.sink import SinkOutput
+from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..operation import ApplyContext, Operation, Site
 from ..pairing import PAIRING_FILE
 from ..plan import Plan
@@ -292,7 +299,7 @@ class _Restore:
                 self.objects.add(sha)
                 new = self.relocated(rid, rel, sha, None)
                 if new is None:
-                    plan.write_from(rid, rel, sha, size, self.repo.object_url(sha), why)
+                    plan.write_from(rid, rel, sha, size, self.repo.object_url(sha), why, phase=self._phase(rid, rel))
                 else:
                     self._write(plan, rid, rel, new, why + ", paths relocated")
         for rid, rel, content, reason in rb_writes:
@@ -330,18 +337,23 @@ class _Restore:
                        PairingRecord(self.target_url, query_id, (roots[rid],), stamp, "backup restore").to_bytes(), why)
         plan.summary["pairing"] = f"{self.target_url} with {', '.join(sinks)}"
 
+    def _phase(self, rid: str, rel: str) -> str:
+        """A sink's log goes before everything else (``sink-log-write``): written after the data files, a
+        restore stopped in between left a sink target Spark read by listing it, as part of the table."""
+        return "sink-log-write" if rid in self.sink_fms and rel.startswith(SINK_LOG_DIR + "/") else "write"
+
     def _write(self, plan: Plan, rid: str, rel: str, content: bytes, reason: str) -> None:
         """Relocated content: inline in the journal when small, else staged beside the target (a dry
         run only names where it would be staged)."""
         if len(content) <= 2**20:
-            plan.write(rid, rel, content, reason)
+            plan.write(rid, rel, content, reason, phase=self._phase(rid, rel))
             return
         sha = hashlib.sha256(content).hexdigest()
         staging = join(ops_dir(self.t_fm, self.t_root), "staging", uuid.uuid4().hex)
         if self.stage:
             self.t_fm.write_bytes(staging, content, overwrite=False)
             self.staged.append((self.t_fm, staging))
-        plan.write_from(rid, rel, sha, len(content), self.t_fm.url(staging), reason)
+        plan.write_from(rid, rel, sha, len(content), self.t_fm.url(staging), reason, phase=self._phase(rid, rel))
 
 
 def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
