@@ -8,15 +8,17 @@ operation has no checkpoint; the journal and the undo records (trash) live besid
 1. write the journal (plan, new small file contents, ``metadata`` before and after) beside the anchor;
 2. **fence** (checkpoint anchors): replace ``metadata`` with text Spark cannot parse, so no query starts
    mid-way;
-3. write new files (atomically, never replacing anything), then rewrite replaced files in place
-   (atomically; the old content is copied into the trash first);
+3. write new files (atomically, never replacing anything; a restore's sink logs first, phase
+   ``sink-log-write``, so a reader never sees its data files without the log that lists them), then
+   rewrite replaced files in place (atomically; the old content is copied into the trash first);
 4. move deleted files aside into the trash, phase by phase: sink log (newest first), commits, offsets,
    source logs, state, litter, then sink data files (or into the user's directory). On an object store
    with versioning the delete itself is reversible and nothing is copied;
 5. **unfence**: put ``metadata`` back (or the new one a restore brings); 6. mark the journal ``applied``.
 
-Undo deletes what was written, puts back what was rewritten or moved, removes the ledger truncation the
-operation wrote, and restores ``metadata``, all before its ``undone`` marker: the tree (and the batch ledger)
+Undo deletes what was written (last written first: a restore's sink data files before the log that lists
+them), puts back what was rewritten or moved, removes the ledger truncation the operation wrote, and
+restores ``metadata``, all before its ``undone`` marker: the tree (and the batch ledger)
 is byte-for-byte what it was. It refuses if anything was written since (Spark ran after it), and
 it checks its whole undo record before it changes anything.
 
@@ -42,7 +44,7 @@ from .ledger import ledger_at
 from .model.listing import Listing
 from .model.logfile import log_files
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
-from .storage import CheckpointFileManager, open_file_manager
+from .storage import CheckpointFileManager, OpCounter, open_file_manager
 from .storage.checksums import hadoop_crc_name
 from .storage.paths import basename, dirname, join, parse_url
 
@@ -616,8 +618,9 @@ class Executor:
         self._fence("undo")
         self._drop_stray_temps(listings)
         # 1. what the operation wrote goes (with its checksum sidecars), and what it rewrote gets its
-        # old content back
-        for a in plan.actions:
+        # old content back, last written first (a restore's sink data files go before the log that lists
+        # them: readers of its sink target never see data files without their log)
+        for a in reversed(plan.ordered()):
             root = self.roots[a.root]
             if a.kind == WRITE and a.rel in listings[a.root]:
                 root.fm.delete(root.abs(a.rel))  # a sidecar the plan also wrote goes with it: fine
@@ -785,7 +788,9 @@ class JournalHooks:
 class AppliedOperation:
     """What the executor did (``--json`` ``result``; keys documented in docs/cli.md). ``requests`` and
     ``retries``: per root, the requests its file manager issued (every attempt) and how many were
-    retries, by kind; ``source`` adds the stores content was streamed from (a restore's backup objects)."""
+    retries, by kind; a root that shares its file manager with an earlier one (a restore's ``ledger``
+    shares the ``checkpoint``'s) is counted there only, once; ``source`` adds the stores content was
+    streamed from (a restore's backup objects)."""
 
     op_id: str
     operation: str
@@ -806,7 +811,7 @@ class AppliedOperation:
     def of(cls, journal: Journal, status: str, roots: dict[str, "Root"],
            ex: "Executor | None" = None) -> "AppliedOperation":
         plan = journal.record["plan"]
-        counters = {rid: r.fm.counter for rid, r in roots.items()}
+        counters = per_file_manager({rid: r.fm for rid, r in roots.items()})
         requests = {rid: c.snapshot() for rid, c in counters.items()}
         retries = {rid: c.retries() for rid, c in counters.items()}
         sources = [fm.counter for fm in (ex._sources.values() if ex is not None else ())]
@@ -814,6 +819,19 @@ class AppliedOperation:
             requests["source"], retries["source"] = _summed(sources)
         return cls(journal.op_id, journal.record["operation"], status, plan["plan_hash"], plan["target_batch"],
                    journal.fm.url(journal.path), plan["counts"], requests, retries)
+
+
+def per_file_manager(fms: dict[str, CheckpointFileManager]) -> dict[str, OpCounter]:
+    """Root id -> the counter of its file manager, each file manager once (under the first root that uses
+    it): two roots on one file manager share its counter, and reporting it under both would count every
+    request twice."""
+    out: dict[str, OpCounter] = {}
+    seen: set[int] = set()
+    for rid, fm in fms.items():
+        if id(fm) not in seen:
+            seen.add(id(fm))
+            out[rid] = fm.counter
+    return out
 
 
 def _summed(counters) -> tuple[dict[str, int], dict[str, int]]:

@@ -22,8 +22,12 @@ KEEP = "keep"  # a file moved to the user's directory (--keep-files, --quarantin
 
 SIDECAR_PREFIX = "checksum sidecars of: "
 
-# The order in which the executor applies groups (see executor.py for why).
-PHASES = ("write", "replace", "sink-log", "commits", "offsets", "source-log", "state", "litter", "sink-data", "trash")
+# The order in which the executor applies groups (see executor.py for why). ``sink-log-write``: a restore's
+# sink logs, written before any other file: a sink target without ``_spark_metadata`` is read by listing its
+# directory, so a data file written before the log would be part of a partial table to readers; with the log
+# in place, a listed data file not written yet fails the read instead.
+PHASES = ("sink-log-write", "write", "replace", "sink-log", "commits", "offsets", "source-log", "state", "litter",
+          "sink-data", "trash")
 
 
 class FileAction(NamedTuple):
@@ -81,18 +85,20 @@ class Plan:
         self._changed()
         self.actions.append(FileAction(DELETE, root, rel, reason, phase, size))
 
-    def write(self, root: str, rel: str, content: bytes, reason: str) -> None:
+    def write(self, root: str, rel: str, content: bytes, reason: str, phase: str = "write") -> None:
+        """A new file (``phase``: ``write``, or ``sink-log-write`` for a sink log written before its data)."""
         self._changed()
         digest = hashlib.sha256(content).hexdigest()
         self.contents[digest] = content
-        self.actions.append(FileAction(WRITE, root, rel, reason, "write", len(content), digest))
+        self.actions.append(FileAction(WRITE, root, rel, reason, phase, len(content), digest))
 
     def write_from(self, root: str, rel: str, sha256: str, size: int, source: str, reason: str,
-                   kind: str = WRITE) -> None:
-        """A new (or, with ``kind=REPLACE``, rewritten) file whose content is the file at ``source``."""
+                   kind: str = WRITE, phase: str = "write") -> None:
+        """A new (or, with ``kind=REPLACE``, rewritten) file whose content is the file at ``source``
+        (``phase`` as for ``write``)."""
         self._changed()
         self.sources[sha256] = source
-        self.actions.append(FileAction(kind, root, rel, reason, "write" if kind == WRITE else "replace", size,
+        self.actions.append(FileAction(kind, root, rel, reason, phase if kind == WRITE else "replace", size,
                                        sha256))
 
     def replace(self, root: str, rel: str, content: bytes, reason: str) -> None:

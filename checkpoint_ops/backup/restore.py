@@ -3,7 +3,14 @@
 The restore is one plan applied by the executor, anchored at the target checkpoint: its ``metadata``
 is the fence until every other file is written, then the backed-up ``metadata`` replaces it, so Spark
 cannot start on half a checkpoint; an interrupted restore resumes (``checkpoint-ops resume TARGET``) or
-undoes (``checkpoint-ops undo TARGET``, which leaves the target empty again). Every object is read and
+undoes (``checkpoint-ops undo TARGET``, which leaves the target empty again).
+
+A sink target is never a partial table to Spark's readers either: each sink's log (``_spark_metadata``) is
+written before anything else (phase ``sink-log-write``), then its data files. Spark reads a sink output
+through its log when one exists, and fails on a listed file that is missing; without one it lists the
+directory, so data files written first would be read as the whole table. Every prefix of the restore is
+thus read as nothing (no log yet, no data), or fails (a log whose batches or files are not all there yet),
+or is the full table; the undo removes the files in the reverse order (data before the log). Every object is read and
 checked against its hash before anything is written, and again as it is written.
 
 Relocation: file-source logs, sink logs and the batch ledger hold absolute paths (reference §7), and so
@@ -16,7 +23,9 @@ that batch is validated and the rolled-back file set is known before anything is
 then writes exactly that set.
 
 Targets never overlap: a sink target equal to, inside or around the checkpoint target (or another sink
-target) is unusable input (exit 2), refused before anything is read or written. The restored checkpoint
+target) is unusable input (exit 2), refused before anything is read or written. So is a target whose batch
+ledger (``.checkpoint-ops/<name>/ledger`` beside it) holds anything: the record of another checkpoint that
+was there (removed by hand, which leaves the hidden directory), which the restore would merge with its own. The restored checkpoint
 and sinks are recorded as paired (``pairing.py``), at their new locations.
 """
 
@@ -36,7 +45,7 @@ from ..journal import ops_dir, utc_stamp
 from ..lease import is_lease_file
 from ..ledger import PAIRING_DIR, Ledger, PairingRecord
 from ..model.checkpoint import Checkpoint
-from ..model.sink import SinkOutput
+from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..operation import ApplyContext, Operation, Site
 from ..pairing import PAIRING_FILE
 from ..plan import Plan
@@ -148,6 +157,7 @@ class _Restore:
             _require_empty(fm, root, url)
             self.sink_fms[rid] = (fm, root)
         self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
+        _require_no_ledger(self.t_fm, self.ledger_path, self.target_url)
         # the backup's own locations go to the targets; the user's rules come first (more specific)
         self.rules = parse_rules(relocate) + [Rule(parse_url(m.roots["checkpoint"]["url"]), parse_url(self.target_url))]
         self.sink_rules = {rid: Rule(parse_url(m.roots[rid]["url"]), parse_url(fm.url(root)))
@@ -291,7 +301,7 @@ class _Restore:
                 self.objects.add(sha)
                 new = self.relocated(rid, rel, sha, None)
                 if new is None:
-                    plan.write_from(rid, rel, sha, size, self.repo.object_url(sha), why)
+                    plan.write_from(rid, rel, sha, size, self.repo.object_url(sha), why, phase=self._phase(rid, rel))
                 else:
                     self._write(plan, rid, rel, new, why + ", paths relocated")
         for rid, rel, content, reason in rb_writes:
@@ -332,18 +342,23 @@ class _Restore:
                        PairingRecord(self.target_url, query_id, (roots[rid],), stamp, "backup restore").to_bytes(), why)
         plan.summary["pairing"] = f"{self.target_url} with {', '.join(sinks)}"
 
+    def _phase(self, rid: str, rel: str) -> str:
+        """A sink's log goes before everything else (``sink-log-write``): written after the data files, a
+        restore stopped in between left a sink target Spark read by listing it, as part of the table."""
+        return "sink-log-write" if rid in self.sink_fms and rel.startswith(SINK_LOG_DIR + "/") else "write"
+
     def _write(self, plan: Plan, rid: str, rel: str, content: bytes, reason: str) -> None:
         """Relocated content: inline in the journal when small, else staged beside the target (a dry
         run only names where it would be staged)."""
         if len(content) <= 2**20:
-            plan.write(rid, rel, content, reason)
+            plan.write(rid, rel, content, reason, phase=self._phase(rid, rel))
             return
         sha = hashlib.sha256(content).hexdigest()
         staging = join(ops_dir(self.t_fm, self.t_root), "staging", uuid.uuid4().hex)
         if self.stage:
             self.t_fm.write_bytes(staging, content, overwrite=False)
             self.staged.append((self.t_fm, staging))
-        plan.write_from(rid, rel, sha, len(content), self.t_fm.url(staging), reason)
+        plan.write_from(rid, rel, sha, len(content), self.t_fm.url(staging), reason, phase=self._phase(rid, rel))
 
 
 def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
@@ -375,6 +390,23 @@ def _require_empty(fm, root: str, url: str) -> None:
         raise BadInputError(f"the target is not empty: it holds {', '.join(names[:5])}"
                             + (f" and {len(names) - 5} more" if len(names) > 5 else ""), path=url,
                             fix="restore into a new, empty location (a restore never overwrites)")
+
+
+def _require_no_ledger(fm, ledger: str, target_url: str) -> None:
+    """The target's batch ledger (beside it, in the hidden ops directory) must hold nothing: what a ledger
+    holds there records another checkpoint that lived at this place (removed by hand, which leaves the hidden
+    directory). Restored over it, the two timelines' records would merge, and every command that reads the
+    ledger (fsck, inspect, rollback beyond Spark's window) would judge the restored checkpoint by batches it
+    never ran. A restore that was undone left it empty (undo removes what the restore wrote)."""
+    found = sorted(f.path[len(ledger.rstrip("/")) + 1:] for f in fm.walk(ledger))
+    if found:
+        raise BadInputError(
+            f"the target's batch ledger already holds {len(found)} file(s) ({', '.join(found[:3])}"
+            + (", ..." if len(found) > 3 else "") + f"): the record of another checkpoint that was at {target_url}, "
+            "which the restore would merge with the backup's", path=fm.url(ledger),
+            fix=f"if that checkpoint is gone for good, remove its ledger (`rm -r {fm.url(ledger)}`, or the whole "
+                "hidden directory beside it with its journals and undo records), then restore again; else restore "
+                "into another location; nothing was written")
 
 
 def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets: list[str] = (),

@@ -1,0 +1,106 @@
+"""``backup restore`` guards and reports, found by a hostile review. Fast tier: ``benchmarks.check_pass.Stream``
+(a checkpoint and its file sink in Spark's formats), no Spark.
+
+* A target whose ledger directory (``.checkpoint-ops/<name>/ledger`` beside it) already holds another
+  checkpoint's batch ledger is refused, naming that directory, and nothing changes: restored over it, the two
+  ledgers merged silently (fsck then reported a false error, inspect a wrong rollback window). A restore
+  undone leaves the ledger empty, so restoring again there still works.
+* ``result.requests`` and ``result.retries`` count each file manager once: the ``ledger`` root shares the
+  checkpoint's, and reporting it under both roots counted every checkpoint request twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+
+import boto3
+
+from benchmarks.check_pass import INTERVAL, Stream
+from tests.helpers import cli_json
+
+I = ("--source-compact-interval", str(INTERVAL), "--sink-compact-interval", str(INTERVAL))
+
+
+def _backup(root: str, dest: str, batches: int) -> str:
+    """A synthetic query of ``batches`` batches, its ledger synced, backed up into ``dest``: the backup id."""
+    s = Stream(root, retain=100)
+    for _ in range(batches):
+        s.batch()
+    code, r = cli_json("ledger", "sync", s.ckpt, "--sink", s.out, *I)
+    assert code == 0, r
+    code, r = cli_json("backup", "create", s.ckpt, dest, "--sink", s.out, *I)
+    assert code == 0, r
+    return r["backup_id"]
+
+
+def _files(top: str) -> dict[str, str]:
+    """rel path -> sha256 of every file under ``top`` (hidden ones, ours, included)."""
+    return {os.path.relpath(os.path.join(d, n), top): hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
+            for d, _, names in os.walk(top) for n in names}
+
+
+def test_a_restore_over_another_checkpoints_ledger_is_refused_and_changes_nothing(tmp_path):
+    """``rm -rf ckpt out`` leaves the hidden ledger beside them; restoring another backup there merged the two
+    ledgers (exit 0). Refused now (exit 2, the ledger directory named with what to do), nothing written; with
+    the ledger removed as the fix says, the restore goes through. Undo of a restore empties its ledger: a
+    restore undone and restored again is not refused."""
+    dest = str(tmp_path / "dest")
+    first = _backup(str(tmp_path / "a"), dest, 7)
+    second = _backup(str(tmp_path / "b"), dest, 4)
+    target = tmp_path / "t"
+    ckpt, out = str(target / "ckpt"), str(target / "out")
+    ledger = str(target / ".checkpoint-ops" / "ckpt" / "ledger")
+
+    def restore(backup_id: str) -> tuple[int, dict]:
+        return cli_json("backup", "restore", dest, backup_id, ckpt, "--sink-target", out, "--yes")
+
+    # restored, undone, restored again: the undo left the ledger empty, so the second restore is accepted
+    assert restore(first)[0] == 0
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 0, r
+    code, r = restore(first)
+    assert code == 0, r
+
+    # the checkpoint and its output removed by hand: the ledger beside them stays, and is not the next one's
+    shutil.rmtree(ckpt)
+    shutil.rmtree(out)
+    before = _files(str(target))
+    code, r = restore(second)
+    assert code == 2, r
+    assert r["path"].rstrip("/").endswith("/.checkpoint-ops/ckpt/ledger"), r
+    assert "batch ledger" in r["problem"] and "rm -r" in r["fix"] and "another" in r["fix"], r
+    assert _files(str(target)) == before, "a refused restore changed files"
+
+    shutil.rmtree(ledger)  # what the fix says to do
+    code, r = restore(second)
+    assert code == 0, r
+    code, shown = cli_json("ledger", "show", ckpt)
+    assert code == 0, shown
+    assert shown["batches"]["last"] == 3, shown  # the second backup's batches only (0..3), none of the first's
+
+
+def _total(per_store: dict) -> int:
+    return sum(n for kinds in per_store.values() for n in kinds.values())
+
+
+def test_restore_reports_each_file_manager_once(tmp_path, s3_server, bucket, faulty_s3):
+    """The targets on the S3 server behind the proxy (no faults): the requests ``result.requests`` reports for
+    them never exceed what the proxy saw (the leases' own requests are not in it). Before, the ``ledger`` root
+    repeated the ``checkpoint``'s counts (the same file manager), so the report exceeded what was sent."""
+    dest = str(tmp_path / "dest")  # the backup on local disk: every request through the proxy is the targets'
+    backup_id = _backup(str(tmp_path / "a"), dest, 7)
+    options = json.dumps({"endpoint_url": faulty_s3.endpoint})
+    faulty_s3.reset_stats()
+    code, r = cli_json("backup", "restore", dest, backup_id, f"s3://{bucket}/t/ckpt", "--sink-target",
+                       f"s3://{bucket}/t/out", "--yes", "--storage-options", options)
+    assert code == 0, r
+    seen = sum(faulty_s3.reset_stats().requests.values())
+    requests = r["result"]["requests"]
+    targets = {rid: kinds for rid, kinds in requests.items() if rid not in ("source", "backup")}
+    assert 0 < _total(targets) <= seen, (requests, seen)
+    assert "ledger" not in requests and "ledger" not in r["result"]["retries"], requests
+    assert boto3.client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=bucket, Prefix="t/.checkpoint-ops/ckpt/"
+                                                                      "ledger/")["KeyCount"] > 0  # it has a ledger
