@@ -102,28 +102,30 @@ class _Builder:
         self.plan.write(root, rel, content, reason)
 
     # -- components ----------------------------------------------------------------------------
-    def _no_data_next(self) -> OffsetSeq | None:
-        """``offsets/N+1`` if batch N+1 is a no-data batch (module docstring): its source offsets are batch
-        N's. None if it is not, or if either file cannot be read (then it goes, as any batch above N)."""
+    def _no_data_next(self) -> tuple[OffsetSeq, OffsetSeq] | None:
+        """(``offsets/N``, ``offsets/N+1``) if batch N+1 is a no-data batch (module docstring): its source
+        offsets are batch N's. None if it is not, or if either cannot be read (then N+1 goes, as any batch
+        above N)."""
         ck, t = self.ckpt, self.target
-        if t + 1 not in ck.offset_files:
+        if t + 1 not in ck.offset_files or (t not in ck.offset_files and self.ledger is None):
             return None
         try:
             after = ck.offsets(t + 1)
             before = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
-        except (LogFormatError, OSError, ValueError):
+        except (LogFormatError, OSError, ValueError, KeyError):
             return None
-        if before is None or not after.offsets:
+        if before is None or after is None or not after.offsets:
             return None
         same = [(o.source_id, o.value) for o in after.offsets] == [(o.source_id, o.value) for o in before.offsets]
-        return after if same else None
+        return (before, after) if same else None
 
     def logs(self) -> None:
         ck, t = self.ckpt, self.target
         L, C = ck.latest_offset, ck.latest_commit
-        planned = self._no_data_next()
-        if planned is not None:
-            before = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
+        no_data = self._no_data_next()
+        planned = no_data[1] if no_data is not None else None
+        if no_data is not None:
+            before = no_data[0]
             rel = f"offsets/{t + 1}"
             self.plan.summary["kept"] = (
                 f"{rel}: batch {t + 1} is a no-data batch (the source offsets of batch {t}; watermark "
