@@ -316,3 +316,28 @@ def test_a_backup_killed_before_its_manifest_leaves_the_bad_mark(tmp_path):
     assert kill_at > 5, (kill_at, code)  # the matrix reached the backup's writes
     assert not os.path.exists(mark)
     assert cli_json("backup", "verify", dest)[0] == 0
+
+
+def test_backup_create_reports_each_file_manager_once(faulty_s3, s3_server, bucket, tmp_path):
+    """A checkpoint on S3 and its ledger beside it share one file manager: ``--json`` reports its retries
+    once (under ``checkpoint``), and they add up to the faults the proxy injected (the ledger's copy of the
+    same counter doubled them before)."""
+    import s3fs
+
+    from tests.faulty_s3 import FaultPlan
+
+    local = checkpoint(str(tmp_path / "src" / "ckpt"))
+    code, out, err = cli("ledger", "sync", local)
+    assert code == 0, err
+    s3fs.S3FileSystem(endpoint_url=s3_server).put(str(tmp_path / "src") + "/", f"{bucket}/src", recursive=True)
+    url = f"s3://{bucket}/src/ckpt"
+    assert boto3.client("s3", endpoint_url=s3_server).list_objects_v2(
+        Bucket=bucket, Prefix="src/.checkpoint-ops/ckpt/ledger/")["KeyCount"] > 0
+    faulty_s3.set_plan(FaultPlan(rate=0.3, faults=("500", "503"), requests=frozenset({"GET"}), limit=1, seed=7))
+    code, r = cli_json("backup", "create", url, str(tmp_path / "dest"), "--storage-options",
+                       f'{{"endpoint_url": "{faulty_s3.endpoint}"}}')
+    faulty_s3.calm()
+    assert code == 0, r
+    assert set(r["retries"]) == {"destination", "checkpoint"}, r["retries"]
+    injected = faulty_s3.stats.total_faults
+    assert injected > 0 and sum(r["retries"]["checkpoint"].values()) == injected, (r["retries"], injected)

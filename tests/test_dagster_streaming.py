@@ -197,7 +197,7 @@ def test_backup_and_compaction_jobs(spark, tmp_path, instance):
     md = obs.event_specific_data.asset_observation.metadata
     assert md["backup_verified"].value and md["backup_files"].value > 0
     assert md["backup_repaired_objects"].value == 0  # a fresh destination has no leftover to repair
-    assert md["backup_retries"].value == {"destination": {}, "checkpoint": {}, "sink0": {}, "ledger": {}}
+    assert md["backup_retries"].value == {"destination": {}, "checkpoint": {}, "sink0": {}}  # the ledger: checkpoint's
     rows = list_backups(Repository.open(os.path.join(home, "backups", "kept")))
     assert [b.id for b in rows] == [md["backup_id"].value]
 

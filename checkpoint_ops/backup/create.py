@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..errors import BadInputError, RefusedError, StoreUnavailableError
+from ..executor import per_file_manager
 from ..ledger import PAIRING_DIR, ledger_or_none
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.listing import Listing
@@ -652,8 +653,10 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             "query_id": cut.query_id, "batch": cut.batch, "parent": doc["parent"], **doc["stats"],
             "skipped_vanished": stats["skipped_vanished"], "skipped_names": cut.skipped_names,
             "requests": repo.fm.counter.snapshot(),
+            # each file manager once: the ledger shares the checkpoint's, and counting it twice doubled its retries
             "retries": {"destination": repo.fm.counter.retries(),
-                        **{rid: fm.counter.retries() for rid, (_, fm, _, _) in cut.roots.items()}}}
+                        **{rid: counter.retries() for rid, counter in
+                           per_file_manager({rid: fm for rid, (_, fm, _, _) in cut.roots.items()}).items()}}}
 
 
 def _found_bad(repo: Repository, parent: Manifest | None) -> set[str]:
