@@ -481,21 +481,29 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
         cutoff_ms = (now - older_than_s) * 1000
         drop_batches = sorted(b for b in known if _batch_time_ms(ctx, b, known[b]) < cutoff_ms)
         rule = f"batches older than {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now - older_than_s))}"
-    if not drop_every_batch:
-        _refuse_dropping_every_batch(sink, log, rule, keep_after_batch, drop_batches)
     dropped_paths = {e.path.encode() for b in drop_batches for e in known[b]}
     known_paths = {e.path.encode() for entries in known.values() for e in entries}
     unknown: list[bytes] = []
 
-    def keep(path: bytes, mtime: int) -> bool:
+    def kept(path: bytes, mtime: int) -> bool | None:
+        """Whether an entry stays; None: no record says which batch wrote it (refused below)."""
         if path in dropped_paths:
             return False
         if path in known_paths:
             return True
         if older_than_s is not None:  # no record says which batch wrote it: Spark's retention rule (its mtime)
             return mtime >= (now - older_than_s) * 1000
-        unknown.append(path)
-        return True
+        return None
+
+    def keep(path: bytes, mtime: int) -> bool:
+        verdict = kept(path, mtime)
+        if verdict is None:
+            unknown.append(path)
+        return verdict is not False
+
+    if not drop_every_batch:
+        _refuse_dropping_every_batch(sink, log, rule, keep_after_batch, drop_batches)
+        _refuse_dropping_every_visible_file(sink, log, rule, known, drop_batches, kept)
 
     reason = f"entries of {rule} dropped (batch-granular retention)"
     for b in sorted(log.files):
@@ -538,6 +546,39 @@ def _refuse_dropping_every_batch(sink: SinkOutput, log: CompactibleLog, rule: st
                        "Spark's readers of the output list its files from the log alone, so they would find none "
                        "(spark.read fails with [UNABLE_TO_INFER_SCHEMA]; given a schema, it reads no row) until the "
                        "query writes again",
+                       path=sink.url, fix=f"{keep}; to empty the output on purpose, run it again with --force")
+
+
+def _refuse_dropping_every_visible_file(sink: SinkOutput, log: CompactibleLog, rule: str, known: dict[int, list],
+                                        drop_batches: list[int], kept: Callable[[bytes, int], bool | None]) -> None:
+    """Refuse (before anything is staged) a retention that keeps batches, but none that lists a file readers
+    see now: the newest batches of a query often write nothing (a filter that kept no row; in append mode a
+    data batch whose windows the next, no-data, batch emits), and dropping every batch that did empties the
+    output for Spark's readers as surely as dropping every batch."""
+    try:
+        entries = log.entries_after(log.latest)
+    except LogFormatError:
+        return  # a log that cannot be read as of its latest batch is refused by ``_check_log``
+    deleted = {e.path for e in entries if e.doc.get("action") == "delete"}
+    visible = [e for e in entries if e.doc.get("action", "add") != "delete" and e.path not in deleted]
+    if not visible or any(kept(e.path.encode(), int(e.doc.get("modificationTime") or 0)) is not False
+                          for e in visible):
+        return
+    paths = {e.path for e in visible}
+    wrote = [b for b in drop_batches if any(e.path in paths for e in known[b])]
+    left = [b for b in sorted(log.files) if b not in set(drop_batches)]
+    span = f"batch {left[0]}" if len(left) == 1 else f"batches {left[0]}..{left[-1]}" if left else "none"
+    if wrote and wrote[-1] > 0:
+        keep = (f"{param('keep_after_batch')} {wrote[-1] - 1} or lower keeps batch {wrote[-1]}, the newest that "
+                "wrote a file readers see")
+    elif wrote:
+        keep = f"batch {wrote[-1]} wrote the only files readers see: there is nothing older to drop"
+    else:
+        keep = f"a shorter {param('older_than')} keeps the files readers see"
+    raise RefusedError(f"dropping {rule} drops every file Spark's readers see in the output ({len(visible)}): the "
+                       f"batches it keeps ({span}) list no data file (batches that wrote nothing), so readers would "
+                       "find none (spark.read fails with [UNABLE_TO_INFER_SCHEMA]; given a schema, it reads no row) "
+                       "until the query writes again",
                        path=sink.url, fix=f"{keep}; to empty the output on purpose, run it again with --force")
 
 
