@@ -43,25 +43,33 @@ def active_reasons(ckpt: Checkpoint, fresh_seconds: int = DEFAULT_FRESH_SECONDS,
 
 
 def _left_planned(ckpt: Checkpoint, rel: str) -> bool:
-    """``rel`` is the no-data batch the newest operation, applied and not undone, left planned (a
-    rollback keeps it: rollback.py): its age is that of the run that planned it, not a sign of a run now.
-    Only the newest journal counts: after a later operation journaled here, such a file looks active
-    until it is 10 minutes old (a refusal `--force` overrides, never a run missed)."""
+    """``rel`` is the no-data batch that the rollback or restore whose result the checkpoint holds left
+    planned (a rollback keeps it: rollback.py): its age is that of the run that planned it, not a sign of a
+    run now. That operation is the newest rollback or restore journaled here that was not undone or
+    dropped: one undone since (rollback, rollback again, undo) left the tree as the one before it had, and a
+    sink operation journaled since changed no offsets file."""
     from .journal import load_journal, ops_dir, scan_journals
 
     try:
         journals = scan_journals(ckpt.fm, ops_dir(ckpt.fm, ckpt.root))
     except (OSError, ValueError, CheckpointOpsError):
         return False
-    if not journals:
-        return False
-    path, markers = list(journals.items())[-1]
-    if "applied" not in markers or "undone" in markers or "undoing" in markers:
-        return False
-    try:
-        return rel in load_journal(ckpt.fm, path).record.get("left_planned", [])
-    except (OSError, ValueError, CheckpointOpsError):
-        return False
+    for path, markers in reversed(list(journals.items())):
+        if "undone" in markers or "abandoned" in markers:
+            continue  # its changes were reverted, or it never made any
+        try:
+            record = load_journal(ckpt.fm, path).record
+        except (OSError, ValueError, CheckpointOpsError):
+            return False
+        if record.get("operation") not in _PLANNING_OPERATIONS:
+            continue  # a sink operation: the offsets files are as the operation before it left them
+        if "applied" not in markers or "undoing" in markers:
+            return False  # unfinished, or its undo was: nothing is known to stand
+        return rel in record.get("left_planned", [])
+    return False
+
+
+_PLANNING_OPERATIONS = ("rollback", "restore")  # the operations that may leave a no-data batch planned
 
 
 def sink_active_reasons(sink, fresh_seconds: int = DEFAULT_FRESH_SECONDS, now: float | None = None) -> list[str]:
