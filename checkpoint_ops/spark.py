@@ -10,15 +10,19 @@ and the tool sees nothing of it while it is idle between triggers. Wrap it::
     with hold_lease_while_active(query, ckpt, sinks=[out]):
         query.awaitTermination()
 
-The lease is taken when the helper is called (refused, with the holder named, if an operation holds it),
-renewed by a heartbeat while ``query.isActive``, and released when the query stops or the block ends.
-No PySpark import here: ``query`` is any object with ``isActive`` (a ``StreamingQuery``).
+The lease is taken when the helper is called, renewed by a heartbeat while ``query.isActive``, and
+released when the query stops or the block ends. The query is started before the helper can be called, so
+when the lease cannot be taken (an operation holds it: a rollback may be changing the checkpoint under the
+query right now), the helper stops the query (``query.stop()``) before it raises: left running, its next
+batch would plan or commit beside that operation. The error names the holder and says the query was stopped.
+No PySpark import here: ``query`` is any object with ``isActive`` (a ``StreamingQuery``) and ``stop()``.
 """
 
 from __future__ import annotations
 
 import threading
 
+from .errors import CheckpointOpsError, RefusedError
 from .lease import LeaseSet, acquire_all
 from .storage import open_file_manager
 
@@ -69,4 +73,21 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
     for url in [checkpoint, *sinks]:
         fm, root = open_file_manager(url, storage_options)
         sites.append((fm, root, url))
-    return ActiveQueryLease(query, acquire_all(sites, owner, stepwise=False), poll_s)
+    try:
+        leases = acquire_all(sites, owner, stepwise=False)
+    except CheckpointOpsError as e:
+        stopped = _stop(query)
+        raise RefusedError(f"{e.problem}; the query {name} was {stopped}: it must not run while another holder "
+                           "may be changing its checkpoint", path=e.path,
+                           fix="wait until that holder is done (`checkpoint-ops lease show CHECKPOINT`), then start "
+                               "the query again and call hold_lease_while_active right after start()") from e
+    return ActiveQueryLease(query, leases, poll_s)
+
+
+def _stop(query) -> str:
+    """Stop a query the lease could not protect; says what became of it."""
+    try:
+        query.stop()
+    except Exception as e:  # noqa: BLE001 - say so; the lease error is the one to raise
+        return f"left running (stopping it failed: {e}); stop it yourself now"
+    return "stopped"
