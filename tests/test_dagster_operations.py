@@ -188,6 +188,18 @@ def test_external_query_rollback_refused_while_it_runs_then_progress_observed(sp
         "checkpointLocation", ckpt).trigger(availableNow=True).start()
     restarted.awaitTermination()
     assert rows(spark, out) == expected(range(6))  # batch 0's rows once, everything after reprocessed once
+    # the sensor reports the batches the rollback made Spark run again (it reported only those above its
+    # cursor's batch before: batches 1..last ran again unseen)
+    rerun = sensor(dg.build_sensor_context(instance=instance, cursor=tick.cursor,
+                                           resources={"checkpoint_files": files}))
+    (obs,) = rerun.asset_events
+    md = {k: v.value for k, v in obs.metadata.items()}
+    assert [d["batch"] for d in md["batch_details"]] == list(range(1, md["last_committed_batch"] + 1)), md
+    assert md["rerun_after_rollback_from_batch"] == last, md
+    assert sum(d["input_files"] for d in md["batch_details"]) == 5, md  # every file after batch 0's, once
+    quiet = sensor(dg.build_sensor_context(instance=instance, cursor=rerun.cursor,
+                                           resources={"checkpoint_files": files}))
+    assert not quiet.asset_events
 
 
 def test_spark_config_per_query_and_on_call_metadata(spark, tmp_path, instance):
