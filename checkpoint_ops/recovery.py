@@ -221,11 +221,10 @@ class _JournalOperation(Operation):
                 out.append(Site(fm, root, url))
         return out
 
-    def check_active(self, force: bool) -> None:
+    def check_active(self, force: bool) -> list[str]:
         if self._refusal is not None:
             raise self._refusal
-        if self.ckpt is not None:
-            refuse_if_active(self.ckpt, force)
+        return refuse_if_active(self.ckpt, force) if self.ckpt is not None else []
 
     def _executor(self, ctx: ApplyContext | None = None) -> Executor:
         if self.ex is None:
