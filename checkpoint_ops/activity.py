@@ -6,6 +6,10 @@ operation is refused while it does. A query started any other way holds no lease
 it is the files it writes: a batch planned recently and not committed yet (``offsets/N`` without
 ``commits/N``), or, for a sink output without its checkpoint, a log file written recently. A query idle
 between triggers writes nothing and cannot be seen at all: stop it before changing its checkpoint.
+
+``--force`` skips the refusal, never silently: ``refuse_if_active`` and ``refuse_if_sink_active`` then return
+a warning saying what was overridden and what it risks, which the operation runner adds to the plan's
+``warnings`` (so a dry run and ``--json`` show it as the apply does).
 """
 
 from __future__ import annotations
@@ -89,14 +93,27 @@ def _refuse(reasons: list[str], path: str, extra_fix: str = "") -> None:
                        fix=_fix(extra_fix))
 
 
-def refuse_if_active(ckpt: Checkpoint, force: bool, fresh_seconds: int = DEFAULT_FRESH_SECONDS) -> None:
+def forced_warning(reasons: list[str]) -> str:
+    """What ``--force`` overrode when the query looks active, and what that risks (for the plan's warnings)."""
+    return ("--force overrode the check that no query is running: the query looks active ("
+            + "; ".join(reasons) + "). If a query is running, it fails at its next batch (the files it "
+            "expects are gone or changed under it), or worse, writes a batch into the changed checkpoint and "
+            "mixes two timelines; stop it first unless you are sure it has ended")
+
+
+def refuse_if_active(ckpt: Checkpoint, force: bool, fresh_seconds: int = DEFAULT_FRESH_SECONDS) -> list[str]:
+    """Refuse if the query looks active; with ``force``, the warnings for what was overridden (module
+    docstring)."""
     reasons = active_reasons(ckpt, fresh_seconds)
     if reasons and not force:
         _refuse(reasons, ckpt.url)
+    return [forced_warning(reasons)] if reasons else []
 
 
-def refuse_if_sink_active(sink, force: bool, fresh_seconds: int = DEFAULT_FRESH_SECONDS) -> None:
+def refuse_if_sink_active(sink, force: bool, fresh_seconds: int = DEFAULT_FRESH_SECONDS) -> list[str]:
+    """``refuse_if_active`` for a sink output whose checkpoint is not known."""
     reasons = sink_active_reasons(sink, fresh_seconds)
     if reasons and not force:
         ckpt = param("checkpoint")
         _refuse(reasons, sink.url, f"; pass {ckpt} so the query's checkpoint is judged too" if ckpt else "")
+    return [forced_warning(reasons)] if reasons else []

@@ -10,6 +10,12 @@ Exit codes: 0 done/healthy, 1 findings or refused, 2 unusable input, 3 internal 
 
 from __future__ import annotations
 
+import time
+
+# When this command started, taken before anything else is imported: ``undo`` and ``resume`` act on the
+# operation that was newest then, and refuse if another command acted since (recovery.py).
+STARTED = time.time()
+
 import argparse
 import getpass
 import json
@@ -176,8 +182,11 @@ def _is_storage_client_error(e: Exception) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the console script's start is when this module was imported; a call in process (argv given) starts now
+    started = STARTED if argv is None else time.time()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.started = started
     as_json = getattr(args, "json", False)
     try:
         with fewer_collections():  # a command's big structures hold no cycles (collector.py)

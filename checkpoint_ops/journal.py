@@ -14,6 +14,7 @@ While an operation runs, the checkpoint's ``metadata`` is replaced by a fence (`
 
 from __future__ import annotations
 
+import calendar
 import json
 import time
 import uuid
@@ -53,6 +54,16 @@ def new_op_id(operation: str) -> str:
     return f"{utc_stamp()}-{operation}-{uuid.uuid4().hex[:8]}"
 
 
+def op_id_time(op_id: str) -> float | None:
+    """When the operation ``op_id`` was journaled (its ``utc_stamp``), in seconds since the epoch."""
+    stamp = op_id.split("-", 1)[0]
+    try:
+        whole, _, micros = stamp.rstrip("Z").partition(".")
+        return calendar.timegm(time.strptime(whole, "%Y%m%dT%H%M%S")) + int(micros or 0) / 1_000_000
+    except ValueError:
+        return None
+
+
 # ---- the journal ----------------------------------------------------------------------------------
 
 
@@ -73,8 +84,11 @@ class Journal:
         return self.fm.exists(self.marker(name))
 
     def mark(self, name: str, by: str | None = None) -> None:
-        """Add a marker (idempotent): when, and who (``by``: the holder of the leases, when known)."""
-        info = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **({"by": by} if by else {})}
+        """Add a marker (idempotent): when (``at``, to the second, for people; ``time``, seconds since the epoch
+        to the microsecond, for ``marked_at``), and who (``by``: the holder of the leases, when known)."""
+        now = time.time()
+        info = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)), "time": round(now, 6),
+                **({"by": by} if by else {})}
         stamp = json.dumps(info).encode()
         try:
             self.fm.write_bytes(self.marker(name), stamp, overwrite=False)
@@ -88,6 +102,18 @@ class Journal:
         except (FileNotFoundError, ValueError):
             return {}
         return doc if isinstance(doc, dict) else {}
+
+    def marked_at(self, name: str) -> float | None:
+        """When the marker was written, in seconds since the epoch (None: missing, or it does not say). A
+        marker written before ``time`` was recorded says ``at`` to the second: the end of that second, so a
+        comparison with it errs towards "marked later"."""
+        info = self.marker_info(name)
+        if isinstance(info.get("time"), (int, float)):
+            return float(info["time"])
+        try:
+            return calendar.timegm(time.strptime(str(info["at"]), "%Y-%m-%dT%H:%M:%SZ")) + 1.0
+        except (KeyError, ValueError):
+            return None
 
     def unmark(self, name: str) -> None:
         """Remove a marker (a rolled-forward undo is no longer "undoing")."""

@@ -42,7 +42,8 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   claims are removed when the new holder releases. A warning says whose lease was taken over and why; a
   refusal because of a live claim names the claim file and ``lease break``.
 * **Release** deletes the lease if it is still ours (and our takeover claims). ``lease break`` removes a
-  lease by hand, and every takeover claim beside it, journaled (``break_lease``).
+  lease by hand, and every takeover claim beside it, journaled (``lease_break.py``), never one a live process
+  on this host holds.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 from .errors import RefusedError
-from .liveness import Heartbeat, Holder, default_ttl, process_start
+from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
 from .storage import CheckpointFileManager, FileChangedError
 from .storage.paths import basename, dirname, join
@@ -352,7 +353,7 @@ def acquire(fm: CheckpointFileManager, root: str, owner: str, what: str | None =
     ``stepwise``: see ``Lease.stepwise``."""
     what = what or fm.url(root)
     started = time.monotonic()  # no later than our record's heartbeat time: ``check`` counts from here
-    me = Holder.me(owner, ttl_s)
+    me = Holder.me(owner, ttl_s, kind=OPERATION if stepwise else RUN)  # what breaking it would do (lease_break)
     with _HELD_LOCK:  # before the record can exist: a thread of this process must never judge it left behind
         _HELD_HERE.add(me.token)
     try:

@@ -1,20 +1,30 @@
 """``checkpoint-ops lease break``: remove a lease by hand, journaled beside the root it guarded.
 
-For a holder that is hung (its heartbeat still fresh), a lease record nobody can judge, or takeover claims
-(``.checkpoint-ops.lease.takeover-*``) in the way of a stale lease: every claim beside the lease goes too,
-and claims alone (the lease already free) are removed as well, with the checksum sidecars (``..<name>.crc``)
-of all of them. A stale lease (dead pid on this host,
-lapsed heartbeat) needs no breaking: the next operation takes it over. The lease
+For a holder on another host that is hung or gone (its heartbeat still fresh), a lease record nobody can
+judge, or takeover claims (``.checkpoint-ops.lease.takeover-*``) in the way of a stale lease: every claim
+beside the lease goes too, and claims alone (the lease already free) are removed as well, with the checksum
+sidecars (``..<name>.crc``) of all of them. A stale lease (dead pid on this host, lapsed heartbeat) needs no
+breaking: the next operation takes it over. The lease
 file is moved aside like any deleted file; the journal is history only (``undoable: false``): undo never
 puts a lease back.
+
+A lease whose holder is a **live process on this host** is never broken (refused, exit 1, naming the holder):
+that process can be stopped here, after which its lease is stale and taken over by the next command, while
+breaking it would stop nothing when it is a running query (``spark.hold_lease_while_active``) or a Dagster
+run: they hold it across a run with no steps to stop at, so the query runs on, unprotected, and nothing tells
+it. A live holder on another host is broken (that is what the command is for), with a warning that says what
+follows for its kind (``Holder.kind``): an operation stops at its next heartbeat, a query or run does not.
 """
 
 from __future__ import annotations
 
+import socket
 import time
 
+from .errors import RefusedError
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseState, is_lease_file, read_lease
+from .liveness import OPERATION, RUN, Holder
 from .operation import ApplyContext, Operation, Site
 from .plan import Plan
 from .storage import open_file_manager
@@ -38,6 +48,9 @@ class LeaseBreakOperation(Operation):
         self.state = read_lease(self.fm, self.root)
 
     def plan(self, stage: bool) -> Plan:
+        holder = self.state.holder
+        if holder is not None and self.state.stale_reason is None and holder.host == socket.gethostname():
+            _refuse_live_local(self.state)
         plan = Plan(self.name, {ROOT: self.fm.url(self.root)}, None)
         names = sorted(f.name for f in self.fm.list(self.root) if not f.is_dir and is_lease_file(f.name))
         claims = [n for n in names if n.startswith(TAKEOVER_PREFIX)]
@@ -54,11 +67,8 @@ class LeaseBreakOperation(Operation):
         plan.summary["lease"] = self.state.describe()
         if claims:
             plan.summary["takeover_claims"] = len(claims)
-        holder = self.state.holder
         if holder is not None and self.state.stale_reason is None:
-            age = max(0, int(time.time() - holder.heartbeat_ms / 1000))
-            plan.warnings.append(f"its holder renewed it {age} s ago and looks alive: breaking the lease stops its "
-                                 "operation at its next heartbeat, where `checkpoint-ops resume` finishes it")
+            plan.warnings.append(_live_remote_warning(holder))
         return plan
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
@@ -68,3 +78,45 @@ class LeaseBreakOperation(Operation):
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
         return f"Broke the lease of {self.url} ({outcome.op_id}): it was {self.state.describe()}."
+
+
+_STOPS = ("breaking the lease stops its operation at its next heartbeat, where `checkpoint-ops resume` finishes "
+          "it")
+_DOES_NOT_STOP = ("breaking the lease does not stop it: it runs on, unprotected, nothing tells it, and it never "
+                  "takes the lease back, so the next command may change the checkpoint under it (the query then "
+                  "fails at its next batch, or worse); break it only if you know the query has stopped")
+
+
+def _what(holder: Holder) -> str:
+    if holder.kind == RUN:
+        return "a running query or Dagster run, which holds the lease across its whole run"
+    if holder.kind == OPERATION:
+        return "a checkpoint-ops operation"
+    return f"whatever its owner ({holder.owner}) is: its record does not say whether a query or an operation"
+
+
+def _live_remote_warning(holder: Holder) -> str:
+    age = max(0, int(time.time() - holder.heartbeat_ms / 1000))
+    head = f"its holder on host {holder.host} (pid {holder.pid}) renewed it {age} s ago and looks alive: "
+    if holder.kind == RUN:
+        return head + f"it is {_what(holder)}; {_DOES_NOT_STOP}"
+    if holder.kind == OPERATION:
+        return head + _STOPS
+    return (head + f"if it is a checkpoint-ops operation, {_STOPS}; if it is a running query or Dagster run "
+            f"(owner: {holder.owner}), {_DOES_NOT_STOP}")
+
+
+def _refuse_live_local(state: LeaseState) -> None:
+    holder = state.holder
+    if holder.kind == OPERATION:
+        stop = (f"let it finish, or stop it (kill {holder.pid}): the lease of a process gone from this host is "
+                "taken over by the next command, and `checkpoint-ops resume` (or `undo`) finishes its operation")
+    else:
+        stop = (f"stop it first (a query: query.stop(), or cancel its job or Dagster run; else kill {holder.pid}) "
+                "and wait until it has ended: it releases the lease, or the next command takes over the lease of a "
+                "process gone from this host")
+    raise RefusedError(f"the lease is held by a live process on this host: {holder.describe()}, {_what(holder)}. "
+                       "Breaking it would not stop that process"
+                       + (" (a query runs on, unprotected, and never takes the lease back)" if holder.kind != OPERATION
+                          else " until its next heartbeat, mid-way through its operation"),
+                       path=state.url, fix=f"{stop}; `lease break` is for a holder on another host, or hung there")

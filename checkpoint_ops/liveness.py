@@ -28,6 +28,11 @@ DEFAULT_TTL_S = 60.0
 TTL_ENV = "CHECKPOINT_OPS_LEASE_TTL"  # seconds; tests and slow stores may change it
 
 
+# ``Holder.kind``
+OPERATION = "operation"
+RUN = "run"
+
+
 def default_ttl() -> float:
     try:
         return max(1.0, float(os.environ.get(TTL_ENV, DEFAULT_TTL_S)))
@@ -81,13 +86,18 @@ class Holder:
     acquired_ms: int
     heartbeat_ms: int
     ttl_s: float
+    # what kind of holder: OPERATION (a command that checks its lease between steps and stops once it lost
+    # it), RUN (a streaming query or a Dagster run holding it across one run: losing it stops nothing), or
+    # None (not said: a record written before 0.2, a backup intent, a prune lock)
+    kind: str | None = None
 
     @classmethod
-    def me(cls, owner: str, ttl_s: float | None = None, now: float | None = None) -> "Holder":
+    def me(cls, owner: str, ttl_s: float | None = None, now: float | None = None,
+           kind: str | None = None) -> "Holder":
         ms = _now_ms(now)
         pid = os.getpid()
         return cls(owner, socket.gethostname(), pid, process_start(pid), uuid.uuid4().hex, ms, ms,
-                   default_ttl() if ttl_s is None else float(ttl_s))
+                   default_ttl() if ttl_s is None else float(ttl_s), kind)
 
     def renewed(self, now: float | None = None) -> "Holder":
         return replace(self, heartbeat_ms=_now_ms(now))
@@ -121,7 +131,8 @@ class Holder:
         try:
             return cls(str(doc["owner"]), str(doc["host"]), int(doc["pid"]),
                        None if doc.get("pid_start") is None else str(doc["pid_start"]), str(doc["token"]),
-                       int(doc["acquired_ms"]), int(doc["heartbeat_ms"]), float(doc["ttl_s"]))
+                       int(doc["acquired_ms"]), int(doc["heartbeat_ms"]), float(doc["ttl_s"]),
+                       doc["kind"] if doc.get("kind") in (OPERATION, RUN) else None)
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -6,7 +6,7 @@ backup destination), a plan builder, and the hooks its apply needs. ``run`` does
 
     take the lease of every site
       → read what the plan needs (never before the lease: another writer may have been mid-way)
-      → refuse if the query looks active
+      → refuse if the query looks active (``--force``: go on, and the plan's warnings say what was overridden)
       → plan
       → dry-run: return the plan, change nothing
       → confirm (``yes``, the exact ``plan_hash`` reviewed, or a person at a prompt)
@@ -102,8 +102,9 @@ class Operation(abc.ABC):
         """Roots known only once opened (an undo's are in its journal); leased before planning."""
         return []
 
-    def check_active(self, force: bool) -> None:
-        """Refuse (``RefusedError``) if the query looks active, unless ``force``."""
+    def check_active(self, force: bool) -> list[str] | None:
+        """Refuse (``RefusedError``) if the query looks active, unless ``force``: then return warnings saying
+        what was overridden and what it risks (``run`` adds them to the plan's warnings)."""
 
     @abc.abstractmethod
     def plan(self, stage: bool) -> Plan:
@@ -245,8 +246,9 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResul
     if options.warn is not None:
         for note in notes:
             options.warn(note)
-    op.check_active(options.force)  # a dry run, too, says what applying would meet
+    overridden = op.check_active(options.force) or []  # a dry run, too, says what applying would meet
     plan = op.plan(stage=not options.dry_run)
+    plan.warnings[:0] = [w for w in overridden if w not in plan.warnings]  # shown, and in --json, as any warning
     where = op.sites()[0].url if op.sites() else None
     try:
         if options.dry_run or op.nothing_to_do(plan):

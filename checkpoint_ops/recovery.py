@@ -23,6 +23,8 @@ history only).
 
 from __future__ import annotations
 
+import time
+
 from .activity import refuse_if_active
 from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .executor import (
@@ -36,7 +38,7 @@ from .executor import (
     reopen,
 )
 from .fence import is_fence, parse_fence
-from .journal import Journal, load_journal, scan_journals
+from .journal import Journal, load_journal, op_id_time, scan_journals
 from .ledger import ledger_at
 from .model.checkpoint import Checkpoint
 from .model.sink import SINK_LOG_DIR
@@ -96,6 +98,10 @@ def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
     raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))
 
 
+def _utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
 def _describe(journal: Journal) -> str:
     rec = journal.record
     target = rec["plan"].get("target_batch")
@@ -115,10 +121,18 @@ class _JournalOperation(Operation):
     Which operation it acts on is decided when the command starts (``precheck``: the newest, or the one
     ``op_id`` names) and checked again under the lease (``open``): another command that held the lease first
     may have undone, finished or added one since, and acting on whatever is newest *then* would undo (or
-    finish) an operation nobody asked for. A mismatch is refused (exit 1, nothing changed)."""
+    finish) an operation nobody asked for. A mismatch is refused (exit 1, nothing changed).
+
+    ``precheck`` runs only after the command has started up, which on a loaded machine can take longer than a
+    whole undo: another undo started together may have finished by then, and the newest operation ``precheck``
+    sees is already the one before. So the command's own start (``started``: the CLI records it before anything
+    is imported) counts too: under the lease, an operation that was undone or dropped at or after that time by
+    another command (its marker's ``time``), newer than or equal to the one this would act on, or one journaled
+    at or after that time (its op id's stamp), is refused the same way: it was not what was newest when this
+    command started."""
 
     def __init__(self, url: str, storage_options: dict | None = None, source_compact_interval: int = 10,
-                 op_id: str | None = None):
+                 op_id: str | None = None, started: float | None = None):
         self.url = url
         self.storage_options = storage_options
         self.source_compact_interval = source_compact_interval
@@ -130,6 +144,7 @@ class _JournalOperation(Operation):
         self.state = ""
         self.ex: Executor | None = None
         self.target: str | None = None  # the op id resolved when the command started (NOTHING: none)
+        self.started = time.time() if started is None else started  # when the command started (class docstring)
 
     def sites(self) -> list[Site]:
         return [Site(self.fm, self.root, self.url)]
@@ -180,6 +195,36 @@ class _JournalOperation(Operation):
             return
         if self.target is not None and self.journal.op_id != self.target:
             self._refusal = self._moved_on(self.journal)
+        else:
+            self._refusal = self._acted_since_start()
+
+    def _acted_since_start(self) -> RefusedError | None:
+        """The refusal when another command acted here after this one started (class docstring), else None."""
+        mine = self.journal
+        again = f"run `checkpoint-ops {self.want} {self.anchor.url}` again to see what is newest now"
+        since = f"after this {self.want} started ({_utc(self.started)})"
+        journaled = op_id_time(mine.op_id)
+        if self.op_id is None and journaled is not None and journaled >= self.started:
+            return RefusedError(f"operation {_describe(mine)} was journaled {since}, by another command: it is not "
+                                f"what was newest when this {self.want} started", path=self.anchor.url, fix=again)
+        journals = scan_journals(self.anchor.fm, self.anchor.ops)
+        for path, markers in journals.items():
+            if path.rsplit("/", 1)[-1] < mine.op_id:
+                continue  # older than the one this acts on: it did not decide what was newest
+            for marker, done in (("undone", "undone"), ("abandoned", "dropped as stale")):
+                if marker not in markers:
+                    continue
+                other = load_journal(self.anchor.fm, path)
+                at = other.marked_at(marker)
+                if at is not None and at >= self.started:
+                    info = other.marker_info(marker)
+                    by = f" by {info['by']}" if info.get("by") else " by another command"
+                    return RefusedError(
+                        f"operation {_describe(other)} was {done}{by} at {_utc(at)}, {since}: "
+                        f"what was newest then is changed, and this {self.want} would act on {_describe(mine)}, "
+                        f"which it was not started for (two `{self.want}` started together act on one operation, "
+                        "not two)", path=self.anchor.url, fix=again)
+        return None
 
     def _moved_on(self, newest: Journal | None, otherwise: RefusedError | None = None) -> RefusedError:
         """The refusal when the operation resolved at the start is not the one to act on under the lease
@@ -221,11 +266,10 @@ class _JournalOperation(Operation):
                 out.append(Site(fm, root, url))
         return out
 
-    def check_active(self, force: bool) -> None:
+    def check_active(self, force: bool) -> list[str]:
         if self._refusal is not None:
             raise self._refusal
-        if self.ckpt is not None:
-            refuse_if_active(self.ckpt, force)
+        return refuse_if_active(self.ckpt, force) if self.ckpt is not None else []
 
     def _executor(self, ctx: ApplyContext | None = None) -> Executor:
         if self.ex is None:

@@ -589,8 +589,8 @@ class RollbackOperation(Operation):
                       for (fm, root), url in zip(self.sink_fms, self.sink_urls)]
         self.ledger = ledger_or_none(self.ckpt)
 
-    def check_active(self, force: bool) -> None:
-        refuse_if_active(self.ckpt, force)
+    def check_active(self, force: bool) -> list[str]:
+        return refuse_if_active(self.ckpt, force)
 
     def plan(self, stage: bool) -> Plan:
         recorded = RecordedSinksCheck(self.storage_options, self.sink_compact_interval, self.without_recorded_sinks)

@@ -464,7 +464,8 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
                 drop_every_batch: bool = False) -> Plan:
     """Drop whole batches from every log file on disk (readers, the next compaction and rollbacks all
     stop seeing them) and optionally their data files. A rule that reaches the log's last batch would drop
-    every batch (Spark's readers then find no file of the output): refused unless ``drop_every_batch``."""
+    every batch (Spark's readers then find no file of the output): refused unless ``drop_every_batch``, and then
+    the plan warns what was overridden."""
     if (keep_after_batch is None) == (older_than_s is None):
         raise BadInputError("give exactly one of --keep-after-batch N and --older-than DURATION")
     sink, log = ctx.sink, ctx.sink.log
@@ -501,9 +502,13 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
             unknown.append(path)
         return verdict is not False
 
-    if not drop_every_batch:
+    try:
         _refuse_dropping_every_batch(sink, log, rule, keep_after_batch, drop_batches)
         _refuse_dropping_every_visible_file(sink, log, rule, known, drop_batches, kept)
+    except RefusedError as e:
+        if not drop_every_batch:
+            raise
+        plan.warnings.append(f"--force overrode a refusal: {e.problem}")  # emptied on purpose, never silently
 
     reason = f"entries of {rule} dropped (batch-granular retention)"
     for b in sorted(log.files):
@@ -713,11 +718,10 @@ class _SinkOperation(Operation):
         self.ctx = open_context(self.output_url, self.checkpoint_url, self.storage_options, self.compact_interval,
                                 data=self.data)
 
-    def check_active(self, force: bool) -> None:
+    def check_active(self, force: bool) -> list[str]:
         if self.ctx.ckpt is not None:
-            refuse_if_active(self.ctx.ckpt, force)
-        else:
-            refuse_if_sink_active(self.ctx.sink, force)
+            return refuse_if_active(self.ctx.ckpt, force)
+        return refuse_if_sink_active(self.ctx.sink, force)
 
     def plan(self, stage: bool) -> Plan:
         if stage:
@@ -788,9 +792,10 @@ class SinkOrphansOperation(_SinkOperation):
         super().__init__(output_url, checkpoint_url, **kw)
         self.min_age_s, self.delete, self.quarantine = min_age_s, delete, quarantine
 
-    def check_active(self, force: bool) -> None:
+    def check_active(self, force: bool) -> list[str]:
         if self.delete or self.quarantine:  # a listing alone changes nothing, whoever writes meanwhile
-            super().check_active(force)
+            return super().check_active(force)
+        return []
 
     def build(self, stage: bool) -> Plan:
         return plan_orphans(self.ctx, self.min_age_s, self.delete, self.quarantine)

@@ -15,8 +15,8 @@ def cmd_rollback(args) -> int:
     if args.resume:  # the older spelling of `resume`, for a rollback
         if args.to_batch is not None or args.to_time is not None:
             raise BadInputError("--resume finishes the interrupted rollback's own plan: drop --to-batch/--to-time")
-        return run_operation(args, ResumeOperation(args.checkpoint, opts, args.source_compact_interval),
-                             extra={"resumed": True})
+        return run_operation(args, ResumeOperation(args.checkpoint, opts, args.source_compact_interval,
+                                                   started=args.started), extra={"resumed": True})
     if args.to_batch is None and args.to_time is None:
         raise BadInputError("give --to-batch N or --to-time ISO8601 (or --resume)")
     to_time = parse_time(args.to_time, "--to-time") if args.to_time else None
@@ -30,13 +30,13 @@ def cmd_undo(args) -> int:
     from ..recovery import UndoOperation
 
     return run_operation(args, UndoOperation(args.checkpoint, storage_options(args), args.source_compact_interval,
-                                             op_id=args.op))
+                                             op_id=args.op, started=args.started))
 
 
 def cmd_resume(args) -> int:
     from ..recovery import ResumeOperation
 
-    op = ResumeOperation(args.checkpoint, storage_options(args), args.source_compact_interval)
+    op = ResumeOperation(args.checkpoint, storage_options(args), args.source_compact_interval, started=args.started)
     return run_operation(args, op, extra={"resumed": True})
 
 
