@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 import dagster as dg
 from pydantic import Field
 
+from checkpoint_ops.errors import CheckpointOpsError
+
 from dagster_checkpoint_ops.backups import FRESHNESS_CHECK, backup_job, freshness_check, freshness_result, freshness_spec
 from dagster_checkpoint_ops.compaction import compaction_job
 from dagster_checkpoint_ops.drill import CHECK as DRILL_CHECK
@@ -95,21 +97,32 @@ def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
                     check_specs=[health_spec(query), freshness_spec(query), drill_spec(query)])
     def _asset(context: dg.AssetExecutionContext, config: ReprocessConfig, spark: SparkResource,
                checkpoint_files: CheckpointFileManagerResource, streaming_settings: StreamingSettings):
-        findings = None  # the health check runs fsck, unless the materialization's pass just did
-        if key in context.selected_asset_keys:
-            warn_if_pool_unlimited(context)
-            materialized = run_stream(context, query, config, spark.spark_session, checkpoint_files)
-            findings = materialized.findings
-            yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
-        wanted = {check.name for check in context.selected_asset_check_keys}
-        if HEALTH_CHECK in wanted:
-            yield health_result(query, checkpoint_files, findings)
-        if FRESHNESS_CHECK in wanted:
-            yield freshness_result(query, streaming_settings, checkpoint_files)
-        if DRILL_CHECK in wanted:
-            yield drill_result(query, streaming_settings, checkpoint_files)
+        try:
+            findings = None  # the health check runs fsck, unless the materialization's pass just did
+            if key in context.selected_asset_keys:
+                warn_if_pool_unlimited(context)
+                materialized = run_stream(context, query, config, spark.spark_session, checkpoint_files)
+                findings = materialized.findings
+                yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
+            wanted = {check.name for check in context.selected_asset_check_keys}
+            if HEALTH_CHECK in wanted:
+                yield health_result(query, checkpoint_files, findings)
+            if FRESHNESS_CHECK in wanted:
+                yield freshness_result(query, streaming_settings, checkpoint_files)
+            if DRILL_CHECK in wanted:
+                yield drill_result(query, streaming_settings, checkpoint_files)
+        except CheckpointOpsError as e:  # the library's reason, not a traceback
+            raise step_failure(query, e) from None
 
     return _asset
+
+
+def step_failure(query: StreamingQuery, e: CheckpointOpsError) -> dg.Failure:
+    """A library refusal in the asset's step, as Dagster shows a failure: the asset, where it looked, the reason."""
+    return dg.Failure(
+        description=f"asset {query.name}: {e.render()}\n  the asset's checkpoint: {query.checkpoint}; its declared "
+        f"sinks (the StreamingQuery sinks= argument, or the component's YAML sinks: field): {list(query.sinks)}",
+        metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""})
 
 
 def external_asset(query: StreamingQuery) -> dg.AssetSpec:
