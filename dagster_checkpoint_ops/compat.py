@@ -21,6 +21,7 @@ import dagster as dg
 from checkpoint_ops.compat import CHECK, FAILS, SILENT, CompatReport, accept, build_writer, check_compat
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.model import Checkpoint
+from checkpoint_ops.query_profile import SinkProfile
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class CompatStep:
 
     metadata: dict
     writer: Optional[Any] = field(default=None, repr=False)
+    sink: Optional[SinkProfile] = None  # the writer's sink as Spark was given it (None: not read, the check skipped)
 
 
 def check_before_run(context, query, config, spark, files) -> CompatStep:
@@ -63,7 +65,9 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
         accept(ckpt, report)
     except CheckpointOpsError as e:  # no place beside the checkpoint (a bucket root): the next run judges again
         context.log.warning(f"{query.name}: query profile not recorded: {e.render()}")
-    return CompatStep(md, writer if report.judge is None else None)  # a judged writer was changed (noop sink)
+    # a judged writer was changed (noop sink); its sink is read before the judge, as built
+    return CompatStep(md, writer if report.judge is None else None,
+                      report.query.sink if report.query is not None else None)
 
 
 def report_metadata(report: CompatReport) -> dict:

@@ -20,7 +20,9 @@ from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.operation import RunOptions, run
+from checkpoint_ops.pairing import same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
+from checkpoint_ops.query_profile import describe_query
 from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.storage.paths import join
 from checkpoint_ops.timeline import batch_times
@@ -148,9 +150,42 @@ def release_state_stores(spark, stateful: bool) -> None:
     time.sleep(min(interval + 1, 120))
 
 
-def run_query(context, query, spark, files, writer=None) -> list[dict]:
+SINKS_FIELD = "sinks (the StreamingQuery sinks= argument, or the component's YAML sinks: field)"
+
+
+def _writer_sink(spark, writer, sink=None):
+    """The writer's sink (kind and path as Spark was given them), None when it cannot be read."""
+    if sink is not None:
+        return sink
+    try:
+        return describe_query(spark, writer).sink
+    except Exception:  # another Spark's writer: the sink stays unknown, the run checks the sinks after it
+        return None
+
+
+def refuse_undeclared_sink(query, sink) -> None:
+    """A file-sink writer whose output directory is not the declared one: the run would commit batches to
+    one directory while rollback, backup, compaction and the checks work on another. Refused before the
+    query starts (nothing changed)."""
+    if sink is None or sink.kind != "file" or not sink.path or not query.sinks:
+        return
+    wrong = [s for s in query.sinks if not same_location(s, sink.path)]
+    if not wrong:
+        return
+    what = (f"declares {list(query.sinks)}, not the directory the query writes" if len(wrong) == len(query.sinks)
+            else f"also declares {wrong}, which the query does not write (it has one sink)")
+    raise dg.Failure(
+        description=f"asset {query.name}: its query writes its file sink to {sink.path}, but the asset's {SINKS_FIELD} "
+        f"{what}. Refused before the query started: nothing ran, nothing changed. Fix: set sinks to "
+        f"[{sink.path!r}] (the writer's option('path')), or correct the path in the query's writer.",
+        metadata={"writer_sink": sink.path, "declared_sinks": dg.MetadataValue.json(list(query.sinks))})
+
+
+def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict]:
     """Start the user's writer on the query's checkpoint with Trigger.AvailableNow (the run holds the
-    checkpoint's lease). ``writer``: the one the compat step built and left as built (else built here)."""
+    checkpoint's lease). ``writer``: the one the compat step built and left as built (else built here);
+    ``sink``: its sink as the compat step read it (else read here). A file sink other than the declared one
+    is refused before the query starts."""
     _refuse_if_fenced(query, files)
     spark.conf.set(NUM_PROGRESS, "100000")  # metadata covers every batch of the run
     with query_spark_conf(spark, query):
@@ -159,6 +194,7 @@ def run_query(context, query, spark, files, writer=None) -> list[dict]:
         if not (hasattr(writer, "start") and hasattr(writer, "trigger")):
             raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
                              f"(df.writeStream...), not {type(writer).__name__}")
+        refuse_undeclared_sink(query, _writer_sink(spark, writer, sink))
         started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
         try:
             started.awaitTermination()
@@ -229,14 +265,33 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
             compat = check_before_run(context, query, config, spark, files)
         md.update(compat.metadata)
-        progress = run_query(context, query, spark, files, compat.writer)  # the query built once
+        progress = run_query(context, query, spark, files, compat.writer, compat.sink)  # the query built once
         md.update(undo_metadata(query, md, progress))
-        with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
-            described, findings = describe(query, files, progress)
+        try:
+            with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
+                described, findings = describe(query, files, progress)
+        except CheckpointOpsError as e:
+            raise after_run_failure(query, e, progress) from None
         md.update(described)
         leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
     return StreamRun(md, findings)
+
+
+def after_run_failure(query, e: CheckpointOpsError, progress: list[dict]) -> dg.Failure:
+    """The query ran, but what follows it (ledger sync, inspection of the checkpoint and the declared sinks)
+    refused: say what already happened, then the library's reason and what to do."""
+    batches = [p["batchId"] for p in progress]
+    ran = (f"the query ran and committed batches {batches[0]}..{batches[-1]} (its checkpoint and output moved on "
+           "and stay so; the next run continues after them)" if batches else "the query ran (no new input)")
+    return dg.Failure(
+        description=f"asset {query.name}: {ran}, but checking its checkpoint {query.checkpoint} and its declared "
+        f"{SINKS_FIELD} {list(query.sinks)} after the run failed, so no materialization was recorded: {e.render()}"
+        f"\n  the declared sinks must be the output directories of the query's file sinks (empty for foreachBatch, "
+        "Kafka and other sinks): correct them and run again",
+        metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or "",
+                  "declared_sinks": dg.MetadataValue.json(list(query.sinks)),
+                  "batches_committed": dg.MetadataValue.json(batches)})
 
 
 def _input_rows(progress: dict) -> int:

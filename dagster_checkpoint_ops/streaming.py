@@ -20,10 +20,13 @@ from any batch in reach; ``dry_run`` only records the plan.
 """
 
 import os
+import warnings
 from typing import Optional, Sequence
 
 import dagster as dg
 from pydantic import Field
+
+from checkpoint_ops.errors import CheckpointOpsError
 
 from dagster_checkpoint_ops.backups import FRESHNESS_CHECK, backup_job, freshness_check, freshness_result, freshness_spec
 from dagster_checkpoint_ops.compaction import compaction_job
@@ -95,21 +98,32 @@ def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
                     check_specs=[health_spec(query), freshness_spec(query), drill_spec(query)])
     def _asset(context: dg.AssetExecutionContext, config: ReprocessConfig, spark: SparkResource,
                checkpoint_files: CheckpointFileManagerResource, streaming_settings: StreamingSettings):
-        findings = None  # the health check runs fsck, unless the materialization's pass just did
-        if key in context.selected_asset_keys:
-            warn_if_pool_unlimited(context)
-            materialized = run_stream(context, query, config, spark.spark_session, checkpoint_files)
-            findings = materialized.findings
-            yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
-        wanted = {check.name for check in context.selected_asset_check_keys}
-        if HEALTH_CHECK in wanted:
-            yield health_result(query, checkpoint_files, findings)
-        if FRESHNESS_CHECK in wanted:
-            yield freshness_result(query, streaming_settings, checkpoint_files)
-        if DRILL_CHECK in wanted:
-            yield drill_result(query, streaming_settings, checkpoint_files)
+        try:
+            findings = None  # the health check runs fsck, unless the materialization's pass just did
+            if key in context.selected_asset_keys:
+                warn_if_pool_unlimited(context)
+                materialized = run_stream(context, query, config, spark.spark_session, checkpoint_files)
+                findings = materialized.findings
+                yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
+            wanted = {check.name for check in context.selected_asset_check_keys}
+            if HEALTH_CHECK in wanted:
+                yield health_result(query, checkpoint_files, findings)
+            if FRESHNESS_CHECK in wanted:
+                yield freshness_result(query, streaming_settings, checkpoint_files)
+            if DRILL_CHECK in wanted:
+                yield drill_result(query, streaming_settings, checkpoint_files)
+        except CheckpointOpsError as e:  # the library's reason, not a traceback
+            raise step_failure(query, e) from None
 
     return _asset
+
+
+def step_failure(query: StreamingQuery, e: CheckpointOpsError) -> dg.Failure:
+    """A library refusal in the asset's step, as Dagster shows a failure: the asset, where it looked, the reason."""
+    return dg.Failure(
+        description=f"asset {query.name}: {e.render()}\n  the asset's checkpoint: {query.checkpoint}; its declared "
+        f"sinks (the StreamingQuery sinks= argument, or the component's YAML sinks: field): {list(query.sinks)}",
+        metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""})
 
 
 def external_asset(query: StreamingQuery) -> dg.AssetSpec:
@@ -204,7 +218,7 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
         "streaming_settings": StreamingSettings(home=home, backup_url=backup_url, backup_keep_last=backup_keep_last,
                                                 backup_max_age=backup_max_age, sink_retention=sink_retention),
     }
-    resources = {key: same_resource(value) for key, value in resources.items()}
+    resources = {key: same_resource(value, key, scope) for key, value in resources.items()}
     # One process per run: Spark starts once, in the run's process, not once per step.
     return dg.Definitions(assets=assets, asset_checks=checks, jobs=jobs, schedules=schedules, sensors=sensors,
                           resources=resources, executor=dg.in_process_executor)
@@ -213,8 +227,36 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
 _RESOURCES: dict[tuple[str, str], dg.ConfigurableResource] = {}
 
 
-def same_resource(resource: dg.ConfigurableResource) -> dg.ConfigurableResource:
+# per resource key, the last one made by Python definitions (scope None) and by a component (its scope)
+_LAST: dict[str, dict[bool, tuple[Optional[str], dg.ConfigurableResource]]] = {}
+
+def same_resource(resource: dg.ConfigurableResource, key: Optional[str] = None,
+                  scope: Optional[str] = None) -> dg.ConfigurableResource:
     """An equal resource made earlier, else this one: ``dg.Definitions.merge`` accepts two sets of definitions
-    with a resource key only when both hold the very same object."""
-    key = (type(resource).__qualname__, repr(resource))
-    return _RESOURCES.setdefault(key, resource)
+    with a resource key only when both hold the very same object. A component (``scope``) always makes the
+    default shared settings: when Python definitions in this process customised them, the merge of the two
+    will refuse, so this warns first, naming the differing arguments and what to do."""
+    resource = _RESOURCES.setdefault((type(resource).__qualname__, repr(resource)), resource)
+    if key is not None:
+        mine = _LAST.setdefault(key, {})
+        mine[scope is not None] = (scope, resource)
+        other = mine.get(scope is None)
+        if other is not None and other[1] is not resource:
+            warn_differing(key, *((scope, resource), other)[:: 1 if scope is None else -1])
+    return resource
+
+
+def warn_differing(key: str, python: tuple, component: tuple) -> None:
+    """Say which shared setting differs between Python definitions and a component, before Dagster's merge
+    refuses with only the resource key."""
+    (_, mine), (name, theirs) = python, component
+    fields = [f for f in type(mine).model_fields if getattr(mine, f, None) != getattr(theirs, f, None)]
+    warnings.warn(
+        f"streaming_definitions({', '.join(f'{f}=...' for f in fields)}) customises the shared resource '{key}' "
+        f"({', '.join(f'{f}={getattr(mine, f, None)!r}' for f in fields)}), but StreamingQueryComponent '{name}' "
+        f"uses the defaults ({', '.join(f'{f}={getattr(theirs, f, None)!r}' for f in fields)}): "
+        f"dg.Definitions.merge of the two fails with \"different resources with same key '{key}'\". Components "
+        "take no shared settings: in a code location with components, leave these arguments at their defaults and "
+        "set them per query (StreamingQuery backup_url=, sink_retention=, spark_config=; YAML backup_url:, "
+        "retention:, spark_config:) or the home through $CHECKPOINT_OPS_HOME; see docs/dagster.md.",
+        UserWarning, stacklevel=3)

@@ -1,0 +1,75 @@
+"""The asset's declared sinks (``sinks=`` / YAML ``sinks:``) against the query's real sink: a typo is refused
+before the query starts; a refusal after the run says what already happened, as a Failure, not a traceback."""
+
+import os
+
+import pytest
+
+from pipelines.event_counts import counts_writer, write_event_files
+from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
+from tests.dagster_queries import totals_query
+from tests.spark_runs import FLAVOURS, SESSION_CONF
+from tests.test_dagster_streaming import instance, materialize  # noqa: F401 (instance: the module's fixture)
+
+
+def failure_description(result) -> str:
+    (failure,) = result.get_step_failure_events()
+    data = failure.step_failure_data
+    assert data.user_failure_data is not None, f"not a dg.Failure: {data.error.to_string()[:3000]}"
+    return data.user_failure_data.description
+
+
+def listing(*roots: str) -> dict:
+    return {root: sorted(os.listdir(root)) if os.path.isdir(root) else None for root in roots}
+
+
+@pytest.mark.parametrize("skip_compat_check", [False, True])
+def test_a_sink_path_typo_is_refused_before_the_query_starts(spark, tmp_path, instance, skip_compat_check):
+    """The writer writes ``output``, the asset declares ``outputt``: the run fails before Spark starts (with the
+    compat check, which read the writer, and without it), naming the asset, both paths and the field to fix;
+    no batch is committed, no directory is made. With the sink corrected the same input runs."""
+    base = str(tmp_path / "q")
+    inp, out, typo = (os.path.join(base, d) for d in ("input", "output", "outputt"))
+    ckpt = os.path.join(base, "checkpoint")
+
+    def build(spark):
+        for k, v in FLAVOURS["hdfs"].items():
+            spark.conf.set(k, v)
+        return counts_writer(spark, inp, out)
+
+    name = f"typo_{int(skip_compat_check)}"
+    config = {"skip_compat_check": True} if skip_compat_check else {}
+    defs = streaming_definitions([StreamingQuery(name=name, build=build, checkpoint=ckpt, sinks=[typo])],
+                                 home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    write_event_files(inp, 0, 2)
+    result = materialize(defs, name, instance, **config)
+    assert not result.success
+    description = failure_description(result)
+    assert description.startswith(f"asset {name}: its query writes its file sink to {out}"), description
+    assert str([typo]) in description and "sinks=" in description and "YAML sinks:" in description, description
+    assert "nothing ran, nothing changed" in description and f"[{out!r}]" in description, description
+    assert listing(ckpt, out, typo) == {ckpt: None, out: None, typo: None}
+
+    fixed = streaming_definitions([StreamingQuery(name=name, build=build, checkpoint=ckpt, sinks=[out])],
+                                  home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    assert materialize(fixed, name, instance, **config).success
+    assert "_spark_metadata" in os.listdir(out)
+
+
+def test_a_refusal_after_the_run_is_a_failure_saying_what_ran(spark, tmp_path, instance):
+    """A foreachBatch query (its sink's path unknown before it runs) with a declared sink it never writes: the
+    batches commit, then the check of the declared sinks refuses. The step fails with a dg.Failure naming the
+    asset, the declared sinks, the field and the committed batches, not with the library's traceback."""
+    base = str(tmp_path / "q")
+    query = totals_query(base, name="totals_bad_sink")
+    wrong = os.path.join(base, "no-such-output")
+    query = StreamingQuery(name=query.name, build=query.build, checkpoint=query.checkpoint, sinks=[wrong])
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    write_event_files(os.path.join(base, "input"), 0, 2)
+    result = materialize(defs, query.name, instance)
+    assert not result.success
+    description = failure_description(result)
+    assert description.startswith("asset totals_bad_sink: the query ran and committed batches 0..1"), description
+    assert str([wrong]) in description and "sinks=" in description and "YAML sinks:" in description, description
+    assert "no such sink output directory" in description and "correct them and run again" in description
+    assert sorted(f for f in os.listdir(os.path.join(query.checkpoint, "commits")) if not f.startswith(".")) == ["0", "1"]
