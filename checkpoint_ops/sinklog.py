@@ -566,8 +566,8 @@ def _refuse_dropping_every_visible_file(sink: SinkOutput, log: CompactibleLog, r
         return  # a log that cannot be read as of its latest batch is refused by ``_check_log``
     deleted = {e.path for e in entries if e.doc.get("action") == "delete"}
     visible = [e for e in entries if e.doc.get("action", "add") != "delete" and e.path not in deleted]
-    if not visible or any(kept(e.path.encode(), int(e.doc.get("modificationTime") or 0)) is not False
-                          for e in visible):
+    staying = [e for e in visible if kept(e.path.encode(), int(e.doc.get("modificationTime") or 0)) is not False]
+    if not visible or _any_holds_rows(sink, staying):
         return
     paths = {e.path for e in visible}
     wrote = [b for b in drop_batches if any(e.path in paths for e in known[b])]
@@ -580,11 +580,45 @@ def _refuse_dropping_every_visible_file(sink: SinkOutput, log: CompactibleLog, r
         keep = f"batch {wrote[-1]} wrote the only files readers see: there is nothing older to drop"
     else:
         keep = f"a shorter {param('older_than')} keeps the files readers see"
-    raise RefusedError(f"dropping {rule} drops every file Spark's readers see in the output ({len(visible)}): the "
-                       f"batches it keeps ({span}) list no data file (batches that wrote nothing), so readers would "
-                       "find none (spark.read fails with [UNABLE_TO_INFER_SCHEMA]; given a schema, it reads no row) "
+    kept_files = (f"list no data file" if not staying else
+                  f"list only files without a row ({len(staying)}: Spark writes one for a batch that kept no row)")
+    raise RefusedError(f"dropping {rule} drops every file with rows Spark's readers see in the output "
+                       f"({len(visible) - len(staying)}): the batches it keeps ({span}) {kept_files}, so readers "
+                       "would read no row (without a data file, spark.read fails with [UNABLE_TO_INFER_SCHEMA]) "
                        "until the query writes again",
                        path=sink.url, fix=f"{keep}; to empty the output on purpose, run it again with --force")
+
+
+_ROW_CHECKS = 20  # data files a retention opens, newest first, to find one with rows (a footer read each)
+
+
+def _any_holds_rows(sink: SinkOutput, entries: list) -> bool:
+    """Whether some of the data files ``entries`` name hold a row, as far as can be told cheaply: an empty file
+    holds none; a Parquet file says how many in its footer (read with pyarrow when it is installed); any other
+    file, or one that cannot be read, counts as holding rows (never a refusal on a guess). The newest
+    ``_ROW_CHECKS`` files are opened at most: a retention's kept batches that all wrote nothing are few."""
+    for e in sorted(entries, key=lambda e: int(e.doc.get("modificationTime") or 0), reverse=True)[:_ROW_CHECKS]:
+        if _rows_in(sink, e) != 0:
+            return True
+    return len(entries) > _ROW_CHECKS
+
+
+def _rows_in(sink: SinkOutput, e) -> int | None:
+    """Rows in the data file of entry ``e``: 0 for an empty file, a Parquet footer's count, else None."""
+    if int(e.doc.get("size") or 0) == 0:
+        return 0
+    rel = sink.rel_of(e)
+    if rel is None or not rel.endswith(".parquet"):
+        return None
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        return None
+    try:
+        with sink.fm.open_read(join(sink.root, rel)) as f:
+            return pq.ParquetFile(f).metadata.num_rows
+    except Exception:  # noqa: BLE001 - unreadable here: counts as holding rows (fsck judges the file)
+        return None
 
 
 def _batch_time_ms(ctx: SinkContext, b: int, entries) -> float:

@@ -90,7 +90,7 @@ def test_retain_refuses_to_keep_only_batches_that_wrote_nothing(quiet_at_the_end
     code, r = cli_json("sink", "retain", out, "--checkpoint", ckpt, "--keep-after-batch", "3", "--delete-files",
                        "--yes")
     assert code == 1 and r["error"] == "RefusedError", r
-    assert "drops every file Spark's readers see in the output (4)" in r["problem"], r
+    assert "drops every file with rows Spark's readers see in the output (4)" in r["problem"], r
     assert "the batches it keeps (batches 4..5) list no data file" in r["problem"], r
     assert "--keep-after-batch 2 or lower keeps batch 3, the newest that wrote a file readers see" in r["fix"], r
     assert r["path"] == out and "--force" in r["fix"], r
@@ -116,7 +116,7 @@ def test_retain_older_than_refuses_to_keep_only_batches_that_wrote_nothing(quiet
     ctx = open_context(out, ckpt)
     with pytest.raises(RefusedError) as refused:
         plan_retain(ctx, older_than_s=100, now=now)
-    assert "drops every file Spark's readers see" in refused.value.problem, refused.value.problem
+    assert "drops every file with rows Spark's readers see" in refused.value.problem, refused.value.problem
     assert "--keep-after-batch 2 or lower keeps batch 3" in refused.value.fix, refused.value.fix
     plan = plan_retain(ctx, older_than_s=101, now=now)  # batch 3 (at + 3 s) is kept: its file stays
     assert "3 batches (0..2)" in plan.summary["retain"], plan.summary
