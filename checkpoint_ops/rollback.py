@@ -60,6 +60,30 @@ from .window import rollback_window
 CKPT = "checkpoint"
 
 
+def no_data_next(ck: Checkpoint, t: int, ledger=None) -> tuple[OffsetSeq, OffsetSeq] | None:
+    """(``offsets/N``, ``offsets/N+1``) if batch N+1 (``t + 1``) is a no-data batch (module docstring): its
+    source offsets are batch N's. None if it is not, or if either cannot be read (then N+1 goes, as any batch
+    above N). A rollback to N keeps it planned; a backup cut at N takes it (``backup/create.py``)."""
+    if t + 1 not in ck.offset_files or (t not in ck.offset_files and ledger is None):
+        return None
+    try:
+        after = ck.offsets(t + 1)
+        before = ck.offsets(t) if t in ck.offset_files else ledger.offsets(t)
+    except (LogFormatError, OSError, ValueError, KeyError):
+        return None
+    if before is None or after is None or not after.offsets:
+        return None
+    same = [(o.source_id, o.value) for o in after.offsets] == [(o.source_id, o.value) for o in before.offsets]
+    return (before, after) if same else None
+
+
+def no_data_note(t: int, before: OffsetSeq, after: OffsetSeq) -> str:
+    """What keeping ``offsets/{t + 1}`` of a no-data batch means, for a plan's or a backup's summary."""
+    return (f"offsets/{t + 1}: batch {t + 1} is a no-data batch (the source offsets of batch {t}; watermark "
+            f"{_ms(before.watermark_ms)} -> {_ms(after.watermark_ms)}): it stays planned, and Spark runs it "
+            "again at restart, emitting what its watermark closes")
+
+
 def sidecars(listing: Listing, rel: str) -> list[str]:
     """Checksum files that accompany ``rel`` and exist."""
     parent, _, name = rel.rpartition("/")
@@ -102,36 +126,14 @@ class _Builder:
         self.plan.write(root, rel, content, reason)
 
     # -- components ----------------------------------------------------------------------------
-    def _no_data_next(self) -> tuple[OffsetSeq, OffsetSeq] | None:
-        """(``offsets/N``, ``offsets/N+1``) if batch N+1 is a no-data batch (module docstring): its source
-        offsets are batch N's. None if it is not, or if either cannot be read (then N+1 goes, as any batch
-        above N)."""
-        ck, t = self.ckpt, self.target
-        if t + 1 not in ck.offset_files or (t not in ck.offset_files and self.ledger is None):
-            return None
-        try:
-            after = ck.offsets(t + 1)
-            before = ck.offsets(t) if t in ck.offset_files else self.ledger.offsets(t)
-        except (LogFormatError, OSError, ValueError, KeyError):
-            return None
-        if before is None or after is None or not after.offsets:
-            return None
-        same = [(o.source_id, o.value) for o in after.offsets] == [(o.source_id, o.value) for o in before.offsets]
-        return (before, after) if same else None
-
     def logs(self) -> None:
         ck, t = self.ckpt, self.target
         L, C = ck.latest_offset, ck.latest_commit
-        no_data = self._no_data_next()
+        no_data = no_data_next(ck, t, self.ledger)
         planned = no_data[1] if no_data is not None else None
         if no_data is not None:
-            before = no_data[0]
-            rel = f"offsets/{t + 1}"
-            self.plan.summary["kept"] = (
-                f"{rel}: batch {t + 1} is a no-data batch (the source offsets of batch {t}; watermark "
-                f"{_ms(before.watermark_ms)} -> {_ms(planned.watermark_ms)}): it stays planned, and Spark runs it "
-                "again at restart, emitting what its watermark closes")
-            self.plan.summary["kept_planned"] = [rel]
+            self.plan.summary["kept"] = no_data_note(t, no_data[0], planned)
+            self.plan.summary["kept_planned"] = [f"offsets/{t + 1}"]
         for b in ck.offset_files:
             if b > t and not (planned is not None and b == t + 1):
                 self.delete(CKPT, ck.listing, f"offsets/{b}", f"offsets of batches after {t}", "offsets")
