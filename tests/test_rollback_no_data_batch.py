@@ -64,6 +64,16 @@ def _source_offsets(checkpoint: str, batch: int) -> list[str]:
         return f.read().splitlines()[2:]
 
 
+def _run_ending_with_a_no_data_batch(spark, base: str) -> tuple[list[tuple], int]:
+    """Spark's run over the inputs, with the HDFS store: (its rows, its last batch, a no-data batch)."""
+    checkpoint = os.path.join(base, "checkpoint")
+    _write_inputs(os.path.join(base, "input"))
+    _run(spark, "hdfs", base)
+    last = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit())
+    assert last == FILES and _source_offsets(checkpoint, last) == _source_offsets(checkpoint, last - 1)
+    return _rows(spark, base), last
+
+
 @pytest.mark.parametrize("flavour", ["hdfs", "rocksdb", "rocksdb_v2"])
 def test_a_rollback_before_a_no_data_batch_keeps_it_planned_and_spark_emits_its_rows_again(spark, tmp_path,
                                                                                            flavour):
@@ -111,11 +121,7 @@ def test_a_restore_to_before_a_no_data_batch_keeps_it_planned_too(spark, tmp_pat
     rows of the uninterrupted run. Undo of the restore is not refused as "written since"."""
     base, restored = str(tmp_path / "original"), str(tmp_path / "restored")
     checkpoint, output = os.path.join(base, "checkpoint"), os.path.join(base, "output")
-    _write_inputs(os.path.join(base, "input"))
-    _run(spark, "hdfs", base)
-    expected = _rows(spark, base)
-    last = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit())
-    assert last == FILES and _source_offsets(checkpoint, last) == _source_offsets(checkpoint, last - 1)
+    expected, last = _run_ending_with_a_no_data_batch(spark, base)
     dest = str(tmp_path / "backups")
     code, b = cli_json("backup", "create", checkpoint, dest, "--sink", output)
     assert code == 0, b
@@ -159,3 +165,46 @@ def test_a_kept_no_data_batch_is_the_standing_rollbacks_after_a_later_one_is_und
     code, u = cli_json("undo", checkpoint, "--yes")
     assert code == 0, u
     assert content_snapshot(checkpoint, output) == original
+
+
+def test_a_backup_of_a_kept_no_data_batch_takes_it_and_the_restored_copy_emits_its_rows(spark, tmp_path):
+    """Rolled back to the batch before a no-data batch (kept planned), then backed up: the backup cuts at the
+    last commit and took nothing above it, so the restored copy had no planned batch, and Spark resuming it
+    over the same (finished) input planned nothing and never emitted that batch's rows (fsck called it
+    healthy). The backup takes ``offsets/N+1`` of a no-data batch and says so; the restore writes it; Spark on
+    the restored copy writes exactly the rows of the uninterrupted run."""
+    base, restored = str(tmp_path / "original"), str(tmp_path / "restored")
+    checkpoint, output = os.path.join(base, "checkpoint"), os.path.join(base, "output")
+    expected, last = _run_ending_with_a_no_data_batch(spark, base)
+    code, r = cli_json("rollback", checkpoint, "--to-batch", last - 1, "--sink", output, "--yes")
+    assert code == 0 and "no-data batch" in r["plan"]["summary"]["kept"], r
+
+    dest = str(tmp_path / "backups")
+    code, b = cli_json("backup", "create", checkpoint, dest, "--sink", output)
+    assert code == 0 and b["batch"] == last - 1, b
+    code, v = cli_json("backup", "verify", dest, b["backup_id"])
+    assert code == 0, v
+    target, sink_target = os.path.join(restored, "checkpoint"), os.path.join(restored, "output")
+    code, r = cli_json("backup", "restore", dest, b["backup_id"], target, "--sink-target", sink_target, "--yes")
+    assert code == 0, r
+    planned = os.path.join(target, "offsets", str(last))
+    restored_planned = open(planned, "rb").read() if os.path.exists(planned) else None
+    code, f = cli_json("fsck", target, "--sink", sink_target)
+    assert code == 0, f
+    code, d = cli_json("rollback", target, "--to-batch", last - 1, "--sink", sink_target, "--dry-run")
+    assert code == 0, d  # the restore's planned batch is not taken for a running query
+    again = str(tmp_path / "again")
+    code, r2 = cli_json("backup", "restore", dest, b["backup_id"], os.path.join(again, "checkpoint"), "--sink-target",
+                        os.path.join(again, "output"), "--to-batch", last - 1, "--yes")
+    assert code == 0 and r2["plan"]["summary"]["kept_planned"] == [f"offsets/{last}"], r2
+    assert os.path.exists(os.path.join(again, "checkpoint", "offsets", str(last)))
+
+    _run(spark, "hdfs", restored, input_dir=os.path.join(base, "input"))  # the same, finished input
+    assert _rows(spark, restored) == expected  # before: the rows of the no-data batch were missing
+    assert os.path.exists(os.path.join(target, "commits", str(last)))
+    with open(os.path.join(checkpoint, "offsets", str(last)), "rb") as f:
+        assert restored_planned == f.read()  # the restore wrote the planned batch as it was
+    assert b["kept_planned"] == [f"offsets/{last}"] and "no-data batch" in b["kept"], b
+    assert r["plan"]["summary"]["kept_planned"] == [f"offsets/{last}"], r["plan"]["summary"]
+    code, rows = cli_json("backup", "list", dest)
+    assert code == 0 and rows["backups"][0]["kept_planned"] == [f"offsets/{last}"], rows

@@ -6,7 +6,14 @@ backup holds ``metadata``, offsets and commits up to N, each file-source log up 
 ``offsets/N`` records, state up to version N+1 (all providers, V2 lineage and checksum files, the SSTs
 zips name, operator metadata and schemas up to N), each sink's ``_spark_metadata`` up to N with the data
 files it lists, and the batch ledger. Nothing above N is taken: a running batch's files are left out, so
-a restore resumes at N+1. Files Spark's maintenance deletes during the copy are skipped if no restart
+a restore resumes at N+1. Except ``offsets/N+1`` of a **no-data batch** (the source offsets of batch N
+again, only the watermark moved on: ``rollback.no_data_next``), left planned by a rollback to N or by a
+query stopped between planning and committing it: Spark plans such a batch only within a run, never at a
+restart whose last batch is committed, so a copy without it would never emit the windows it closes (for a
+finished source, for good). The backup takes that one file (``kept_planned`` in the manifest and the
+summary; its Hadoop ``.crc`` sidecar is rewritten on restore, as every sidecar) and nothing else of batch
+N+1 (``commits/N+1``, state versions above N+1, sink log entries above N); a restore writes it, and Spark
+runs the batch again at restart. Files Spark's maintenance deletes during the copy are skipped if no restart
 from N needs them; if one that does vanishes, the backup starts over at the new last commit.
 
 Incremental: a file whose path, size and modification time match the previous backup of the same
@@ -62,6 +69,7 @@ from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing
 from ..restart import RestartSets, state_bytes_problem
+from ..rollback import no_data_next, no_data_note
 from .claims import HeldClaim
 from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id, rel_problems
 from .verify import bad_hashes
@@ -94,8 +102,9 @@ def _hidden(rel: str) -> bool:
     return any(part.startswith(".") for part in rel.split("/"))
 
 
-def checkpoint_files(ckpt: Checkpoint, batch: int) -> dict[str, object]:
-    """rel -> FileInfo of what a backup at ``batch`` takes from the checkpoint (module docstring)."""
+def checkpoint_files(ckpt: Checkpoint, batch: int, kept_planned: bool = False) -> dict[str, object]:
+    """rel -> FileInfo of what a backup at ``batch`` takes from the checkpoint (module docstring);
+    ``kept_planned``: ``offsets/batch+1`` too (a no-data batch)."""
     if ckpt.kind == "dstream":
         return {rel: f for rel, f in ckpt.listing.files.items() if not _hidden(rel) and rel != "temp"}
     offsets = ckpt.offsets(batch)
@@ -111,7 +120,7 @@ def checkpoint_files(ckpt: Checkpoint, batch: int) -> dict[str, object]:
         top, name = parts[0], parts[-1]
         if top in ("offsets", "commits"):
             b = batch_id_from_name(name) if len(parts) == 2 else None
-            if b is not None and b <= batch:
+            if b is not None and (b <= batch or (kept_planned and top == "offsets" and b == batch + 1)):
                 out[rel] = f
         elif top == "sources" and len(parts) == 3:
             k = log_offset.get(parts[1], "all")
@@ -196,6 +205,8 @@ class _Cut:
     intervals: tuple[int, int]  # source and sink compact intervals
     listed_at: float  # when the source's listing began (seconds since the epoch): see ``RACY_S``
     skipped_names: list[dict] = field(default_factory=list)  # stray files whose names a manifest cannot hold
+    kept_planned: list[str] = field(default_factory=list)  # ``offsets/N+1`` of a no-data batch, taken beside the cut
+    kept: str | None = None  # what that means (``rollback.no_data_note``)
     prefetched: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (root id, rel) -> bytes read, checked
 
 
@@ -260,7 +271,8 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
     _require_readable(ckpt.listing)
     roots: dict[str, tuple] = {}
     needed: dict[str, set[str]] = {}
-    batch = query_id = None
+    batch = query_id = kept = None
+    kept_planned: list[str] = []
     if ckpt.kind == "dstream":
         kind = "dstream"
         roots["checkpoint"] = (ckpt.url, ckpt.fm, ckpt.root, checkpoint_files(ckpt, 0))
@@ -285,8 +297,11 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
             raise BadInputError(f"Spark's restart after batch {batch} (the last commit, where the backup cuts) reads "
                                 f"{d.rel}, which {d.summary.split(' ', 1)[1]}: {d.problem}", path=d.url,
                                 fix=f"{d.fix}; `checkpoint-ops fsck` lists everything wrong")
-        roots["checkpoint"] = (ckpt.url, ckpt.fm, ckpt.root, checkpoint_files(ckpt, batch))
-        needed["checkpoint"] = {f.rel for f in rs.files if f.root == "checkpoint"}
+        no_data = no_data_next(ckpt, batch, ledger)  # Spark would never plan it again at a restart from the copy
+        if no_data is not None:
+            kept_planned, kept = [f"offsets/{batch + 1}"], no_data_note(batch, *no_data)
+        roots["checkpoint"] = (ckpt.url, ckpt.fm, ckpt.root, checkpoint_files(ckpt, batch, bool(kept_planned)))
+        needed["checkpoint"] = {f.rel for f in rs.files if f.root == "checkpoint"} | set(kept_planned)
         for i, s in enumerate(sinks):
             roots[f"sink{i}"] = (s.url, s.fm, s.root, sink_files(s, batch))
             needed[f"sink{i}"] = {f.rel for f in rs.files if f.root == f"sink{i}"} | {
@@ -306,7 +321,7 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
     codec = ckpt.state.codec if kind == "structured" else "lz4"
     state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files} if kind == "structured" else {}
     return _Cut(kind, ckpt.url, batch, query_id, roots, needed, codec, state_files, (source_interval, sink_interval),
-                listed_at, skipped)
+                listed_at, skipped, kept_planned=kept_planned, kept=kept)
 
 
 def _unholdable_names(kind: str, roots: dict[str, tuple]) -> list[dict]:
@@ -637,7 +652,8 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
         "id": backup_id,
         "created": time.strftime(TIME_FORMAT, time.gmtime()),
         "kind": cut.kind,
-        "checkpoint": {"url": cut.url, "query_id": cut.query_id, "batch": cut.batch},
+        "checkpoint": {"url": cut.url, "query_id": cut.query_id, "batch": cut.batch,
+                       **({"kept_planned": cut.kept_planned} if cut.kept_planned else {})},
         "roots": doc_roots,
         "compact_intervals": {"source": source_interval, "sink": sink_interval},
         "parent": parent.id if parent is not None else None,
@@ -650,7 +666,8 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
     m = repo.publish(backup_id, doc)
     repo.clear_bad(sorted(stored_again))  # durable now, named by a manifest: no longer bad
     return {"backup_id": backup_id, "destination": repo.url, "manifest": m.url, "kind": cut.kind, "checkpoint": cut.url,
-            "query_id": cut.query_id, "batch": cut.batch, "parent": doc["parent"], **doc["stats"],
+            "query_id": cut.query_id, "batch": cut.batch, "kept_planned": cut.kept_planned,
+            **({"kept": cut.kept} if cut.kept else {}), "parent": doc["parent"], **doc["stats"],
             "skipped_vanished": stats["skipped_vanished"], "skipped_names": cut.skipped_names,
             "requests": repo.fm.counter.snapshot(),
             # each file manager once: the ledger shares the checkpoint's, and counting it twice doubled its retries

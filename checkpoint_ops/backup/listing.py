@@ -32,6 +32,7 @@ class BackupRow:
     damaged: str | None  # why the manifest cannot be used; None if it can
     last_verification: Verification | None
     drill: dict | None = None  # the last restore drill (drill.py): {at, passed}
+    kept_planned: tuple[str, ...] = ()  # ``offsets/N+1`` of a no-data batch taken beside the cut (create.py)
 
     @property
     def status(self) -> str:
@@ -54,7 +55,8 @@ class BackupRow:
         stats = m.stats
         return cls(m.id, m.url, m.created, m.doc.get("kind"), m.checkpoint_url, m.doc["checkpoint"].get("query_id"),
                    m.batch, stats.get("files"), stats.get("bytes"), stats.get("new_bytes"), stats.get("new_objects"),
-                   None, Verification.from_record(record) if record is not None else None)
+                   None, Verification.from_record(record) if record is not None else None,
+                   kept_planned=tuple(m.kept_planned))
 
     @classmethod
     def of_damaged(cls, d: DamagedManifest, record: dict | None) -> "BackupRow":
@@ -77,7 +79,7 @@ class BackupRow:
         """The ``--json`` row (docs/cli.md)."""
         v = self.last_verification
         return {"id": self.id, "created": self.created, "kind": self.kind, "checkpoint": self.checkpoint,
-                "query_id": self.query_id, "batch": self.batch, "files": self.files, "bytes": self.bytes,
+                "query_id": self.query_id, "batch": self.batch, "kept_planned": list(self.kept_planned), "files": self.files, "bytes": self.bytes,
                 "new_bytes": self.new_bytes, "new_objects": self.new_objects, "verified": self.verified,
                 "status": self.status, "damaged": self.damaged, "manifest": self.manifest,
                 "last_verification": v.to_dict() if v is not None else None, "drill": self.drill}

@@ -144,6 +144,9 @@ def manifest_problem(backup_id: str, doc: object) -> str | None:
     batch = ck.get("batch")
     if (kind == "structured" and not _is_int(batch)) or (batch is not None and not _is_int(batch)):
         return f"has no valid batch ({batch!r})"
+    kept = ck.get("kept_planned", [])
+    if not (isinstance(kept, list) and all(isinstance(k, str) for k in kept)):
+        return f"has a kept planned batch that is not a list of paths ({kept!r})"
     roots = doc.get("roots")
     if not isinstance(roots, dict) or "checkpoint" not in roots:
         return "lists no checkpoint root"
@@ -198,6 +201,11 @@ class Manifest:
     @property
     def batch(self) -> int | None:
         return self.doc["checkpoint"].get("batch")
+
+    @property
+    def kept_planned(self) -> list[str]:
+        """``offsets/N+1`` of a no-data batch the backup took beside its cut at batch N (``create.py``)."""
+        return list(self.doc["checkpoint"].get("kept_planned", []))
 
     @property
     def roots(self) -> dict:

@@ -261,7 +261,11 @@ class _Restore:
         files = {rid: m.files(rid) for rid in m.roots}
         removed: set[tuple[str, str]] = set()
         rb_writes: list[tuple[str, str, bytes, str]] = []
-        left_planned: list[str] = []
+        # a no-data batch the backup took beside its cut (``create.py``): written as it was, Spark runs it again
+        left_planned: list[str] = [rel for rel in m.kept_planned if rel in {f[0] for f in files.get("checkpoint", [])}]
+        kept = (f"{', '.join(left_planned)}: a no-data batch the backup took beside its cut at batch {m.batch}: it "
+                "stays planned, and Spark runs it again at restart, emitting what its watermark closes"
+                if left_planned else None)
         batch = m.batch
         if to_batch is not None:
             if m.doc["kind"] != "structured":
@@ -280,6 +284,7 @@ class _Restore:
             removed = {(a.root, a.rel) for a in rb.actions if a.kind == "delete"}
             rb_writes = [(a.root, a.rel, rb.contents[a.sha256], a.reason) for a in rb.actions if a.kind == "write"]
             left_planned = rb.summary.get("kept_planned", [])  # a no-data batch the rollback keeps planned
+            kept = rb.summary.get("kept")
             batch = to_batch
         roots = {"checkpoint": self.target_url, **{rid: fm.url(root) for rid, (fm, root) in self.sink_fms.items()}}
         pair = bool(self.sinks) and m.doc["kind"] == "structured"
@@ -315,7 +320,7 @@ class _Restore:
         if pair:
             self._pairing(plan, roots, m.doc["checkpoint"].get("query_id"))
         if left_planned:
-            plan.summary["kept"] = rb.summary["kept"]
+            plan.summary["kept"] = kept
             plan.summary["kept_planned"] = left_planned
         plan.summary["restore"] = (f"backup {m.id} ({m.doc['kind']}, batch {m.batch}) of {m.checkpoint_url} into "
                                    f"{self.target_url}" + (f", rolled back to batch {to_batch}" if to_batch is not None

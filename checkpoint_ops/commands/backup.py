@@ -19,6 +19,7 @@ def cmd_backup_create(args) -> int:
                   + (f"; replaced {r['repaired_objects']} damaged object(s) (found bad by `backup verify`, of the "
                      "wrong size, or left part-written by an interrupted backup)" if r["repaired_objects"] else "")
                   + (f"; incremental to {r['parent']}" if r["parent"] else "") + f"\n  {r['manifest']}"
+                  + (f"\n  also took {r['kept']}" if r.get("kept") else "")
                   + "".join(f"\n  WARNING: left out {s['url']!r}: {s['problem']}" for s in r["skipped_names"]))
     return EXIT_OK
 
@@ -29,7 +30,8 @@ def cmd_backup_list(args) -> int:
     rows = list_backups(Repository.open(args.dest, storage_options(args)))
     lines = [f"{len(rows)} backup(s) in {args.dest}" + (":" if rows else "")]
     for b in rows:
-        held = (f"{b.created}  {b.checkpoint}  batch {b.batch}  {b.files} files  {b.bytes} bytes (new {b.new_bytes})  "
+        planned = f" (+ planned {b.batch + 1})" if b.kept_planned else ""
+        held = (f"{b.created}  {b.checkpoint}  batch {b.batch}{planned}  {b.files} files  {b.bytes} bytes (new {b.new_bytes})  "
                 if b.damaged is None else "")
         lines.append(f"  {b.id}  {held}{b.describe_verification()}")
     emit(args, {"destination": args.dest, "backups": [b.to_dict() for b in rows]}, "\n".join(lines))
