@@ -21,8 +21,9 @@ planning, operator-metadata and state-schema validation decide; a refusal is rep
 class and message. Checkpoint-ops adds the checks Spark does not make: the settings the offsets log pins,
 file-source paths against the source log, the file sink against its log, the output mode, and (with the
 profile recorded beside the checkpoint after the last accepted run, ``query_profile.py``) the sink (its
-kind, path and ``partitionBy`` columns), source options and stateful operators (join type, time-window
-durations) Spark accepts but computes differently. What the recorded profile does not say (an earlier
+kind, path and ``partitionBy`` columns), source options, stateful operators (join type, time-window
+durations) and the code of UDFs below them (the plan names a UDF, not its body) that Spark accepts but that
+compute differently. What the recorded profile does not say (an earlier
 release did not record it) is unknown: a note, never a difference.
 
 No PySpark import here: the caller passes its session and the function that builds the query.
@@ -46,7 +47,7 @@ from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_bat
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, OperatorProfile, ProfileRecord, QueryProfile, SinkProfile,
-                            describe_query, read_profile, record_profile)
+                            UdfProfile, describe_query, read_profile, record_profile)
 from .restart_judge import JudgeOutcome, copy_for_restart, require_unfenced, restart_files, run_judge
 from .storage import open_file_manager
 from .storage.paths import parse_url, spark_url_to_location
@@ -290,6 +291,7 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
                      "of the query that wrote it are unknown (`compat --record` or a Dagster run records them)")
     else:
         notes += _unrecorded(record.profile, profile)
+    notes += _unreadable_udfs(profile)
     compatible = all(d.verdict == SAFE for d in diffs)
     restarts = outcome.restarted if outcome is not None else None
     return CompatReport(ckpt.url, batch, compatible, restarts, tuple(diffs), tuple(notes), profile, outcome, record)
@@ -527,7 +529,21 @@ def _unrecorded(old: QueryProfile, new: QueryProfile) -> list[str]:
             before.windows is None and after.windows for before, after in zip(old.operators, new.operators)):
         out.append(f"the time windows (durations) of the recorded query's aggregations are unknown: a change is not "
                    f"checked; {again}")
+    if old.udfs is None and new.udfs and new.operators:
+        out.append(f"the code of the recorded query's UDFs is unknown: a change in a UDF's body is not checked (the "
+                   f"plan shows only its name and arguments); {again}")
     return out
+
+
+def _unreadable_udfs(profile: QueryProfile) -> list[str]:
+    """UDFs in the part of the plan the state is computed from whose code cannot be read (JVM UDFs)."""
+    unread = [u for u in profile.udfs or () if u.state and u.code is None]
+    if not unread or not profile.operators:
+        return []
+    names = ", ".join(sorted({f"{u.name} ({u.kind})" for u in unread}))
+    return [f"the code of {names}, below a stateful operator, cannot be read: a change in its body is not checked "
+            "(rows from the next batch on would be computed the new way beside state the old code computed); if "
+            "its code changed since the last run, check the change by hand"]
 
 
 def _sink_interval(spark) -> int:
@@ -632,23 +648,58 @@ def operator_differences(profile: QueryProfile, record: ProfileRecord | None, ba
                          "else from it: the state built by the old operator is read as the new one's"
             out.append(Difference("stateful-operators", SILENT, before.describe(), after.describe(), effect,
                                   RULES["stateful"]))
-    if not out and old.plan_hash and profile.plan_hash and old.plan_hash != profile.plan_hash \
-            and _same_operators(old.operators, profile.operators) and old.sources == profile.sources:
+    plan_changed = bool(old.plan_hash and profile.plan_hash and old.plan_hash != profile.plan_hash) \
+        or same_udfs(old, profile) is False  # the plan prints a UDF by its name and arguments, not its code
+    if not out and plan_changed and _same_operators(old.operators, profile.operators) \
+            and old.sources == profile.sources:
         out.append(_plan_difference(old, profile, batch))
     return out
+
+
+def same_udfs(old: QueryProfile, new: QueryProfile, state_only: bool = False) -> bool | None:
+    """Whether both profiles call the same UDFs with the same code (``state_only``: in the part of the plan the
+    state is computed from): False when a UDF's code (or the list of UDFs) differs, None when it cannot be shown
+    (a profile an earlier release recorded, Spark Connect, a UDF whose code cannot be read: a JVM UDF)."""
+    if old.udfs is None or new.udfs is None:
+        return None
+    before = [u for u in old.udfs if u.state or not state_only]
+    after = [u for u in new.udfs if u.state or not state_only]
+    if [(u.kind, u.name) for u in before] != [(u.kind, u.name) for u in after]:
+        return False
+    if any(b.code and a.code and b.code != a.code for b, a in zip(before, after)):
+        return False
+    return None if any(u.code is None for u in before + after) else True
+
+
+def _changed_udfs(old: QueryProfile, new: QueryProfile) -> tuple[list[UdfProfile], list[UdfProfile]]:
+    if old.udfs is None or new.udfs is None or len(old.udfs) != len(new.udfs):
+        return [], []
+    pairs = [(b, a) for b, a in zip(old.udfs, new.udfs) if b.code and a.code and b.code != a.code]
+    return [b for b, _ in pairs], [a for _, a in pairs]
 
 
 def _plan_difference(old: QueryProfile, new: QueryProfile, batch: int) -> Difference:
     """The plan changed, its sources and stateful operators did not: safe when the change is provably a
     projection or filter (no stateful operator, or the part the state is computed from is unchanged but for
     filters), else to check by hand."""
-    was, now = f"plan {old.plan_hash[:12]}", f"plan {new.plan_hash[:12]}"
-    if new.operators == () or (old.state_hash is not None and old.state_hash == new.state_hash):
+    was, now = f"plan {(old.plan_hash or '?')[:12]}", f"plan {(new.plan_hash or '?')[:12]}"
+    before, after = _changed_udfs(old, new)
+    if before:
+        was += ", " + ", ".join(u.describe() for u in before)
+        now += ", " + ", ".join(u.describe() for u in after)
+    state_udfs = same_udfs(old, new, state_only=True)
+    if new.operators == () or (old.state_hash is not None and old.state_hash == new.state_hash
+                               and state_udfs is not False):
         return Difference("projection", SAFE, was, now, "allowed: the stateless part of the query (projections, "
                           "filters) changed; Spark accepts the checkpoint", RULES["projection"])
-    why = ("the plan changed below a stateful operator, and not only its filters" if old.state_hash is not None
-           else "the plan changed, and the recorded profile (an earlier release's) does not say whether below a "
-                "stateful operator")
+    if old.state_hash is not None and old.state_hash == new.state_hash:
+        changed = ", ".join(u.describe() for u in after if u.state) or "a UDF"
+        why = f"the code of {changed} changed below a stateful operator (the plan shows only its name and arguments)"
+    elif old.state_hash is not None:
+        why = "the plan changed below a stateful operator, and not only its filters"
+    else:
+        why = ("the plan changed, and the recorded profile (an earlier release's) does not say whether below a "
+               "stateful operator")
     return Difference("projection", CHECK, was, now,
                       f"Spark accepts the state (its schema is unchanged), but {why}: if the change is in how a "
                       f"grouping key or an aggregated value is computed, rows from batch {batch + 1} on are "

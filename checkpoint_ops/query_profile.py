@@ -8,11 +8,12 @@ query-profile.json``. ``compat`` compares the next query with it (and with Spark
 
 What Spark checks at a restart is not all that changes a restarted query's output: a file sink's ``partitionBy``
 columns (its readers infer partitions from the directories of all its files) and the durations of an
-aggregation's time windows (the state's key is ``struct<start, end>`` whatever they are) are recorded too. A
-field an earlier release did not record is None: unknown, which ``compat`` never reports as a difference.
+aggregation's time windows (the state's key is ``struct<start, end>`` whatever they are) are recorded too, and so
+is the code of every UDF (the plan prints a UDF as its name and arguments alone, ``<lambda>(v)``). A field an
+earlier release did not record is None: unknown, which ``compat`` never reports as a difference.
 
 The profile is read through the Spark session's JVM (py4j) on classic PySpark. Under Spark Connect only
-the writer's own settings are visible (output mode, sink, its options): ``sources``, ``operators`` and
+the writer's own settings are visible (output mode, sink, its options): ``sources``, ``operators``, ``udfs`` and
 ``fingerprint`` are then None, and ``compat`` relies on Spark's verdict for them.
 
 No PySpark import here: the objects come from the caller.
@@ -20,10 +21,13 @@ No PySpark import here: the objects come from the caller.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import pickle
 import re
 import time
+import types
 from dataclasses import dataclass
 
 from .errors import BadInputError
@@ -143,6 +147,34 @@ class SinkProfile:
 
 
 @dataclass(frozen=True)
+class UdfProfile:
+    """One user-defined function call in the plan, in plan order (pre-order, each node's expressions in order).
+
+    ``code``: a hash of what the function computes, None when it cannot be read (a Scala or Java UDF: the JVM
+    keeps a compiled closure). For a Python UDF it hashes the function itself as this process has it: its
+    bytecode, constants and names (not its file or line numbers), its defaults and closure, and every global it
+    refers to (helper functions the same way, other values by their ``repr``), so moving or reformatting the code
+    keeps the hash, and changing the body, a helper or a constant it reads changes it. ``state``: the call is in
+    the part of the plan the state is computed from (a stateful operator, or a node below one except filters)."""
+
+    kind: str  # the expression's class: PythonUDF | PythonUDAF | ScalaUDF | ScalaUDAF | ScalaAggregator | ...
+    name: str
+    code: str | None
+    state: bool
+
+    def describe(self) -> str:
+        lang = "Python" if self.kind.startswith("Python") else "JVM"
+        return f"{lang} UDF {self.name}" + (f" (code {self.code[:12]})" if self.code else " (code unknown)")
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "code": self.code, "state": self.state}
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "UdfProfile":
+        return cls(str(doc["kind"]), str(doc["name"]), doc.get("code"), bool(doc.get("state")))
+
+
+@dataclass(frozen=True)
 class QueryProfile:
     """A query's shape as far as a restart is concerned. ``plan_hash`` hashes the canonical analyzed plan;
     ``fingerprint`` hashes it with the output mode, the Spark version and the settings that change how Spark
@@ -150,7 +182,8 @@ class QueryProfile:
     ``state_hash`` hashes the part of the plan the state is computed from: the stateful operators and every
     node below them except filters (which only choose rows). Equal state hashes with other plan hashes: only
     filters, or what comes after the stateful operators, changed. None: unknown (an earlier release's
-    profile, a plan that cannot be read)."""
+    profile, a plan that cannot be read). ``udfs``: the UDF calls of the plan with their code (neither hash sees
+    a UDF's code); None: unknown (an earlier release's profile, Spark Connect, a plan that cannot be read)."""
 
     output_mode: str  # append | update | complete (unknown: the writer could not be read)
     sink: SinkProfile
@@ -160,6 +193,7 @@ class QueryProfile:
     spark_version: str
     plan_hash: str | None = None
     state_hash: str | None = None
+    udfs: tuple[UdfProfile, ...] | None = None
 
     @property
     def stateful(self) -> bool | None:
@@ -170,15 +204,17 @@ class QueryProfile:
                 "sources": None if self.sources is None else [s.to_dict() for s in self.sources],
                 "operators": None if self.operators is None else [o.to_dict() for o in self.operators],
                 "fingerprint": self.fingerprint, "plan_hash": self.plan_hash, "state_hash": self.state_hash,
+                "udfs": None if self.udfs is None else [u.to_dict() for u in self.udfs],
                 "spark_version": self.spark_version}
 
     @classmethod
     def from_dict(cls, doc: dict) -> "QueryProfile":
-        sources, operators = doc.get("sources"), doc.get("operators")
+        sources, operators, udfs = doc.get("sources"), doc.get("operators"), doc.get("udfs")
         return cls(doc["output_mode"], SinkProfile.from_dict(doc["sink"]),
                    None if sources is None else tuple(SourceProfile.from_dict(s) for s in sources),
                    None if operators is None else tuple(OperatorProfile.from_dict(o) for o in operators),
-                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"), doc.get("state_hash"))
+                   doc.get("fingerprint"), doc.get("spark_version", ""), doc.get("plan_hash"), doc.get("state_hash"),
+                   None if udfs is None else tuple(UdfProfile.from_dict(u) for u in udfs))
 
 
 @dataclass(frozen=True)
@@ -237,7 +273,7 @@ def describe_query(spark, writer) -> QueryProfile:
     fingerprint = None if plan_hash is None else _sha256([plan_hash, output_mode, spark.version, *settings])
     return QueryProfile(output_mode, sink, None if sources is None else tuple(sources),
                         None if operators is None else tuple(operators), fingerprint, spark.version, plan_hash,
-                        None if operators is None else _state_hash(plan))
+                        None if operators is None else _state_hash(plan), _udfs(jvm, plan))
 
 
 def _describe_connect(spark, writer) -> QueryProfile:
@@ -471,6 +507,121 @@ def _state_hash(plan) -> str | None:
     except Exception:  # a plan Spark cannot canonicalize: unknown
         return None
     return _sha256(parts)
+
+
+_UDF_KINDS = ("UDF", "UDAF", "UDTF", "Aggregator")  # expression classes of user-defined functions end so
+
+
+def _udfs(jvm, plan) -> tuple[UdfProfile, ...] | None:
+    """The UDF calls of the analyzed plan with their code, in plan order; ``state`` as ``_state_hash`` decides
+    (a stateful operator and every node below it except filters). None when the plan cannot be read."""
+    try:
+        out = []
+        stack = [(plan, False)]
+        while stack:
+            node, below = stack.pop()
+            name = node.getClass().getSimpleName()
+            below = below or (node.isStreaming() and _is_stateful(node, name))
+            expressions = node.expressions()
+            for i in range(expressions.size()):
+                for expression in _walk(expressions.apply(i)):
+                    kind = str(expression.getClass().getSimpleName())
+                    if kind.endswith(_UDF_KINDS):
+                        out.append(UdfProfile(kind, _udf_name(expression), _udf_code(jvm, expression, kind),
+                                              below and name != "Filter"))
+            children = node.children()
+            stack.extend((children.apply(i), below) for i in reversed(range(children.size())))
+    except Exception:  # a plan this release does not know how to read: unknown, never a difference
+        return None
+    return tuple(out)
+
+
+def _udf_name(expression) -> str:
+    for getter in ("name", "udfName", "prettyName"):
+        try:
+            value = getattr(expression, getter)()
+            if value is not None and hasattr(value, "isDefined"):  # ScalaUDF.udfName: Option[String]
+                value = value.get() if value.isDefined() else None
+            if value is not None:
+                return str(value)
+        except Exception:
+            continue
+    return "?"
+
+
+def _udf_code(jvm, expression, kind: str) -> str | None:
+    """The hash of a Python UDF's function (see ``UdfProfile``), None for any other UDF or when unreadable."""
+    if not kind.startswith("Python"):
+        return None
+    try:
+        command = bytes(expression.func().command().toArray(jvm.scala.reflect.ClassTag.Byte()))
+        func = pickle.loads(command)  # what PySpark pickled in this process: (function, return type)
+    except Exception:
+        return None
+    if isinstance(func, tuple) and func and callable(func[0]):
+        return _sha256([_identity(part, set(), 0) for part in func])
+    return None  # a command too large, sent as a broadcast: not the function itself
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _identity(value, seen: set, depth: int) -> str:
+    """What ``value`` computes, without where its code lives (file, lines) or where it sits in memory."""
+    if depth > 8 or id(value) in seen:
+        return f"<{type(value).__qualname__}>"
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return repr(value)
+    seen = seen | {id(value)}
+    nested = functools.partial(_identity, seen=seen, depth=depth + 1)
+    if isinstance(value, types.FunctionType):
+        code = value.__code__
+        closure = [nested(cell.cell_contents) if _filled(cell) else "<empty>" for cell in value.__closure__ or ()]
+        globals_ = [f"{name}={nested(value.__globals__[name])}" for name in sorted(_global_names(code))
+                    if name in value.__globals__]
+        return "function(" + "; ".join([_code_identity(code), nested(value.__defaults__),
+                                        nested(value.__kwdefaults__), *closure, *globals_]) + ")"
+    if isinstance(value, types.CodeType):
+        return _code_identity(value)
+    if isinstance(value, types.MethodType):
+        return f"method({nested(value.__func__)}; {nested(value.__self__)})"
+    if isinstance(value, functools.partial):
+        return f"partial({nested(value.func)}; {nested(value.args)}; {nested(value.keywords)})"
+    if isinstance(value, types.ModuleType):
+        return f"module {value.__name__}"
+    if isinstance(value, type):
+        return f"class {value.__module__}.{value.__qualname__}"
+    if isinstance(value, (list, tuple)):
+        return f"{type(value).__name__}[" + ", ".join(nested(v) for v in value) + "]"
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__}{{" + ", ".join(sorted(nested(v) for v in value)) + "}"
+    if isinstance(value, dict):
+        return "dict{" + ", ".join(sorted(f"{nested(k)}: {nested(v)}" for k, v in value.items())) + "}"
+    return f"{type(value).__module__}.{type(value).__qualname__} " + _ADDRESS.sub("", repr(value))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:
+        return False
+    return True
+
+
+def _code_identity(code: types.CodeType) -> str:
+    consts = [_code_identity(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts]
+    return "code(" + "; ".join([code.co_code.hex(), ",".join(consts), ",".join(code.co_names),
+                                ",".join(code.co_varnames), ",".join(code.co_freevars), ",".join(code.co_cellvars),
+                                str(code.co_argcount), str(code.co_posonlyargcount), str(code.co_kwonlyargcount),
+                                str(code.co_flags)]) + ")"
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_names(const)
+    return names
 
 
 def _sha256(parts: list[str]) -> str:

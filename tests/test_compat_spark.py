@@ -441,11 +441,13 @@ def test_verdict_then_real_restart_agrees(spark, compat_bases, case):
 
 
 def _as_recorded_by_an_earlier_release(base: CompatBase) -> None:
-    """The base's recorded profile without what earlier releases did not record (partitionBy, time windows)."""
+    """The base's recorded profile without what earlier releases did not record (partitionBy, time windows, UDF
+    code)."""
     fm, root = open_file_manager(base.checkpoint)
     doc = json.loads(fm.read_bytes(profile_path(fm, root)))
     doc["profile"]["sink"].pop("partition_by")
     doc["profile"].pop("state_hash")
+    doc["profile"].pop("udfs")
     for operator in doc["profile"]["operators"]:
         operator.pop("windows")
     fm.write_bytes(profile_path(fm, root), json.dumps(doc).encode(), overwrite=True)
@@ -467,6 +469,69 @@ def test_what_an_earlier_release_did_not_record_is_unknown_never_a_difference(sp
         assert report.spark_restarts is True, report.render()
         assert {(d.aspect, d.verdict) for d in report.differences} == verdicts, report.render()
         assert any(unknown in note and "--record" in note for note in report.notes), report.render()
+    finally:
+        use_session_conf(spark)
+        base.reset()
+
+
+# ---- a Python UDF below the aggregation: the plan prints it as `<lambda>(value)` whatever its body --------
+
+
+def udf_before_aggregation(spark, base, changed: bool = False):
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import LongType
+
+    value = F.udf(lambda v: v * 2, LongType()) if changed else F.udf(lambda v: v, LongType())
+    return _to_parquet(windowed_counts(read_events(spark, base.dir("input")).withColumn("value", value("value"))),
+                       base)
+
+
+_RECORD_IN_A_FRESH_PROCESS = """
+import sys
+from checkpoint_ops.query_profile import describe_query, record_profile
+from checkpoint_ops.storage import open_file_manager
+from tests.compat_queries import CompatBase, use_session_conf
+from tests.spark_runs import make_session
+from tests.test_compat_spark import udf_before_aggregation
+
+spark = make_session()
+use_session_conf(spark)
+base = CompatBase(sys.argv[1], sys.argv[2])
+fm, root = open_file_manager(base.checkpoint)
+record_profile(fm, root, describe_query(spark, udf_before_aggregation(spark, base)), judged=False, batch=None)
+spark.stop()
+"""
+
+
+def test_a_changed_udf_body_below_an_aggregation_is_to_check_by_hand(spark, compat_bases):
+    """The query with a UDF is recorded by another process (its own Spark session): judged again unchanged it is
+    compatible; with the UDF's body changed (v -> v * 2) it is to check by hand, and a real restart mixes old and
+    new sums in the state, as with the same change without a UDF (value-scaled-before-aggregation)."""
+    import subprocess
+    import sys
+
+    base = compat_bases("agg")
+    base.reset()
+    use_session_conf(spark)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        subprocess.run([sys.executable, "-c", _RECORD_IN_A_FRESH_PROCESS, base.name, base.root], cwd=root,
+                       env={**os.environ, "PYTHONPATH": root}, check=True, timeout=600, capture_output=True)
+
+        same = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: udf_before_aggregation(s, base))
+        assert same.compatible and same.exit_code == 0 and not same.differences, same.render()
+
+        before = tree_snapshot(base.root)
+        report = check_compat(Checkpoint.open(base.checkpoint), spark,
+                              lambda s: udf_before_aggregation(s, base, changed=True))
+        assert tree_snapshot(base.root) == before, "compat changed files"
+        assert {(d.aspect, d.verdict) for d in report.differences} == {("projection", CHECK)}, report.render()
+        assert not report.compatible and report.exit_code == 1 and report.spark_restarts is True
+        (main,) = report.differences
+        assert "<lambda>" in main.was and "<lambda>" in main.now and main.was != main.now, report.render()
+
+        use_session_conf(spark)
+        sums_mix_old_and_new_values(spark, base, lambda s, b: udf_before_aggregation(s, b, changed=True))
     finally:
         use_session_conf(spark)
         base.reset()
