@@ -82,6 +82,8 @@ def _since_batch(ckpt, since: "Reported | None") -> int | None:
     since (its time differs, or it is gone), then the newest retained batch that ran at or before it."""
     if since is None or since.time_ms is None:
         return None if since is None else since.batch
+    if not ckpt.offset_files or since.batch < min(ckpt.offset_files):
+        return since.batch  # purged by Spark's retention since, not rewritten: what ran after it is new
     if _batch_time_ms(ckpt, since.batch) == since.time_ms:
         return since.batch
     ran_before = [b for b in sorted(ckpt.offset_files) if b <= since.batch
