@@ -571,6 +571,10 @@ def _refuse_dropping_every_visible_file(sink: SinkOutput, log: CompactibleLog, r
         return
     paths = {e.path for e in visible}
     wrote = [b for b in drop_batches if any(e.path in paths for e in known[b])]
+    newest_with_rows = next((b for b in reversed(wrote[-_ROW_CHECKS:])
+                             if _any_holds_rows(sink, [e for e in known[b] if e.path in paths])), None)
+    if newest_with_rows is not None:  # the hint names the newest dropped batch whose files hold rows
+        wrote = wrote[:wrote.index(newest_with_rows) + 1]
     left = [b for b in sorted(log.files) if b not in set(drop_batches)]
     span = f"batch {left[0]}" if len(left) == 1 else f"batches {left[0]}..{left[-1]}" if left else "none"
     if wrote and wrote[-1] > 0:
@@ -605,7 +609,7 @@ def _any_holds_rows(sink: SinkOutput, entries: list) -> bool:
 
 def _rows_in(sink: SinkOutput, e) -> int | None:
     """Rows in the data file of entry ``e``: 0 for an empty file, a Parquet footer's count, else None."""
-    if int(e.doc.get("size") or 0) == 0:
+    if e.doc.get("size") == 0:
         return 0
     rel = sink.rel_of(e)
     if rel is None or not rel.endswith(".parquet"):
