@@ -136,7 +136,10 @@ def test_lease_break_is_journaled_and_never_undone(run):
     code, r = rollback(run, n, "--yes")
     assert code == 0, r
     fm, root = open_file_manager(run.checkpoint)
-    hung = acquire(fm, root, "a hung run", heartbeat=False)
+    # a run hung on another host, renewing still (a live holder on this host is refused: stop it instead)
+    now = int(time.time() * 1000)
+    hung = Holder("a hung run", "another-host.example", 4242, None, "beef" * 8, now, now, 60.0, "operation")
+    fm.write_bytes(os.path.join(root, LEASE_NAME), json.dumps(hung.to_dict()).encode(), overwrite=False)
     code, dry = cli_json("lease", "break", run.checkpoint, "--dry-run")
     # the lease and its Hadoop .crc sidecar
     assert code == 0 and dry["plan"]["counts"]["delete"] == 2 and "looks alive" in dry["plan"]["warnings"][0]
@@ -151,7 +154,6 @@ def test_lease_break_is_journaled_and_never_undone(run):
     assert code == 0 and u["result"]["operation"] == "rollback", u
     assert not os.path.exists(os.path.join(run.checkpoint, LEASE_NAME))
     assert content_snapshot(run.checkpoint, run.output) == original
-    hung.release()  # its record is gone: releasing changes nothing
 
 
 # ---- a query started without checkpoint-ops ------------------------------------------------------------
