@@ -31,7 +31,8 @@ sys.stdin.read()  # until the test closes it
 
 
 def test_a_live_query_on_this_host_keeps_its_lease(tmp_path):
-    root = str(tmp_path)
+    root = str(tmp_path / "root")  # its journal would go beside it, in tmp_path (not shared with other tests)
+    os.makedirs(root)
     env = {**os.environ, "PYTHONPATH": ROOT}
     proc = subprocess.Popen([sys.executable, "-c", HOLD, root], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env=env, text=True)
