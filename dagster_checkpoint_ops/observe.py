@@ -9,6 +9,7 @@ import dagster as dg
 
 from checkpoint_ops.ledger import Ledger
 from checkpoint_ops.progress import query_progress
+from checkpoint_ops.timeline import batch_times
 from dagster_checkpoint_ops.query import StreamingQuery
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
@@ -71,10 +72,8 @@ class Reported(NamedTuple):
 
 
 def _batch_time_ms(ckpt, batch: int) -> int | None:
-    if batch not in ckpt.offset_files:
-        return None
-    offsets = ckpt.load_offsets([batch], errors=[]).get(batch)
-    return offsets.timestamp_ms if offsets is not None else None
+    """``batchTimestampMs`` of ``offsets/batch`` on disk (None: gone, or unreadable)."""
+    return batch_times(ckpt, [batch])[batch].timestamp_ms
 
 
 def _since_batch(ckpt, since: "Reported | None") -> int | None:
@@ -86,8 +85,8 @@ def _since_batch(ckpt, since: "Reported | None") -> int | None:
         return since.batch  # purged by Spark's retention since, not rewritten: what ran after it is new
     if _batch_time_ms(ckpt, since.batch) == since.time_ms:
         return since.batch
-    ran_before = [b for b in sorted(ckpt.offset_files) if b <= since.batch
-                  and (t := _batch_time_ms(ckpt, b)) is not None and t <= since.time_ms]
+    times = batch_times(ckpt, [b for b in ckpt.offset_files if b <= since.batch])  # one load for them all
+    ran_before = [b for b, t in sorted(times.items()) if t.timestamp_ms is not None and t.timestamp_ms <= since.time_ms]
     return ran_before[-1] if ran_before else None
 
 
