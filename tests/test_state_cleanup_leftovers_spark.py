@@ -19,9 +19,10 @@ from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, rollbac
 
 
 def _spark_cleanup_below_second_snapshot(store_dir: str) -> list[str]:
-    """Spark's cleanup of one store, keeping its second-oldest snapshot: ``fetchFiles`` keeps one file per
-    version (the snapshot over the delta), and every listed version below the kept one is deleted, with
-    its ``.crc``. Returns the twin deltas it leaves (the deltas of the deleted snapshots)."""
+    """Spark's cleanup of one store, keeping its second-oldest snapshot (nothing without two):
+    ``fetchFiles`` keeps one file per version (the snapshot over the delta), and every listed version
+    below the kept one is deleted, with its ``.crc``. Returns the twin deltas it leaves (the deltas of
+    the deleted snapshots)."""
     names = os.listdir(store_dir)
     versions: dict[int, str] = {}
     for name in names:
@@ -30,7 +31,8 @@ def _spark_cleanup_below_second_snapshot(store_dir: str) -> list[str]:
             if ext == "snapshot" or int(stem) not in versions:
                 versions[int(stem)] = name
     snapshots = sorted(v for v, name in versions.items() if name.endswith(".snapshot"))
-    assert len(snapshots) >= 2, f"{store_dir}: Spark wrote fewer than two snapshots: {sorted(names)}"
+    if len(snapshots) < 2:  # when maintenance wrote them is timing: the test needs this in one store at least
+        return []
     keep = snapshots[1]
     for v in sorted(v for v in versions if v < keep):
         for name in (versions[v], f".{versions[v]}.crc"):
