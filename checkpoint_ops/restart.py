@@ -520,7 +520,7 @@ class RestartSets:
                           "restore the state file from a backup, or roll back to a batch whose state is intact")
         lowest = min(store.versions) if store.versions else None
         if b.missing_version is not None and lowest is not None and b.missing_version < lowest:
-            if not _cleanup_could_leave(store, lowest):
+            if not _cleanup_could_leave(store, lowest, min(self.ckpt.offset_files, default=None)):
                 return Damage(CKPT, store.rel_dir, L.url(store.rel_dir), "state", MISSING, "state-missing",
                               f"{problem}; the oldest file left is version {lowest} without a snapshot, which "
                               "Spark's cleanup never leaves: a snapshot or zip was deleted",
@@ -647,7 +647,7 @@ def _operator_damage(p: FileProblem) -> Damage:
                   p.problem, fix)
 
 
-def _cleanup_could_leave(store: Store, lowest: int) -> bool:
+def _cleanup_could_leave(store: Store, lowest: int, oldest_offsets: int | None = None) -> bool:
     """Whether Spark's state cleanup can leave ``lowest`` as a store's oldest version: it keeps the
     snapshot (HDFS) or zip (RocksDB) the oldest retained version loads from, or everything from 1.
 
@@ -658,11 +658,18 @@ def _cleanup_could_leave(store: Store, lowest: int) -> bool:
     more than ``minDeltasForSnapshot`` deltas (default 10), so such leftovers are not of consecutive
     versions; consecutive deltas below the oldest snapshot mean a snapshot was deleted by someone else,
     or a cleanup stopped part-way (it deletes in ascending order), or ``minDeltasForSnapshot=0`` with
-    batches slower than maintenance: the window-cut warning then says more than is known."""
+    batches slower than maintenance: the window-cut warning then says more than is known.
+
+    The snapshot cleanup keeps is the newest at or below (latest version - minBatchesToRetain), and the
+    offsets purge keeps the batches from (latest batch - minBatchesToRetain): so the kept snapshot is at
+    most ``oldest_offsets`` (the oldest batch whose offsets file is on disk) + 1. An oldest snapshot above
+    that was not chosen by Spark's cleanup: what was deleted below it was deleted by someone else."""
     if lowest <= 1 or any(f.version == lowest and f.kind in ("snapshot", "zip") for f in store.files):
         return True
     snapshots = [f.version for f in store.files if f.kind == "snapshot"]
     if not snapshots:
+        return False
+    if oldest_offsets is not None and min(snapshots) > oldest_offsets + 1:
         return False
     below = sorted({f.version for f in store.files if f.version < min(snapshots)})
     return all(b - a > 1 for a, b in zip(below, below[1:]))

@@ -5,50 +5,84 @@ where a version has both a delta and a snapshot, and deletes every listed versio
 keeps: a snapshot it deletes leaves that version's delta behind until the next cleanup. A query that
 stops after such a cleanup leaves, e.g., ``18.delta 21.delta 21.snapshot ...`` (seen in this suite's own
 Spark runs, depending on when maintenance ran). fsck called that "a snapshot or zip was deleted" (a
-window-cut warning on a checkpoint exactly as Spark left it). Here Spark writes the checkpoint, the
-cleanup step is replayed exactly (the timing of Spark's maintenance thread cannot be forced), fsck must
-be silent, and a rollback to the oldest batch the window offers must resume in Spark with exact output.
+window-cut warning on a checkpoint exactly as Spark left it).
+
+Here Spark writes the checkpoint and the batch ledger records it; then one retention step with a smaller
+``minBatchesToRetain`` is replayed exactly as Spark does it (the timing of Spark's maintenance thread
+cannot be forced): the offsets and commits purge below batch T, and each store's cleanup keeping the
+newest snapshot at or below version T + 1. The ledger still reaches below T, so the window's stop is the
+state's. fsck must be silent, and a rollback to the oldest batch the window offers must resume in Spark
+with exact output. A snapshot deleted by hand together with the deltas after it, which Spark's cleanup
+cannot leave (the snapshot kept above is higher than the offsets purge allows), still warns.
 """
 
 from __future__ import annotations
 
 import os
 
+from checkpoint_ops.storage.checksums import hadoop_crc_name
 from tests.helpers import cli_json
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, rollback
 
 
-def _spark_cleanup_below_second_snapshot(store_dir: str) -> list[str]:
-    """Spark's cleanup of one store, keeping its second-oldest snapshot (nothing without two):
-    ``fetchFiles`` keeps one file per version (the snapshot over the delta), and every listed version
-    below the kept one is deleted, with its ``.crc``. Returns the twin deltas it leaves (the deltas of
-    the deleted snapshots)."""
-    names = os.listdir(store_dir)
+def _listed(store_dir: str) -> dict[int, str]:
+    """Spark's ``fetchFiles``: one file per version, the snapshot over the delta."""
     versions: dict[int, str] = {}
-    for name in names:
+    for name in os.listdir(store_dir):
         stem, _, ext = name.partition(".")
-        if stem.isdigit() and ext in ("delta", "snapshot"):
-            if ext == "snapshot" or int(stem) not in versions:
-                versions[int(stem)] = name
-    snapshots = sorted(v for v, name in versions.items() if name.endswith(".snapshot"))
-    if len(snapshots) < 2:  # when maintenance wrote them is timing: the test needs this in one store at least
-        return []
-    keep = snapshots[1]
-    for v in sorted(v for v in versions if v < keep):
-        for name in (versions[v], f".{versions[v]}.crc"):
-            if name in names:
-                os.remove(os.path.join(store_dir, name))
-    return [f"{v}.delta" for v in snapshots if v < keep and f"{v}.delta" in names]
+        if stem.isdigit() and ext in ("delta", "snapshot") and (ext == "snapshot" or int(stem) not in versions):
+            versions[int(stem)] = name
+    return versions
+
+
+def _snapshots(store_dir: str) -> list[int]:
+    return sorted(v for v, name in _listed(store_dir).items() if name.endswith(".snapshot"))
+
+
+def _remove(path: str) -> None:
+    for p in (path, os.path.join(os.path.dirname(path), hadoop_crc_name(os.path.basename(path)))):
+        if os.path.exists(p):
+            os.remove(p)
+
+
+def _spark_purge(checkpoint: str, threshold: int) -> None:
+    """``offsetLog.purge`` and ``commitLog.purge``: every batch below ``threshold``."""
+    for log in ("offsets", "commits"):
+        for name in os.listdir(os.path.join(checkpoint, log)):
+            if name.isdigit() and int(name) < threshold:
+                _remove(os.path.join(checkpoint, log, name))
+
+
+def _spark_cleanup(store_dir: str, newest_kept: int) -> None:
+    """``cleanup`` of one store: keep the newest snapshot at or below ``newest_kept`` and everything
+    after it; delete every listed version below it (a deleted snapshot's delta is not listed, so stays)."""
+    listed = _listed(store_dir)
+    kept = [v for v in _snapshots(store_dir) if v <= newest_kept]
+    if not kept:
+        return  # no snapshot to keep: Spark keeps everything from the first delta
+    for v in sorted(v for v in listed if v < kept[-1]):
+        _remove(os.path.join(store_dir, listed[v]))
+
+
+def _stores(run) -> list[str]:
+    op = os.path.join(run.checkpoint, "state", "0")
+    return [os.path.join(op, p) for p in sorted(os.listdir(op)) if p.isdigit()]
 
 
 def test_deltas_left_below_the_kept_snapshot_are_retention_and_the_oldest_batch_restarts(spark, spark_runs):
     run = spark_runs("hdfs")
     run.reset()
     try:
-        op = os.path.join(run.checkpoint, "state", "0")
-        stores = [os.path.join(op, p) for p in sorted(os.listdir(op)) if p.isdigit()]
-        left = {d: _spark_cleanup_below_second_snapshot(d) for d in stores}
-        assert any(left.values()), f"no snapshot with its delta beside it was deleted: {left}"
+        code, r = cli_json("ledger", "sync", run.checkpoint, "--sink", run.output, *INTERVALS)
+        assert code == 0, r
+        seconds = [s[1] for s in (_snapshots(d) for d in _stores(run)) if len(s) >= 2]
+        assert seconds, "Spark wrote fewer than two snapshots in every store"
+        threshold = min(seconds) - 1  # a store keeps its second snapshot: its first one's delta stays
+        _spark_purge(run.checkpoint, threshold)
+        for d in _stores(run):
+            _spark_cleanup(d, threshold + 1)
+        left = [d for d in _stores(run) if min(_listed(d)) < _snapshots(d)[0]]
+        assert left, "no store kept a delta below its oldest snapshot"
 
         code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
         assert (code, f["findings"]) == (0, []), f["findings"]  # before: window-cut, "a snapshot ... was deleted"
@@ -56,7 +90,7 @@ def test_deltas_left_below_the_kept_snapshot_are_retention_and_the_oldest_batch_
         code, report = cli_json("inspect", run.checkpoint, "--sink", run.output, *INTERVALS)
         assert code == 0, report
         window = report["rollback_window"]
-        assert window["earliest"] is not None and window["earliest"] < run.last_batch, window
+        assert window["earliest"] == threshold, window  # the state's stop, below the offsets the ledger keeps
         code, r = rollback(run, window["earliest"], "--yes")
         assert code == 0, r
         assert finish_and_read(spark, run) == exact(run)
@@ -64,3 +98,27 @@ def test_deltas_left_below_the_kept_snapshot_are_retention_and_the_oldest_batch_
         assert (code, f["findings"]) == (0, []), f["findings"]
     finally:
         run.reset()
+
+
+def test_the_rule_leftovers_are_judged_by():
+    """``_cleanup_could_leave`` on the listings of the review (helper run, Spark 4.3, minBatchesToRetain 5,
+    oldest offsets file 33): Spark's leftovers pass, a snapshot deleted by hand with the deltas after it
+    does not (the snapshot left above is higher than the offsets purge allows), nor do consecutive deltas."""
+    from types import SimpleNamespace
+
+    from checkpoint_ops.restart import _cleanup_could_leave
+
+    def store(*names):
+        files = [SimpleNamespace(version=int(n.split(".")[0]), kind=n.split(".")[1]) for n in names]
+        return SimpleNamespace(files=files)
+
+    spark_left = store("30.delta", "34.delta", "34.snapshot", "35.delta", "36.delta", "37.delta", "38.delta",
+                       "38.snapshot", "39.delta", "40.delta")
+    assert _cleanup_could_leave(spark_left, 30, oldest_offsets=33)
+    by_hand = store("30.delta", "34.delta", "38.delta", "38.snapshot", "39.delta", "40.delta")
+    assert not _cleanup_could_leave(by_hand, 30, oldest_offsets=33)  # before the bound: taken for retention
+    assert _cleanup_could_leave(by_hand, 30, oldest_offsets=37)  # had the offsets purge gone that far, it could be
+    consecutive = store("33.delta", "34.delta", "35.delta", "35.snapshot", "36.delta")
+    assert not _cleanup_could_leave(consecutive, 33, oldest_offsets=34)
+    no_snapshot = store("30.delta", "31.delta")
+    assert not _cleanup_could_leave(no_snapshot, 30, oldest_offsets=29)
