@@ -177,6 +177,7 @@ class RestartSets:
         self._sink_missing: dict[tuple[int, int], list[Damage]] = {}
         self._state_done: dict[int, list] = {}
         self._metadata: tuple[list[RestartFile], list[Damage]] | None = None
+        self._oldest_offsets: int | None = None  # min(ckpt.offset_files), once (see _cleanup_could_leave)
 
     # -- public -------------------------------------------------------------------------------
     def of(self, batch: int) -> RestartSet:
@@ -520,7 +521,10 @@ class RestartSets:
                           "restore the state file from a backup, or roll back to a batch whose state is intact")
         lowest = min(store.versions) if store.versions else None
         if b.missing_version is not None and lowest is not None and b.missing_version < lowest:
-            if not _cleanup_could_leave(store, lowest, min(self.ckpt.offset_files, default=None)):
+            if self._oldest_offsets is None:
+                self._oldest_offsets = min(self.ckpt.offset_files, default=-1)  # -1: none on disk
+            oldest = self._oldest_offsets if self._oldest_offsets >= 0 else None
+            if not _cleanup_could_leave(store, lowest, oldest):
                 return Damage(CKPT, store.rel_dir, L.url(store.rel_dir), "state", MISSING, "state-missing",
                               f"{problem}; the oldest file left is version {lowest} without a snapshot, which "
                               "Spark's cleanup never leaves: a snapshot or zip was deleted",
