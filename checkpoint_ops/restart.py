@@ -177,7 +177,7 @@ class RestartSets:
         self._sink_missing: dict[tuple[int, int], list[Damage]] = {}
         self._state_done: dict[int, list] = {}
         self._metadata: tuple[list[RestartFile], list[Damage]] | None = None
-        self._oldest_offsets: int | None = None  # min(ckpt.offset_files), once (see _cleanup_could_leave)
+        self._oldest_logged: int | None = None  # the oldest batch Spark's log purge left, once (see _oldest_logged_batch)
 
     # -- public -------------------------------------------------------------------------------
     def of(self, batch: int) -> RestartSet:
@@ -521,9 +521,9 @@ class RestartSets:
                           "restore the state file from a backup, or roll back to a batch whose state is intact")
         lowest = min(store.versions) if store.versions else None
         if b.missing_version is not None and lowest is not None and b.missing_version < lowest:
-            if self._oldest_offsets is None:
-                self._oldest_offsets = min(self.ckpt.offset_files, default=-1)  # -1: none on disk
-            oldest = self._oldest_offsets if self._oldest_offsets >= 0 else None
+            if self._oldest_logged is None:
+                self._oldest_logged = _oldest_logged_batch(self.ckpt.offset_files, self.ckpt.commit_files)
+            oldest = self._oldest_logged if self._oldest_logged >= 0 else None
             if not _cleanup_could_leave(store, lowest, oldest):
                 return Damage(CKPT, store.rel_dir, L.url(store.rel_dir), "state", MISSING, "state-missing",
                               f"{problem}; the oldest file left is version {lowest} without a snapshot, which "
@@ -651,7 +651,16 @@ def _operator_damage(p: FileProblem) -> Damage:
                   p.problem, fix)
 
 
-def _cleanup_could_leave(store: Store, lowest: int, oldest_offsets: int | None = None) -> bool:
+def _oldest_logged_batch(offset_batches, commit_batches) -> int:
+    """The oldest batch Spark's log purge left (-1: no log file on disk): the higher of the oldest offsets
+    and the oldest commits file. Spark purges both below one threshold; a rollback to T restores
+    ``offsets/T-1`` (and ``offsets/T``, ``commits/T``) from the batch ledger when Spark purged them, so the
+    oldest offsets file alone can sit one batch below what Spark's purge left."""
+    oldest = [min(batches) for batches in (offset_batches, commit_batches) if batches]
+    return max(oldest, default=-1)
+
+
+def _cleanup_could_leave(store: Store, lowest: int, oldest_logged: int | None = None) -> bool:
     """Whether Spark's state cleanup can leave ``lowest`` as a store's oldest version: it keeps the
     snapshot (HDFS) or zip (RocksDB) the oldest retained version loads from, or everything from 1.
 
@@ -665,15 +674,16 @@ def _cleanup_could_leave(store: Store, lowest: int, oldest_offsets: int | None =
     batches slower than maintenance: the window-cut warning then says more than is known.
 
     The snapshot cleanup keeps is the newest at or below (latest version - minBatchesToRetain), and the
-    offsets purge keeps the batches from (latest batch - minBatchesToRetain): so the kept snapshot is at
-    most ``oldest_offsets`` (the oldest batch whose offsets file is on disk) + 1. An oldest snapshot above
-    that was not chosen by Spark's cleanup: what was deleted below it was deleted by someone else."""
+    offsets and commits purge keeps the batches from (latest batch - minBatchesToRetain): so the kept
+    snapshot is at most ``oldest_logged`` (the oldest batch the purge left, ``_oldest_logged_batch``) + 1.
+    An oldest snapshot above that was not chosen by Spark's cleanup: what was deleted below it was deleted
+    by someone else."""
     if lowest <= 1 or any(f.version == lowest and f.kind in ("snapshot", "zip") for f in store.files):
         return True
     snapshots = [f.version for f in store.files if f.kind == "snapshot"]
     if not snapshots:
         return False
-    if oldest_offsets is not None and min(snapshots) > oldest_offsets + 1:
+    if oldest_logged is not None and min(snapshots) > oldest_logged + 1:
         return False
     below = sorted({f.version for f in store.files if f.version < min(snapshots)})
     return all(b - a > 1 for a, b in zip(below, below[1:]))

@@ -77,9 +77,10 @@ def test_deltas_left_below_the_kept_snapshot_are_retention_and_the_oldest_batch_
         assert code == 0, r
         oldest = min(int(n) for n in os.listdir(os.path.join(run.checkpoint, "offsets")) if n.isdigit())
         # a snapshot with another below it (whose delta stays), high enough that the batch below the window
-        # still has its offsets in the ledger: then the window's stop is the state's
-        keeps = [v for d in _stores(run) for v in _snapshots(d)[1:] if v >= oldest + 2]
-        assert keeps, f"no store has two snapshots the second of which is above offsets/{oldest} + 1"
+        # (T - 1, whose restart reads offsets/T-2 and offsets/T-1) still has its offsets in the ledger: then
+        # the window's stop is the state's. T = v - 1, so v >= oldest + 3.
+        keeps = [v for d in _stores(run) for v in _snapshots(d)[1:] if v >= oldest + 3]
+        assert keeps, f"no store has two snapshots the second of which is at least offsets/{oldest} + 3"
         threshold = min(keeps) - 1
         _spark_purge(run.checkpoint, threshold)
         for d in _stores(run):
@@ -97,6 +98,11 @@ def test_deltas_left_below_the_kept_snapshot_are_retention_and_the_oldest_batch_
         assert "state version" in window["earliest_reason"], window
         code, r = rollback(run, window["earliest"], "--yes")
         assert code == 0, r
+        # the rollback restored offsets/T-1 from the ledger, below what Spark's purge left (the snapshot
+        # kept is T + 1): still retention (before: window-cut, found by CI when maintenance had not yet run)
+        assert threshold - 1 in {int(n) for n in os.listdir(os.path.join(run.checkpoint, "offsets")) if n.isdigit()}
+        code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+        assert (code, f["findings"]) == (0, []), f["findings"]
         assert finish_and_read(spark, run) == exact(run)
         code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
         assert (code, f["findings"]) == (0, []), f["findings"]
@@ -106,11 +112,11 @@ def test_deltas_left_below_the_kept_snapshot_are_retention_and_the_oldest_batch_
 
 def test_the_rule_leftovers_are_judged_by():
     """``_cleanup_could_leave`` on the listings of the review (helper run, Spark 4.3, minBatchesToRetain 5,
-    oldest offsets file 33): Spark's leftovers pass, a snapshot deleted by hand with the deltas after it
+    oldest offsets and commits file 33): Spark's leftovers pass, a snapshot deleted by hand with the deltas after it
     does not (the snapshot left above is higher than the offsets purge allows), nor do consecutive deltas."""
     from types import SimpleNamespace
 
-    from checkpoint_ops.restart import _cleanup_could_leave
+    from checkpoint_ops.restart import _cleanup_could_leave, _oldest_logged_batch
 
     def store(*names):
         files = [SimpleNamespace(version=int(n.split(".")[0]), kind=n.split(".")[1]) for n in names]
@@ -118,11 +124,18 @@ def test_the_rule_leftovers_are_judged_by():
 
     spark_left = store("30.delta", "34.delta", "34.snapshot", "35.delta", "36.delta", "37.delta", "38.delta",
                        "38.snapshot", "39.delta", "40.delta")
-    assert _cleanup_could_leave(spark_left, 30, oldest_offsets=33)
+    assert _cleanup_could_leave(spark_left, 30, oldest_logged=33)
     by_hand = store("30.delta", "34.delta", "38.delta", "38.snapshot", "39.delta", "40.delta")
-    assert not _cleanup_could_leave(by_hand, 30, oldest_offsets=33)  # before the bound: taken for retention
-    assert _cleanup_could_leave(by_hand, 30, oldest_offsets=37)  # had the offsets purge gone that far, it could be
+    assert not _cleanup_could_leave(by_hand, 30, oldest_logged=33)  # before the bound: taken for retention
+    assert _cleanup_could_leave(by_hand, 30, oldest_logged=37)  # had the offsets purge gone that far, it could be
     consecutive = store("33.delta", "34.delta", "35.delta", "35.snapshot", "36.delta")
-    assert not _cleanup_could_leave(consecutive, 33, oldest_offsets=34)
+    assert not _cleanup_could_leave(consecutive, 33, oldest_logged=34)
     no_snapshot = store("30.delta", "31.delta")
-    assert not _cleanup_could_leave(no_snapshot, 30, oldest_offsets=29)
+    assert not _cleanup_could_leave(no_snapshot, 30, oldest_logged=29)
+    # after a rollback to 24 (CI run): offsets/23 restored from the ledger, commits from 24, snapshot 25 kept
+    rolled_back = store("22.delta", "25.delta", "25.snapshot", "26.delta", "27.delta", "28.delta", "28.snapshot")
+    oldest = _oldest_logged_batch({23, 24, 25}, {24, 25})
+    assert oldest == 24
+    assert _cleanup_could_leave(rolled_back, 22, oldest_logged=oldest)
+    assert not _cleanup_could_leave(rolled_back, 22, oldest_logged=23)  # the offsets alone: the false warning
+    assert _oldest_logged_batch({5, 6}, set()) == 5 and _oldest_logged_batch(set(), set()) == -1
