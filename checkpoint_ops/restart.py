@@ -651,6 +651,13 @@ def _operator_damage(p: FileProblem) -> Damage:
                   p.problem, fix)
 
 
+# Batches the log purge may trail the state cleanup by. Spark 4.3 purges offsets and commits
+# asynchronously by default (spark.sql.streaming.asyncLogPurge.enabled) and skips a batch's purge while the
+# previous one still runs (AsyncLogPurge.purgeAsync: "Skipped log purging since there is already one in
+# progress"), so a query stopped then keeps a log file or two below what its state cleanup allows.
+PURGE_LAG_ALLOWED = 2
+
+
 def _oldest_logged_batch(offset_batches, commit_batches) -> int:
     """The oldest batch Spark's log purge left (-1: no log file on disk): the higher of the oldest offsets
     and the oldest commits file. Spark purges both below one threshold; a rollback to T restores
@@ -675,15 +682,16 @@ def _cleanup_could_leave(store: Store, lowest: int, oldest_logged: int | None = 
 
     The snapshot cleanup keeps is the newest at or below (latest version - minBatchesToRetain), and the
     offsets and commits purge keeps the batches from (latest batch - minBatchesToRetain): so the kept
-    snapshot is at most ``oldest_logged`` (the oldest batch the purge left, ``_oldest_logged_batch``) + 1.
-    An oldest snapshot above that was not chosen by Spark's cleanup: what was deleted below it was deleted
-    by someone else."""
+    snapshot is at most ``oldest_logged`` (the oldest batch the purge left, ``_oldest_logged_batch``) + 1,
+    give or take ``PURGE_LAG_ALLOWED`` purges skipped. An oldest snapshot above that was not chosen by
+    Spark's cleanup: what was deleted below it was deleted by someone else. Within the allowance a hand
+    deletion reads as retention; the window ends at the same batch either way."""
     if lowest <= 1 or any(f.version == lowest and f.kind in ("snapshot", "zip") for f in store.files):
         return True
     snapshots = [f.version for f in store.files if f.kind == "snapshot"]
     if not snapshots:
         return False
-    if oldest_logged is not None and min(snapshots) > oldest_logged + 1:
+    if oldest_logged is not None and min(snapshots) > oldest_logged + 1 + PURGE_LAG_ALLOWED:
         return False
     below = sorted({f.version for f in store.files if f.version < min(snapshots)})
     return all(b - a > 1 for a, b in zip(below, below[1:]))
