@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from .fence import recovery_advice
 from .lease import LeaseState, lease_of
 from .lag import sink_lag
-from .model.checkpoint import Checkpoint
+from .model.checkpoint import Checkpoint, is_hidden_temp
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
@@ -477,7 +477,7 @@ class Fsck:
         for rel in self.ckpt.temp_files():
             self.add(WARNING, "temp-file", self.ckpt.listing.url(rel),
                      "leftover temporary file from an interrupted write (hidden; Spark never reads it)",
-                     "delete it while no query runs on this checkpoint")
+                     "delete it (and its .crc sidecar, if any) while no query runs on this checkpoint")
 
     def _checksums(self, L) -> None:
         """Hadoop ``.X.crc`` sidecars: orphaned, wrong size, or (for files we read) wrong content."""
@@ -489,6 +489,8 @@ class Fsck:
                 continue
             target_name = hadoop_crc_target(name)
             target = f"{parent}/{target_name}" if parent else target_name
+            if is_hidden_temp(target_name):
+                continue  # a temp file's sidecar goes with it (temp-file above): Spark never reads either
             tinfo = L.get(target)
             if tinfo is None:
                 if target_name.endswith(".tmp") or rel.startswith("state/"):

@@ -173,6 +173,25 @@ def test_corruption_is_found_and_nothing_changes(run, corrupt):
     assert f["severity"] in ("error", "warning") and f["problem"] and f["fix"]
 
 
+def test_an_interrupted_hadoop_write_is_temp_litter_not_a_stale_checksum(run):
+    """``query.stop()`` during a log write through Hadoop's checksummed file system leaves the hidden temp
+    file and its sidecar, both 0 bytes: ``sources/0/.10.<uuid>.tmp`` and ``..10.<uuid>.tmp.crc`` (seen in a
+    review's real Spark runs; Spark never reads either and restarts over them). fsck called the sidecar a
+    stale checksum (an error); it is the temp file's litter, one warning."""
+    uid = "3f2e1d0c-aaaa-bbbb-cccc-123456789abc"
+    batch = _last(run) + 1
+    litter = [f"sources/0/.{batch}.{uid}.tmp", f"offsets/.{batch}.{uid}.tmp",
+              f"state/0/0/.{batch + 1}.delta.{uid}.TID9.tmp"]
+    for rel in litter:
+        parent, name = os.path.split(os.path.join(run.checkpoint, rel))
+        for made in (name, f".{name}.crc"):
+            open(os.path.join(parent, made), "wb").close()
+    code, r = fsck(run)
+    found = sorted((f["severity"], f["code"], f["path"].rsplit("/", 1)[-1]) for f in r["findings"])
+    assert found == sorted(("warning", "temp-file", rel.rsplit("/", 1)[-1]) for rel in litter), found
+    assert code == 1  # warnings only
+
+
 def test_naive_rollback_is_flagged_as_sink_ahead(run):
     stale_state(run)
     code, r = fsck(run)

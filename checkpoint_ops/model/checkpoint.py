@@ -264,10 +264,12 @@ class Checkpoint:
 
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""
-        return sorted(rel for rel in self.listing.files if rel.endswith(".tmp") and _is_temp(rel.rsplit("/", 1)[-1]))
+        return sorted(rel for rel in self.listing.files if rel.endswith(".tmp") and is_hidden_temp(rel.rsplit("/", 1)[-1]))
 
 
-def _is_temp(name: str) -> bool:
+def is_hidden_temp(name: str) -> bool:
+    """Whether ``name`` is a hidden ``.*.tmp`` file: the temp file of a write that never finished (Spark's
+    or ours). Spark never reads one; its Hadoop ``.crc`` sidecar, if any, goes with it."""
     return name.startswith(".") and name.endswith(".tmp")
 
 
