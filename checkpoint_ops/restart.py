@@ -178,6 +178,7 @@ class RestartSets:
         self._state_done: dict[int, list] = {}
         self._metadata: tuple[list[RestartFile], list[Damage]] | None = None
         self._oldest_logged: int | None = None  # the oldest batch Spark's log purge left, once (see _oldest_logged_batch)
+        self._every_version: dict[int, bool] = {}  # per operator: snapshots at consecutive versions (see below)
 
     # -- public -------------------------------------------------------------------------------
     def of(self, batch: int) -> RestartSet:
@@ -524,7 +525,11 @@ class RestartSets:
             if self._oldest_logged is None:
                 self._oldest_logged = _oldest_logged_batch(self.ckpt.offset_files, self.ckpt.commit_files)
             oldest = self._oldest_logged if self._oldest_logged >= 0 else None
-            if not _cleanup_could_leave(store, lowest, oldest):
+            if store.op_id not in self._every_version:
+                op = self.ckpt.state.operators.get(store.op_id)
+                self._every_version[store.op_id] = op is not None and any(
+                    _snapshots_at_consecutive_versions(s) for s in op.stores.values())
+            if not _cleanup_could_leave(store, lowest, oldest, self._every_version[store.op_id]):
                 return Damage(CKPT, store.rel_dir, L.url(store.rel_dir), "state", MISSING, "state-missing",
                               f"{problem}; the oldest file left is version {lowest} without a snapshot, which "
                               "Spark's cleanup never leaves: a snapshot or zip was deleted",
@@ -667,7 +672,15 @@ def _oldest_logged_batch(offset_batches, commit_batches) -> int:
     return max(oldest, default=-1)
 
 
-def _cleanup_could_leave(store: Store, lowest: int, oldest_logged: int | None = None) -> bool:
+def _snapshots_at_consecutive_versions(store: Store) -> bool:
+    """Whether a store holds HDFS snapshots at two consecutive versions: what Spark writes only with
+    ``minDeltasForSnapshot=0`` (a snapshot at every maintenance pass that finds a new version)."""
+    versions = sorted(f.version for f in store.files if f.kind == "snapshot")
+    return any(b - a == 1 for a, b in zip(versions, versions[1:]))
+
+
+def _cleanup_could_leave(store: Store, lowest: int, oldest_logged: int | None = None,
+                         snapshots_every_version: bool = False) -> bool:
     """Whether Spark's state cleanup can leave ``lowest`` as a store's oldest version: it keeps the
     snapshot (HDFS) or zip (RocksDB) the oldest retained version loads from, or everything from 1.
 
@@ -677,8 +690,12 @@ def _cleanup_could_leave(store: Store, lowest: int, oldest_logged: int | None = 
     in Spark 4.3's own runs: ``18.delta 21.delta 21.snapshot ...``). A snapshot is written only after
     more than ``minDeltasForSnapshot`` deltas (default 10), so such leftovers are not of consecutive
     versions; consecutive deltas below the oldest snapshot mean a snapshot was deleted by someone else,
-    or a cleanup stopped part-way (it deletes in ascending order), or ``minDeltasForSnapshot=0`` with
-    batches slower than maintenance: the window-cut warning then says more than is known.
+    or a cleanup stopped part-way (it deletes in ascending order), or ``minDeltasForSnapshot=0``: Spark
+    then snapshots every version a maintenance pass finds, and one cleanup can delete snapshots at
+    consecutive versions. ``snapshots_every_version`` (some store of the operator holds snapshots at
+    consecutive versions, which shows that setting) accepts consecutive leftovers; without that sign the
+    window-cut warning can still say more than is known (a review's real runs: 2 of 10 stops with
+    ``minDeltasForSnapshot=0``, both with the sign).
 
     The snapshot cleanup keeps is the newest at or below (latest version - minBatchesToRetain), and the
     offsets and commits purge keeps the batches from (latest batch - minBatchesToRetain): so the kept
@@ -693,6 +710,8 @@ def _cleanup_could_leave(store: Store, lowest: int, oldest_logged: int | None = 
         return False
     if oldest_logged is not None and min(snapshots) > oldest_logged + 1 + PURGE_LAG_ALLOWED:
         return False
+    if snapshots_every_version:
+        return True
     below = sorted({f.version for f in store.files if f.version < min(snapshots)})
     return all(b - a > 1 for a, b in zip(below, below[1:]))
 

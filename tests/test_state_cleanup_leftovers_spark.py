@@ -143,3 +143,36 @@ def test_the_rule_leftovers_are_judged_by():
     assert _cleanup_could_leave(rolled_back, 22, oldest_logged=24 - PURGE_LAG_ALLOWED)
     assert not _cleanup_could_leave(rolled_back, 22, oldest_logged=23 - PURGE_LAG_ALLOWED)
     assert _oldest_logged_batch({5, 6}, set()) == 5 and _oldest_logged_batch(set(), set()) == -1
+
+
+def test_consecutive_leftovers_where_spark_snapshots_every_version():
+    """``minDeltasForSnapshot=0``: Spark snapshots every version a maintenance pass finds, and one cleanup
+    can delete snapshots at consecutive versions, leaving their deltas. Listings from a review's real Spark
+    4.3 runs (window aggregation, minBatchesToRetain 3, maintenance every 750 ms, async log purge), where
+    fsck warned window-cut on checkpoints nobody had touched; and that run's checkpoint with every
+    snapshot but the newest deleted by hand, which must still warn."""
+    from types import SimpleNamespace
+
+    from checkpoint_ops.restart import _cleanup_could_leave, _snapshots_at_consecutive_versions
+
+    def store(listing):
+        names = listing.split()
+        return SimpleNamespace(files=[SimpleNamespace(version=int(n.split(".")[0]), kind=n.split(".")[1])
+                                      for n in names])
+
+    # stop 4: offsets 42..45, commits 42..44
+    stop4 = store("40.delta 41.delta 42.delta 42.snapshot 43.delta 43.snapshot 44.delta 45.delta 45.snapshot")
+    assert _snapshots_at_consecutive_versions(stop4)
+    assert _cleanup_could_leave(stop4, 40, oldest_logged=42, snapshots_every_version=True)
+    assert not _cleanup_could_leave(stop4, 40, oldest_logged=42)  # without the sign: the false warning
+    # stop 5, partition 1 (offsets and commits from 51); partition 0 holds 50.snapshot
+    stop5 = store("50.delta 51.delta 52.delta 52.snapshot 53.delta 53.snapshot 54.delta 55.delta 55.snapshot")
+    assert _cleanup_could_leave(stop5, 50, oldest_logged=51, snapshots_every_version=True)
+    # by hand: every snapshot but the newest gone; no store shows the sign any more
+    by_hand = store("93.delta 94.delta 95.delta 96.delta 97.delta 98.delta 98.snapshot")
+    assert not _snapshots_at_consecutive_versions(by_hand)
+    assert not _cleanup_could_leave(by_hand, 93, oldest_logged=93, snapshots_every_version=False)
+    # the sign does not lift the bound: a snapshot far above what the log purge left was not Spark's choice
+    assert not _cleanup_could_leave(stop4, 40, oldest_logged=30, snapshots_every_version=True)
+    spaced = store("30.delta 33.delta 33.snapshot 36.delta 36.snapshot")  # minDeltasForSnapshot >= 2
+    assert not _snapshots_at_consecutive_versions(spaced)
