@@ -41,7 +41,7 @@ from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .fence import Fence, fence_bytes, is_fence, parse_fence, resume_command
 from .journal import Journal, new_op_id, ops_dir, write_journal
 from .ledger import ledger_at
-from .model.listing import Listing
+from .model.listing import Listing, is_hidden_temp
 from .model.logfile import log_files
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, OpCounter, open_file_manager
@@ -358,7 +358,7 @@ class Executor:
         were never part of the tree."""
         for rid, listing in listings.items():
             planned = {a.rel for a in self.plan.actions if a.root == rid}
-            stray = [rel for rel in listing.files if rel not in planned and _is_temp(rel)]
+            stray = [rel for rel in listing.files if rel not in planned and is_hidden_temp(rel.rpartition("/")[2])]
             if stray:
                 root = self.roots[rid]
                 root.fm.delete_many([root.abs(r) for r in stray])
@@ -730,11 +730,6 @@ def _sha256_of(fm: CheckpointFileManager, path: str) -> str | None:
     except FileNotFoundError:
         return None
     return h.hexdigest()
-
-
-def _is_temp(rel: str) -> bool:
-    name = rel.rsplit("/", 1)[-1]
-    return name.startswith(".") and name.endswith(".tmp")
 
 
 def _transfer(src_fm: CheckpointFileManager, dst_fm: CheckpointFileManager, pairs: list[tuple[str, str]]) -> None:

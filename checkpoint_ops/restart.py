@@ -29,6 +29,7 @@ import io
 import struct
 import zipfile
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from .model.checkpoint import Checkpoint
 from .model.codecs import LZ4_MAGIC, CodecError, changelog_header, decompress_prefix
@@ -177,8 +178,12 @@ class RestartSets:
         self._sink_missing: dict[tuple[int, int], list[Damage]] = {}
         self._state_done: dict[int, list] = {}
         self._metadata: tuple[list[RestartFile], list[Damage]] | None = None
-        self._oldest_logged: int | None = None  # the oldest batch Spark's log purge left, once (see _oldest_logged_batch)
         self._every_version: dict[int, bool] = {}  # per operator: snapshots at consecutive versions (see below)
+
+    @cached_property
+    def _oldest_logged(self) -> int | None:
+        """The oldest batch Spark's log purge left (``_oldest_logged_batch``), once per set of restart sets."""
+        return _oldest_logged_batch(self.ckpt.offset_files, self.ckpt.commit_files)
 
     # -- public -------------------------------------------------------------------------------
     def of(self, batch: int) -> RestartSet:
@@ -522,9 +527,7 @@ class RestartSets:
                           "restore the state file from a backup, or roll back to a batch whose state is intact")
         lowest = min(store.versions) if store.versions else None
         if b.missing_version is not None and lowest is not None and b.missing_version < lowest:
-            if self._oldest_logged is None:
-                self._oldest_logged = _oldest_logged_batch(self.ckpt.offset_files, self.ckpt.commit_files)
-            oldest = self._oldest_logged if self._oldest_logged >= 0 else None
+            oldest = self._oldest_logged
             if store.op_id not in self._every_version:
                 op = self.ckpt.state.operators.get(store.op_id)
                 self._every_version[store.op_id] = op is not None and any(
@@ -663,13 +666,13 @@ def _operator_damage(p: FileProblem) -> Damage:
 PURGE_LAG_ALLOWED = 2
 
 
-def _oldest_logged_batch(offset_batches, commit_batches) -> int:
-    """The oldest batch Spark's log purge left (-1: no log file on disk): the higher of the oldest offsets
+def _oldest_logged_batch(offset_batches, commit_batches) -> int | None:
+    """The oldest batch Spark's log purge left (None: no log file on disk): the higher of the oldest offsets
     and the oldest commits file. Spark purges both below one threshold; a rollback to T restores
     ``offsets/T-1`` (and ``offsets/T``, ``commits/T``) from the batch ledger when Spark purged them, so the
     oldest offsets file alone can sit one batch below what Spark's purge left."""
     oldest = [min(batches) for batches in (offset_batches, commit_batches) if batches]
-    return max(oldest, default=-1)
+    return max(oldest, default=None)
 
 
 def _snapshots_at_consecutive_versions(store: Store) -> bool:

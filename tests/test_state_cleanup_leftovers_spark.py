@@ -142,7 +142,7 @@ def test_the_rule_leftovers_are_judged_by():
     # a skipped async purge leaves the logs up to PURGE_LAG_ALLOWED batches behind the state cleanup
     assert _cleanup_could_leave(rolled_back, 22, oldest_logged=24 - PURGE_LAG_ALLOWED)
     assert not _cleanup_could_leave(rolled_back, 22, oldest_logged=23 - PURGE_LAG_ALLOWED)
-    assert _oldest_logged_batch({5, 6}, set()) == 5 and _oldest_logged_batch(set(), set()) == -1
+    assert _oldest_logged_batch({5, 6}, set()) == 5 and _oldest_logged_batch(set(), set()) is None
 
 
 def test_consecutive_leftovers_where_spark_snapshots_every_version():

@@ -14,7 +14,7 @@ from ..storage import CheckpointFileManager, open_file_manager
 from .commits import CommitMetadata, parse_commit
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
-from .listing import Listing, require_no_dir_links
+from .listing import Listing, is_hidden_temp, require_no_dir_links
 from .logfile import LogFile, LogFormatError, log_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
 from .operators import OperatorFiles
@@ -264,13 +264,7 @@ class Checkpoint:
 
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""
-        return sorted(rel for rel in self.listing.files if rel.endswith(".tmp") and is_hidden_temp(rel.rsplit("/", 1)[-1]))
-
-
-def is_hidden_temp(name: str) -> bool:
-    """Whether ``name`` is a hidden ``.*.tmp`` file: the temp file of a write that never finished (Spark's
-    or ours). Spark never reads one; its Hadoop ``.crc`` sidecar, if any, goes with it."""
-    return name.startswith(".") and name.endswith(".tmp")
+        return sorted(rel for rel in self.listing.files if is_hidden_temp(rel.rpartition("/")[2]))
 
 
 def open_sink(url: str, storage_options: dict | None = None, compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> SinkOutput:

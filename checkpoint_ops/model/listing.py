@@ -21,6 +21,12 @@ from ..storage import CheckpointFileManager, FileInfo
 OWN_FILE_PREFIXES = (".checkpoint-ops.lease", "..checkpoint-ops.lease")
 
 
+def is_hidden_temp(name: str) -> bool:
+    """Whether ``name`` is a hidden ``.*.tmp`` file: the temp file of a write that never finished (Spark's
+    or ours). Spark never reads one; its Hadoop ``.crc`` sidecar, if any, goes with it."""
+    return name.startswith(".") and name.endswith(".tmp")
+
+
 class Listing:
     """Files under ``root``, keyed by path relative to ``root`` ("offsets/5")."""
 

@@ -20,7 +20,7 @@ from typing import Callable
 
 from ..storage.checksums import is_hadoop_crc_name
 from .codecs import CodecError, changelog_header, decompress_prefix
-from .listing import Listing
+from .listing import Listing, is_hidden_temp
 from .state_schema import SCHEMA_FILE
 
 STATE_FILE = re.compile(r"^(\d+)(?:_([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}))?\.(delta|snapshot|zip|changelog)$")
@@ -212,7 +212,7 @@ class StateModel:
                     kind = m.group(3) if m.re is HDFS_CF_FILE else "metadata"
                     by_name[fname] = StateFile(rel, int(m.group(1)), kind, None, info)
                     continue
-            if fname.startswith(".") and fname.endswith(".tmp"):
+            if is_hidden_temp(fname):
                 store.temp_files.append(rel)
             elif fname.endswith(".crc"):
                 sidecar_names.append(fname)
