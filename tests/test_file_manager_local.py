@@ -417,3 +417,20 @@ def test_move_many_without_hard_links_renames(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "link", refuse)
     assert fm.move_many(pairs) == []
     assert all(not os.path.exists(s) and os.path.exists(d) for s, d in pairs)
+
+
+def test_list_gives_names_at_once_and_each_files_size_and_mtime_when_asked(tmp_path):
+    """``list`` reads a directory without a stat per file (a lease release lists a sink's root, which holds
+    a file per batch); a file's size and mtime are read when first asked, and a file removed in between
+    reads as empty with no mtime instead of failing the listing's caller."""
+    fm, root = open_file_manager(str(tmp_path))
+    (tmp_path / "a").write_bytes(b"12345")
+    os.utime(tmp_path / "a", (1_700_000_000, 1_700_000_000))
+    (tmp_path / "gone").write_bytes(b"x")
+    (tmp_path / "sub").mkdir()
+    listed = {f.name: f for f in fm.list(root)}
+    os.remove(tmp_path / "gone")
+    assert sorted(listed) == ["a", "gone", "sub"]
+    assert (listed["a"].size, listed["a"].mtime, listed["a"].is_dir) == (5, 1_700_000_000, False)
+    assert listed["sub"].is_dir
+    assert (listed["gone"].size, listed["gone"].mtime, listed["gone"].error) == (0, None, None)

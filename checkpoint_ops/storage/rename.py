@@ -569,6 +569,9 @@ class LocalFileManager(CheckpointFileManager):
             if e.is_symlink() and _is_dir(e):  # as ``walk`` lists it
                 out.append(_dir_link(e.path))
                 continue
+            if e.is_file(follow_symlinks=False):  # stat only if asked: most callers want names (a lease
+                out.append(_LazyStatInfo(e.path))  # release lists a sink's root of one file per batch)
+                continue
             st = e.stat(follow_symlinks=False)
             out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir(follow_symlinks=False)))
         return out
