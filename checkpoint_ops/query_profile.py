@@ -314,8 +314,14 @@ def _partition_columns(jwrite) -> tuple[str, ...] | None:
 
 
 def _scala_map(jvm, scala_map) -> dict[str, str]:
-    java_map = jvm.scala.jdk.javaapi.CollectionConverters.asJava(scala_map)
-    return {str(k): str(v) for k, v in java_map.items()}
+    """The map's entries, walked with ``hasNext`` (py4j's own iteration ends on a Java exception, which
+    PySpark converts at about 10 ms each: one per map, two maps per profile)."""
+    entries = jvm.scala.jdk.javaapi.CollectionConverters.asJava(scala_map).entrySet().iterator()
+    out = {}
+    while entries.hasNext():
+        entry = entries.next()
+        out[str(entry.getKey())] = str(entry.getValue())
+    return out
 
 
 def _walk(node):
@@ -473,10 +479,16 @@ def _sink_kind(fmt: str) -> str:
 
 
 def _setting(spark, key: str) -> str | None:
+    """The session's value of ``key`` (its default if unset), None when unset without a default. Asked as
+    an Option on the JVM side: an unset key's exception would cost a PySpark conversion (about 10 ms)."""
     try:
-        return spark.conf.get(key)
-    except Exception:  # unset, without a default
-        return None
+        value = spark._jsparkSession.conf().getOption(key)
+        return str(value.get()) if value.isDefined() else None
+    except Exception:  # not a classic session's JVM API: ask as PySpark does
+        try:
+            return spark.conf.get(key)
+        except Exception:  # unset, without a default
+            return None
 
 
 def _plan_hash(plan) -> str | None:
