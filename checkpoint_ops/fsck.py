@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from .fence import recovery_advice
 from .lease import LeaseState, lease_of
 from .lag import sink_lag
-from .model.checkpoint import Checkpoint, is_hidden_temp
+from .model.checkpoint import Checkpoint
+from .model.listing import is_hidden_temp
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata

@@ -314,9 +314,13 @@ def _partition_columns(jwrite) -> tuple[str, ...] | None:
 
 
 def _scala_map(jvm, scala_map) -> dict[str, str]:
+    return _java_map(jvm.scala.jdk.javaapi.CollectionConverters.asJava(scala_map))
+
+
+def _java_map(java_map) -> dict[str, str]:
     """The map's entries, walked with ``hasNext`` (py4j's own iteration ends on a Java exception, which
-    PySpark converts at about 10 ms each: one per map, two maps per profile)."""
-    entries = jvm.scala.jdk.javaapi.CollectionConverters.asJava(scala_map).entrySet().iterator()
+    PySpark converts at about 10 ms each: one per map, a map per source and the writer's per profile)."""
+    entries = java_map.entrySet().iterator()
     out = {}
     while entries.hasNext():
         entry = entries.next()
@@ -457,7 +461,7 @@ def _source(jvm, node, name: str, index: int) -> SourceProfile:
         options = _scala_map(jvm, ds.options())
     else:  # V2 (rate, socket, ...)
         fmt = str(node.sourceName())
-        options = {str(k): str(v) for k, v in node.extraOptions().asCaseSensitiveMap().items()}
+        options = _java_map(node.extraOptions().asCaseSensitiveMap())
     path = options.pop("path", None)
     kind = _format_kind(fmt)
     return SourceProfile(index, kind, fmt, path, tuple(sorted((k.lower(), v) for k, v in options.items())))
