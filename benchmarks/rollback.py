@@ -143,7 +143,7 @@ PHASES = [
      "check_restart_set"),
     ("  warnings about damaged files the rollback removes", "checkpoint_ops.rollback", "damage_in_removed"),
     ("journal: the plan's compact rows, written and synced", "checkpoint_ops.executor", "write_journal"),
-    ("moving the deleted files aside (a link and an unlink each, directories on threads)", "checkpoint_ops.executor",
+    ("moving the deleted files aside (a link and an unlink each)", "checkpoint_ops.executor",
      "Executor._retire"),
     ("fence (metadata replaced)", "checkpoint_ops.executor", "Executor._fence"),
     ("printing the plan as JSON", "checkpoint_ops.cli", "print_json"),
