@@ -490,15 +490,15 @@ class Fsck:
                 continue
             target_name = hadoop_crc_target(name)
             target = f"{parent}/{target_name}" if parent else target_name
-            if is_hidden_temp(target_name):
-                continue  # a temp file's sidecar goes with it (temp-file above): Spark never reads either
             tinfo = L.get(target)
             if tinfo is None:
-                if target_name.endswith(".tmp") or rel.startswith("state/"):
-                    continue  # temp litter is reported above; state orphans per store
+                if rel.startswith("state/"):
+                    continue  # state orphans are reported per store
                 self.add(WARNING, "orphan-crc", L.url(rel), f"checksum sidecar of a file that no longer exists ({target_name})",
                          "delete it")
                 continue
+            if is_hidden_temp(target_name):
+                continue  # a temp file's sidecar goes with it (temp-file above): Spark never reads either
             if info.size != hadoop_crc_size(tinfo.size):
                 self.add(ERROR, "stale-crc", L.url(rel),
                          f"checksum sidecar does not match {target_name} ({tinfo.size} bytes): Spark reads through "

@@ -257,7 +257,7 @@ class _Builder:
             if target in written:
                 if not listing.fm.hadoop_crc:  # our write regenerates it only where Hadoop's .crc is kept
                     self.delete(root, listing, rel, "checksum sidecar of a rewritten file", "litter")
-            elif (target not in listing or target in gone) and not target.endswith(".tmp"):
+            elif target not in listing or target in gone:  # a temp file's too: one that is there goes with it
                 self.delete(root, listing, rel, "checksum sidecar of a file that is gone", "litter")
 
     def sink(self, i: int, sink: SinkOutput, lag: SinkLag | None = None) -> None:

@@ -128,6 +128,25 @@ def stale_crc_other_size(run):
     return "stale-crc", f"offsets/.{_last(run)}.crc"
 
 
+def orphan_crc(run):
+    """A Hadoop sidecar whose file is gone (a hand deletion that missed the hidden ``.crc``)."""
+    open(os.path.join(run.checkpoint, "commits", ".99999.crc"), "wb").write(hadoop_crc_bytes(b"v1\n{}"))
+    return "orphan-crc", "commits/.99999.crc"
+
+
+def orphan_crc_of_a_visible_tmp_name(run):
+    """The sidecar of a missing ``notes.tmp``: not a temp file's (those are hidden, and reported with it)."""
+    open(os.path.join(run.checkpoint, "offsets", ".notes.tmp.crc"), "wb").write(hadoop_crc_bytes(b"notes"))
+    return "orphan-crc", "offsets/.notes.tmp.crc"
+
+
+def orphan_crc_of_a_missing_temp(run):
+    """The sidecar of a hidden temp file that is gone: no temp-file finding carries it any more."""
+    name = f"..{_last(run) + 1}.0b3c5d6e-aaaa-bbbb-cccc-123456789abc.tmp.crc"
+    open(os.path.join(run.checkpoint, "offsets", name), "wb").write(hadoop_crc_bytes(b""))
+    return "orphan-crc", f"offsets/{name}"
+
+
 def sink_log_gap(run):
     d = os.path.join(run.output, "_spark_metadata")
     latest = run.last_batch
@@ -154,7 +173,8 @@ def sink_orphan_file(run):
 CORRUPTIONS = [
     empty_offsets, truncated_offsets, non_json_commit, non_json_source_entry, unknown_version, missing_metadata,
     offsets_gap, commits_ahead, state_file_missing, stale_state, leftover_tmp, stale_crc_same_size,
-    stale_crc_other_size, sink_log_gap, sink_file_missing, sink_orphan_file,
+    stale_crc_other_size, orphan_crc, orphan_crc_of_a_visible_tmp_name, orphan_crc_of_a_missing_temp,
+    sink_log_gap, sink_file_missing, sink_orphan_file,
 ]
 
 
