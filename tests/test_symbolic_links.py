@@ -43,6 +43,11 @@ def test_walk_lists_a_linked_directory_as_itself_and_follows_the_root(tmp_path):
     listed = {f.name: f for f in fm.list(root)}  # one directory: the same entries
     assert sorted(listed) == ["dangling", "linked-dir", "loop", "sub"]
     assert listed["linked-dir"].link_target == str(tmp_path / "elsewhere") and not listed["loop"].is_dir
+    assert listed["sub"].is_dir and listed["dangling"].mtime is None and listed["loop"].error.errno == errno.ELOOP
+    in_sub = {f.name: f for f in fm.list(os.path.join(root, "sub"))}  # a link to a file: read through, as walk does
+    linked, walked = in_sub["linked-file"], found["sub/linked-file"]
+    assert (linked.size, linked.mtime, linked.is_dir) == (walked.size, walked.mtime, False) == \
+        (len(b"content"), os.stat(tmp_path / "file-elsewhere").st_mtime, False)
 
 
 def _checkpoint_with_linked_state(tmp_path) -> tuple[str, str]:

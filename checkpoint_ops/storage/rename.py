@@ -565,15 +565,14 @@ class LocalFileManager(CheckpointFileManager):
         except (FileNotFoundError, NotADirectoryError):
             return []
         out = []
-        for e in entries:
-            if e.is_symlink() and _is_dir(e):  # as ``walk`` lists it
+        for e in entries:  # each entry as ``walk`` lists it
+            if e.is_dir(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=True))
+            elif e.is_symlink() and _is_dir(e):
                 out.append(_dir_link(e.path))
-                continue
-            if e.is_file(follow_symlinks=False):  # stat only if asked: most callers want names (a lease
-                out.append(_LazyStatInfo(e.path))  # release lists a sink's root of one file per batch)
-                continue
-            st = e.stat(follow_symlinks=False)
-            out.append(FileInfo(e.path, st.st_size, st.st_mtime, is_dir=e.is_dir(follow_symlinks=False)))
+            else:  # a file, or a link to one (read through it): stat only if asked, as most callers want
+                out.append(_LazyStatInfo(e.path))  # names (a lease release lists a sink's root of a file per batch)
         return out
 
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
