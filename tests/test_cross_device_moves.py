@@ -3,8 +3,8 @@ checkpoint directory that is a mount point (its trash, beside the checkpoint, is
 
 ``LocalFileManager.move_many`` copies such a file (to a temp name, flushed to disk, renamed into place) and
 only then unlinks the source. Killed between the two, the next call, as ``resume`` makes it, copies it again
-over the destination and unlinks the source. Each test needs a second device: ``/dev/shm`` where it is one,
-else a tmpfs mounted for the test (root only); without either it is skipped, saying so.
+over the destination and unlinks the source. Each test needs a second device: a tmpfs mounted for the test
+(root only), else ``/dev/shm`` where it is one; without either it fails, saying what is missing.
 """
 
 from __future__ import annotations

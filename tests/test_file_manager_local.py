@@ -356,8 +356,9 @@ def _moves(tmp_path, dirs: int, files: int) -> list[tuple[str, str]]:
 
 
 def test_move_many_across_directories(tmp_path):
-    """Several source directories (moved on several threads): every file reaches its destination with its
-    content, the sources are gone, the ones that were never there are reported, and each move is counted."""
+    """Several source directories (on one device: one after another; across devices, on threads, see
+    test_cross_device_moves.py): every file reaches its destination with its content, the sources are gone,
+    the ones that were never there are reported, and each move is counted."""
     fm, _ = _lean(tmp_path)
     pairs = _moves(tmp_path, 12, 25)
     gone = [(str(tmp_path / "src" / "3" / "absent"), str(tmp_path / "trash" / "src" / "3" / "absent")),

@@ -581,8 +581,8 @@ class LocalFileManager(CheckpointFileManager):
         ``link_target``), so that callers can refuse it by name: followed, its files would be reached
         through another path, perhaps on another device, than the one every later step (moves into the
         trash, fences, backups) assumes. A link to a file is listed as a file (read through the link,
-        moved or deleted as the link itself); a dangling link or a loop is a file whose ``error`` says
-        why it cannot be read."""
+        moved or deleted as the link itself); a dangling link is a file that is not there (size 0, no
+        mtime), and a loop a file whose ``error`` says why it cannot be read."""
         out: list[FileInfo] = []
         stack = [path]
         while stack:
@@ -648,16 +648,18 @@ class LocalFileManager(CheckpointFileManager):
         destination, then unlinks it.
 
         Files of one source directory go one after another, in the order given. On one device the
-        directories go one after another too: a move is two short system calls, and threads only contend
-        for the GIL (44,600 files: 0.30 s on one thread, 0.56 s on four, their blocks on disk or not; see
-        ``docs/benchmarks.md``). Across devices, where each file is copied and flushed, source directories
-        go on up to ``MOVE_THREADS`` threads: while one waits on the disk, the others copy."""
+        directories go one after another too: a move is two short system calls, and threads cost more
+        than they overlap (44,600 files: 0.30 s on one thread, 0.56 to 0.60 s on four, their blocks on
+        disk or not; ``docs/benchmarks.md``). Across devices, where each file is copied and flushed, source
+        directories go on up to ``MOVE_THREADS`` threads: while one waits on the disk, the others copy.
+        Which of the two is judged on the first pair: the directory its source is listed in (a link is
+        moved as itself), and its destination."""
         groups: dict[str, list[tuple[str, str]]] = {}
         for src, dst in pairs:
             groups.setdefault(src.rpartition("/")[0], []).append((src, dst))
         missing: list[str] = []
         workers = 1
-        if len(groups) > 1 and not self.same_device(pairs[0][0], pairs[0][1]):  # copies: threads (docstring)
+        if len(groups) > 1 and not self.same_device(pairs[0][0].rpartition("/")[0], pairs[0][1]):  # copies
             workers = min(MOVE_THREADS, len(groups))
         if workers <= 1:
             for group in groups.values():
