@@ -13,8 +13,8 @@ from .fence import recovery_advice
 from .lease import LeaseState, lease_of
 from .lag import sink_lag
 from .model.checkpoint import Checkpoint
-from .model.listing import is_hidden_temp
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
+from .model.listing import is_hidden_temp
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem

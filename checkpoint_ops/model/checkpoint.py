@@ -265,7 +265,8 @@ class Checkpoint:
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""
         # the suffix first: one C call per listed file, the name split only for the few that end so
-        return sorted(rel for rel in self.listing.files if rel.endswith(".tmp") and is_hidden_temp(rel.rpartition("/")[2]))
+        return sorted(rel for rel in self.listing.files
+                      if rel.endswith(".tmp") and is_hidden_temp(rel.rpartition("/")[2]))
 
 
 def open_sink(url: str, storage_options: dict | None = None, compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> SinkOutput:
