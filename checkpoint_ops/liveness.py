@@ -160,10 +160,14 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> bool:
+        """No renewal starts after this. Waits for one under way, up to ``timeout`` seconds (None: as long as
+        it takes); returns whether none is still running (a renewal hung on the store is left to finish or
+        fail on its own daemon thread)."""
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join()
+            self._thread.join(timeout)
+        return not self._thread.is_alive() or self._thread is threading.current_thread()
 
     def __enter__(self) -> "Heartbeat":
         return self.start()

@@ -102,6 +102,33 @@ def test_a_holder_whose_renewal_is_stuck_stops_before_its_lease_can_be_taken_ove
     assert _s3_keys(s3_server, bucket) == []  # B removed its record and its takeover claim
 
 
+def test_release_does_not_wait_for_a_renewal_hung_on_the_store(faulty_s3, s3_server, bucket):
+    """A renewal PUT held up 8 s by the store (ttl 3 s: a renewal every second). Release waits for it at
+    most one renewal interval, then deletes the record; when the late renewal reaches the store, its
+    ``If-Match`` names a record that is gone, so it is refused and no record comes back. (Before, release
+    joined the renewal for as long as the store took.)"""
+    fm, root = open_file_manager(f"s3://{bucket}/root", {"endpoint_url": faulty_s3.endpoint})
+    lease = acquire(fm, root, "A", ttl_s=3)
+    beat = lease._heartbeat
+    try:
+        faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("slow",), requests=frozenset({"PUT"}), delay_s=8))
+        deadline = time.monotonic() + 5
+        while not faulty_s3.stats.faults[("PUT", "slow")]:  # a renewal is held up at the store
+            assert time.monotonic() < deadline, faulty_s3.stats
+            time.sleep(0.02)
+        started = time.monotonic()
+        lease.release()
+        took = time.monotonic() - started
+        assert took < 5, f"release waited {took:.1f} s for a renewal hung on the store"
+        assert _s3_keys(s3_server, bucket) == []
+        beat._thread.join(30)  # the late renewal is answered (refused)
+        assert not beat._thread.is_alive()
+        assert isinstance(beat.error, LeaseLost) and "refused the late renewal" in str(beat.error), beat.error
+        assert _s3_keys(s3_server, bucket) == []  # it wrote nothing back
+    finally:
+        faulty_s3.calm()
+
+
 class _ActiveQuery:
     """What ``hold_lease_while_active`` asks of a streaming query: it stays active until stopped."""
 

@@ -64,3 +64,24 @@ def test_heartbeat_renews_until_stopped_and_keeps_a_failure():
     beat._thread.join(10)
     assert isinstance(beat.error, OSError)
     beat.stop()
+
+
+def test_stopping_a_heartbeat_waits_for_a_hung_renewal_no_longer_than_asked():
+    """``stop(timeout)`` leaves a renewal that does not return (a store that hangs) on its daemon thread
+    and says so; once that renewal returns, no other starts."""
+    entered, hung = threading.Event(), threading.Event()
+    calls = []
+
+    def renew():
+        calls.append(1)
+        entered.set()
+        hung.wait(30)
+
+    beat = Heartbeat(renew, 0.01).start()
+    assert entered.wait(10)
+    assert beat.stop(timeout=0.2) is False
+    assert beat._thread.is_alive()
+    hung.set()
+    assert beat.stop(timeout=10) is True
+    assert calls == [1]
+

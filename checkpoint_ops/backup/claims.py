@@ -151,9 +151,12 @@ class HeldClaim:
                                "CHECKPOINT_OPS_LEASE_TTL)")
 
     def release(self) -> None:
-        """Stop renewing, then delete the record (in this order: a late renewal must not revive it)."""
+        """Stop renewing, then delete the record (in this order: a late renewal must not revive it). A
+        renewal under way is waited for at most one renewal interval: one hung on the store is left on its
+        daemon thread, and if it lands after the delete, the record it writes back is never renewed and is
+        stale once its time to live passes."""
         if self._heartbeat is not None:
-            self._heartbeat.stop()
+            self._heartbeat.stop(timeout=self.holder.ttl_s / 3)
             self._heartbeat = None
         self.fm.delete(self.path)
 
