@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import zipfile
 from datetime import datetime
+from typing import Iterator
 
 from .errors import BadInputError, RefusedError, param, require_batch_number
 from .fence import is_fence, parse_fence, recovery_advice
@@ -237,9 +238,14 @@ class _Builder:
         ck = self.ckpt
         for rel in ck.temp_files():
             self.delete(CKPT, ck.listing, rel, "leftover temporary file of an interrupted write", "litter")
-        # state/ orphans were found by the state scan; the rest of the checkpoint is checked here
+        # the state stores' own orphans were found by the state scan; the rest of the checkpoint is checked
+        # here, state/ included (operator metadata and schema folders, a store's SSTs/ and logs/)
         for d in [""] + [d for d in ck.listing.subdirs("") if d != "state"]:
             self._stale_sidecars(CKPT, ck.listing, d, recursive=bool(d))
+        stores = {store.rel_dir for store in ck.state.stores()}
+        for d in _dirs_under(ck.listing, "state"):
+            if d not in stores:
+                self._stale_sidecars(CKPT, ck.listing, d, recursive=False)
 
     def _stale_sidecars(self, root: str, listing: Listing, under: str = "", recursive: bool = True) -> None:
         """Checksum sidecars whose file is gone (or is being rewritten where nothing regenerates
@@ -362,6 +368,16 @@ class _Builder:
                 f"({param('source_compact_interval')} / {param('sink_compact_interval')}): Spark derives the "
                 "interval from it when one compact file is left",
             )
+
+
+def _dirs_under(listing: Listing, rel_dir: str) -> Iterator[str]:
+    """``rel_dir`` and every directory below it in ``listing``, from the listing's index of folders (not
+    a pass over its files)."""
+    todo = [rel_dir] if listing.has_dir(rel_dir) else []
+    while todo:
+        d = todo.pop()
+        yield d
+        todo += [f"{d}/{sub}" for sub in listing.subdirs(d)]
 
 
 def _ssts_of(st, zips) -> set[str] | None:

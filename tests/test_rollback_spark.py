@@ -14,6 +14,7 @@ import sys
 
 import pytest
 
+from checkpoint_ops.storage.checksums import hadoop_crc_bytes
 from pipelines.event_counts import expected_windows, flush_files, read_output
 from tests.helpers import is_lease_file, cli_json, content_snapshot, tree_snapshot
 from tests.spark_runs import COMPACT_INTERVAL
@@ -271,6 +272,30 @@ def test_undo_after_spark_ran_is_refused(spark, run):
     code, u = cli_json("undo", run.checkpoint, "--yes")
     assert code == 1 and "mix two timelines" in u["problem"]
     assert tree_snapshot(run.checkpoint, run.output) == before
+
+
+def test_rollback_clears_litter_spark_never_reads_and_spark_resumes_exactly(spark, run):
+    """Sidecars a killed writer leaves behind: that of a temp file that is gone (Hadoop renames a file,
+    then its sidecar: killed in between), and one in an operator's ``_metadata`` folder, outside any
+    state store's. fsck reports both; the rollback removes them with the batches after the target, fsck
+    then finds nothing, and Spark resumes from what is left with the exact output."""
+    n = run.last_batch - 2
+    litter = [f"offsets/..{run.last_batch + 1}.0b3c5d6e-aaaa-bbbb-cccc-123456789abc.tmp.crc",
+              "state/0/_metadata/.gone.crc"]
+    assert os.path.isdir(os.path.join(run.checkpoint, "state", "0", "_metadata"))
+    for rel in litter:
+        with open(os.path.join(run.checkpoint, rel), "wb") as f:
+            f.write(hadoop_crc_bytes(b"gone"))
+    code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert sorted(x["path"] for x in f["findings"] if x["code"] == "orphan-crc") == sorted(
+        os.path.join(run.checkpoint, rel) for rel in litter), f["findings"]
+    code, r = rollback(run, n, "--yes")
+    assert code == 0, r
+    assert set(litter) <= {a["rel"] for a in r["plan"]["actions"] if a["kind"] == "delete" and a["phase"] == "litter"}
+    assert not [rel for rel in litter if os.path.exists(os.path.join(run.checkpoint, rel))]
+    code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert (code, f["findings"]) == (0, [])
+    assert finish_and_read(spark, run) == exact(run)
 
 
 def test_undo_of_a_cleanup_after_spark_ran_is_refused(spark, run):
