@@ -41,12 +41,11 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   again), up to ``MAX_CLAIM_CHAIN`` deep. A takeover that fails after its claim removes the claim. The
   claims are removed when the new holder releases. A warning says whose lease was taken over and why; a
   refusal because of a live claim names the claim file and ``lease break``.
-* **Release** deletes the lease if it is still ours (and our takeover claims). It waits for a renewal
-  under way at most one renewal interval: a renewal hung on the store is left on its daemon thread. On S3
-  it can then never write the record back (its ``If-Match`` names a record that is gone); where the replace
-  is unconditional, one that lands after the delete writes back a record nobody renews, stale once its
-  time to live passes (at once for the next command on this host once this process has ended), as any
-  lease left behind is. ``lease break`` removes a
+* **Release** deletes the lease if it is still ours (and our takeover claims), once no renewal is under
+  way. On S3 it waits for one at most one renewal interval, then leaves it on its daemon thread: its
+  ``If-Match`` names a record that is gone by the time it lands, so the store refuses it. Where the replace
+  is unconditional (local disk, HDFS), a renewal landing after the delete would write the record back, over
+  the record of whoever took the lease next: release waits for it, however long. ``lease break`` removes a
   lease by hand, and every takeover claim beside it, journaled (``lease_break.py``), never one a live process
   on this host holds.
 """
@@ -337,10 +336,12 @@ class Lease:
 
     def release(self) -> None:
         """Stop renewing, then delete the record if it is still ours, our takeover claims, and dead lease
-        temp files. A renewal under way is waited for at most one renewal interval (a third of the time to
-        live), so a store that hangs does not hang the release (module docstring: what a late one can do)."""
+        temp files. Where renewals are conditional (S3), a renewal under way is waited for at most one
+        renewal interval (a third of the time to live): a late one can never write the record back. Elsewhere
+        release waits for it, however long: one landing after the delete could replace the record of the
+        next holder (module docstring)."""
         if self._heartbeat is not None:
-            self._heartbeat.stop(timeout=self.holder.ttl_s / 3)
+            self._heartbeat.stop(timeout=self.holder.ttl_s / 3 if self.fm.conditional_replace else None)
             self._heartbeat = None
         with _HELD_LOCK:  # from now on not held, even if deleting the record fails
             _HELD_HERE.discard(self.holder.token)

@@ -161,13 +161,21 @@ class Heartbeat:
         return self
 
     def stop(self, timeout: float | None = None) -> bool:
-        """No renewal starts after this. Waits for one under way, up to ``timeout`` seconds (None: as long as
-        it takes); returns whether none is still running (a renewal hung on the store is left to finish or
-        fail on its own daemon thread)."""
+        """No renewal starts after this. From another thread: waits for the renewal under way, up to
+        ``timeout`` seconds (None: as long as it takes), and returns False if it is still running then (it
+        is left to finish or fail on its daemon thread; ``join`` waits for it). From the heartbeat's own
+        thread (a renewal that stops its heartbeat): returns True at once."""
         self._stop.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if self._thread is threading.current_thread():
+            return True
+        if self._thread.is_alive():
             self._thread.join(timeout)
-        return not self._thread.is_alive() or self._thread is threading.current_thread()
+        return not self._thread.is_alive()
+
+    def join(self) -> None:
+        """Wait until the heartbeat's thread has ended (after ``stop``: its last renewal has returned)."""
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join()
 
     def __enter__(self) -> "Heartbeat":
         return self.start()

@@ -472,6 +472,39 @@ def test_a_claim_whose_heartbeat_lapsed_is_stale_and_its_holder_knows(tmp_path, 
     os.rmdir(failing.path)
 
 
+def test_releasing_a_claim_does_not_wait_for_a_renewal_hung_on_the_store(faulty_s3, s3_server, bucket):
+    """A backup intent's renewal PUT held up 8 s by the store (ttl 3 s: a renewal every second). Release
+    waits for it at most one renewal interval and deletes the record; the late renewal, an unconditional
+    write, lands after that and writes the record back, and the release deletes it again once the renewal
+    has returned: no intent is left holding garbage collection. (Before, release joined the renewal for as
+    long as the store took.)"""
+    from tests.faulty_s3 import FaultPlan
+
+    repo = Repository.open(f"s3://{bucket}/dest", {"endpoint_url": faulty_s3.endpoint}, create=True)
+    held = HeldClaim(repo.fm, repo.root, INTENT, "20260101T000000.000000Z-0000abcd.json", "test", ttl_s=3).acquire()
+    beat = held._heartbeat
+    key = f"dest/{held.rel}"
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+
+    def stored() -> bool:
+        return s3.list_objects_v2(Bucket=bucket, Prefix=key).get("KeyCount", 0) > 0
+
+    try:
+        faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("slow",), requests=frozenset({"PUT"}), delay_s=8))
+        wait_for(lambda: faulty_s3.stats.faults[("PUT", "slow")], "a renewal held up at the store")
+        started = time.monotonic()
+        held.release()
+        took = time.monotonic() - started
+        assert took < 5, f"release waited {took:.1f} s for a renewal hung on the store"
+        assert not stored()
+        wait_for(lambda: stored() or not beat._thread.is_alive(), "the late renewal to land")
+        beat._thread.join(30)
+        assert not beat._thread.is_alive()
+        wait_for(lambda: not stored(), "the record the late renewal wrote back to be deleted again")
+    finally:
+        faulty_s3.calm()
+
+
 # ---- leftovers on S3: an unfinished multipart upload -------------------------------------------------------
 
 

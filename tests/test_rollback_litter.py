@@ -38,13 +38,16 @@ def test_rollback_to_the_last_batch_deletes_exactly_the_litter(tmp_path):
 
 def test_sidecars_left_under_state_outside_any_store_are_litter_too(tmp_path):
     """Under ``state/``, the state scan finds the orphan sidecars of a store's own folder; an orphan sidecar
-    of an operator's metadata folder, or of a store's ``_metadata``, was neither reported by fsck nor
-    removed by a rollback. Both are now."""
+    of an operator's metadata or schema folder, or of a store's ``_metadata``, ``SSTs`` or ``logs``, was
+    neither reported by fsck nor removed by a rollback. Both are now."""
     root = str(tmp_path / "ck")
     synthetic.write_local(root, batches=10, partitions=2, retain_state=10)
     litter = {
         "state/0/_metadata/.gone.crc": hadoop_crc_bytes(b"gone"),
         "state/0/1/_metadata/.schema-old.crc": hadoop_crc_bytes(b"old"),
+        "state/0/1/SSTs/.gone.sst.crc": hadoop_crc_bytes(b"sst"),
+        "state/0/1/logs/.gone.log.crc": hadoop_crc_bytes(b"log"),
+        "state/0/_stateSchema/default/.gone.crc": hadoop_crc_bytes(b"schema"),
         "state/0/1/.11.delta.crc": hadoop_crc_bytes(b"x"),  # a store's own (found before too)
     }
     for rel, data in litter.items():

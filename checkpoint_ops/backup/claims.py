@@ -17,7 +17,9 @@ holder stops before it publishes anything.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -152,13 +154,25 @@ class HeldClaim:
 
     def release(self) -> None:
         """Stop renewing, then delete the record (in this order: a late renewal must not revive it). A
-        renewal under way is waited for at most one renewal interval: one hung on the store is left on its
-        daemon thread, and if it lands after the delete, the record it writes back is never renewed and is
-        stale once its time to live passes."""
-        if self._heartbeat is not None:
-            self._heartbeat.stop(timeout=self.holder.ttl_s / 3)
-            self._heartbeat = None
+        renewal under way is waited for at most one renewal interval. One still hung on the store then is
+        left on its daemon thread, and the record is deleted now and again once that renewal has returned
+        (a renewal is an unconditional write: landing after the first delete, it writes the record back).
+        The record's name is this holder's alone (a backup id, a prune lock's own), so the late write never
+        replaces another's. If this process ends first, the record written back goes stale (its pid is gone,
+        its heartbeat lapses)."""
+        beat, self._heartbeat = self._heartbeat, None
+        if beat is not None and not beat.stop(timeout=self.holder.ttl_s / 3):
+            threading.Thread(target=self._delete_after, args=(beat,), name=f"checkpoint-ops-{self.kind}-release",
+                             daemon=True).start()
         self.fm.delete(self.path)
+
+    def _delete_after(self, beat: Heartbeat) -> None:
+        """The second delete of ``release``: once the renewal left running has returned."""
+        beat.join()
+        if self._heartbeat is not None:  # acquired again meanwhile (``acquire`` is meant once): its record now
+            return
+        with contextlib.suppress(Exception):  # the store may still fail: the record then goes stale
+            self.fm.delete(self.path)
 
     def __enter__(self) -> "HeldClaim":
         return self.acquire()
