@@ -67,7 +67,6 @@ class Fsck:
         self.sets = sets
         self._live: set | None = None
         self._crc_known: dict[str, bool] = {}  # big files checked streamed: whether their .crc matches
-        self._stores: set[str] | None = None  # the state stores' directories (``_store_dirs``)
         self.findings: list[Finding] = []
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
         self._sound_offsets: dict[int, str] = {}  # offsets files taken from the cache: "version:sources"
@@ -481,13 +480,6 @@ class Fsck:
                      "leftover temporary file from an interrupted write (hidden; Spark never reads it)",
                      "delete it (and its .crc sidecar, if any) while no query runs on this checkpoint")
 
-    def _store_dirs(self) -> set[str]:
-        """The directories of the checkpoint's state stores, whose orphan sidecars the state check reports
-        (not their ``SSTs/``, ``logs/`` or ``_metadata/``, nor the operators' metadata and schema folders)."""
-        if self._stores is None:
-            self._stores = {store.rel_dir for store in self.ckpt.state.stores()}
-        return self._stores
-
     def _checksums(self, L) -> None:
         """Hadoop ``.X.crc`` sidecars: orphaned, wrong size, or (for files we read) wrong content."""
         fm = L.fm
@@ -500,7 +492,7 @@ class Fsck:
             target = f"{parent}/{target_name}" if parent else target_name
             tinfo = L.get(target)
             if tinfo is None:
-                if L is self.ckpt.listing and parent in self._store_dirs():
+                if L is self.ckpt.listing and parent in self.ckpt.state.store_dirs:
                     continue  # reported with its store (the state check above)
                 self.add(WARNING, "orphan-crc", L.url(rel), f"checksum sidecar of a file that no longer exists ({target_name})",
                          "delete it")

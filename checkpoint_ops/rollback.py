@@ -242,9 +242,8 @@ class _Builder:
         # here, state/ included (operator metadata and schema folders, a store's SSTs/ and logs/)
         for d in [""] + [d for d in ck.listing.subdirs("") if d != "state"]:
             self._stale_sidecars(CKPT, ck.listing, d, recursive=bool(d))
-        stores = {store.rel_dir for store in ck.state.stores()}
         for d in _dirs_under(ck.listing, "state"):
-            if d not in stores:
+            if d not in ck.state.store_dirs:
                 self._stale_sidecars(CKPT, ck.listing, d, recursive=False)
 
     def _stale_sidecars(self, root: str, listing: Listing, under: str = "", recursive: bool = True) -> None:

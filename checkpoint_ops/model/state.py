@@ -16,6 +16,7 @@ import json
 import re
 import zipfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 from ..storage.checksums import is_hadoop_crc_name
@@ -251,6 +252,12 @@ class StateModel:
     # -- views -------------------------------------------------------------------------------
     def stores(self) -> list[Store]:
         return [s for op in self.operators.values() for s in op.stores.values()]
+
+    @cached_property
+    def store_dirs(self) -> frozenset[str]:
+        """The stores' own folders, whose orphan sidecars the scan finds (``Store.orphan_sidecars``); not
+        their ``SSTs/``, ``logs/`` or ``_metadata/``, nor the operators' metadata and schema folders."""
+        return frozenset(store.rel_dir for store in self.stores())
 
     @property
     def has_unique_ids(self) -> bool:
