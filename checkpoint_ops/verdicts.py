@@ -36,7 +36,9 @@ again. Its own rules say what it never remembers.
 
 **An optimisation only.** Deleting the cache, or a damaged one (torn, not JSON, another format, a newer
 format, entries of the wrong shape), changes no verdict: it is ignored (and replaced by the next save),
-never trusted. The cache lives beside the ledger, never inside the checkpoint
+never trusted. So is a cache another version of checkpoint-ops wrote (``written_by``): its verdicts and
+remembered findings are what that version's checks found, and a check added since would never see the
+files it vouches for. The cache lives beside the ledger, never inside the checkpoint
 (``<parent>/.checkpoint-ops/<name>/verdicts.json``), and is written whole through the file manager's
 atomic write: two writers at once leave one of the two whole caches (last writer wins), never a torn
 one, and a torn one would be ignored anyway.
@@ -54,6 +56,7 @@ import json
 import weakref
 from dataclasses import dataclass
 
+from . import __version__
 from .journal import ops_dir
 from .model.listing import Listing
 from .pairing import PAIRING_FILE
@@ -208,6 +211,9 @@ class VerdictCache:
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
                 got = doc.get("format") if isinstance(doc, dict) else None
                 return cls(fm, path, ignored=f"format {got!r} is not {FORMAT}")
+            if doc.get("written_by") != __version__:
+                return cls(fm, path, ignored=f"written by checkpoint-ops {doc.get('written_by')!r}, not by this "
+                                             f"version ({__version__}): every file is judged afresh")
             sound = doc["sound"]
             if not isinstance(sound, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                       for k, v in sound.items()):
@@ -311,7 +317,7 @@ class VerdictCache:
 
     # -- storage -------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        doc = {"format": FORMAT, "sound": self._new, "seals": {k: v.to_dict() for k, v in self._new_seals.items()},
+        doc = {"format": FORMAT, "written_by": __version__, "sound": self._new, "seals": {k: v.to_dict() for k, v in self._new_seals.items()},
                "window": self._new_window}
         if self._new_findings is not None:
             doc["fsck"] = {"fingerprint": self._new_findings[0], "findings": self._new_findings[1]}

@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+import checkpoint_ops
 from checkpoint_ops.check_pass import run_check_pass, shared_fsck
 from checkpoint_ops.fsck import run_fsck
 from checkpoint_ops.inspect import inspect_checkpoint
@@ -128,6 +129,7 @@ def test_deleted_or_damaged_cache_changes_no_verdict(hdfs_run):
         "another format": json.dumps({"format": 0, "sound": {}, "seals": {}}).encode(),
         "a newer format": json.dumps({**json.loads(good), "format": FORMAT + 1}).encode(),
         "wrong shape": json.dumps({**json.loads(good), "sound": {"x": 1}}).encode(),
+        "another version's": json.dumps({**json.loads(good), "written_by": "0.0.1"}).encode(),
     }
     for what, blob in damaged.items():
         open(_cache_path(run), "wb").write(blob)
@@ -283,6 +285,28 @@ def test_health_check_reuses_the_pass_only_while_nothing_changed(hdfs_run):
     # found before the file went (their seal no longer holds)
     _, findings, _ = _pass(run)
     assert findings == _without_cache(run)[0] == got
+
+
+def test_findings_another_version_remembered_are_not_reused(hdfs_run):
+    """After an upgrade, the health check judges afresh: the findings the last pass remembered are what
+    the old version's checks found, and would hide what a check added since finds."""
+    run = hdfs_run
+    _damage(run)
+    want = _without_cache(run)[0]
+    assert "sink-file-missing" in {f["code"] for f in want}
+    _pass(run)  # remembers the findings, with a fingerprint of what they judged; nothing changes after it
+    doc = json.loads(open(_cache_path(run), "rb").read())
+    assert doc["written_by"] == checkpoint_ops.__version__
+    # what an older version, one without the sink-data check, would have remembered for the same files
+    doc["fsck"]["findings"] = [f for f in doc["fsck"]["findings"] if f["code"] != "sink-file-missing"]
+    open(_cache_path(run), "w").write(json.dumps(doc))
+    ckpt, sinks = _model(run)
+    assert "sink-file-missing" not in {f.code for f in shared_fsck(ckpt, sinks, save=False)}  # reused as is
+    open(_cache_path(run), "w").write(json.dumps({**doc, "written_by": "0.0.1"}))
+    ckpt, sinks = _model(run)
+    cache = VerdictCache.for_checkpoint(ckpt)
+    assert "written by checkpoint-ops '0.0.1'" in cache.ignored and cache.findings_for("x") is None
+    assert [f.to_dict() for f in shared_fsck(ckpt, sinks, cache=cache)] == want
 
 
 def test_two_writers_at_once_leave_a_whole_cache(tmp_path):
