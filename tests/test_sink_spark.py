@@ -168,6 +168,27 @@ def test_retain_drops_whole_batches(spark, run, delete_files):
     assert code in (0, 1) and not [x for x in f["findings"] if x["severity"] == "error"], f
 
 
+@pytest.mark.parametrize("target", [5, FIRST + 2], ids=["into-retained", "after-retained"])
+def test_rollback_after_retain_then_spark_resumes_exactly(spark, run, target):
+    """A rollback after ``sink retain``: to a batch retain dropped, or to one it kept. The sink keeps none of
+    what retain dropped, and the batches after the target are Spark's to write again, once each."""
+    n, keep_after = run.batches(), 9
+    code, r = cli_json("sink", "retain", run.out, "--checkpoint", run.ckpt, "--keep-after-batch", keep_after, *SINK,
+                       "--delete-files", "--yes")
+    assert code == 0, r
+    code, r = cli_json("rollback", run.ckpt, "--to-batch", target, "--sink", run.out, *SINK,
+                       "--source-compact-interval", str(COMPACT_INTERVAL), "--yes")
+    assert code == 0, r
+    if target > keep_after:
+        assert rows(spark, run.out) == expected(range(keep_after + 1, target + 1))
+    code, f = cli_json("fsck", run.ckpt, "--sink", run.out, *SINK, "--source-compact-interval", str(COMPACT_INTERVAL))
+    assert code == 0 and f["findings"] == [], f
+    run_stateless(spark, run.base)  # re-runs target+1 .. n-1
+    assert run.batches() == n
+    # what retain kept up to the target stays; what it dropped after the target Spark writes again
+    assert rows(spark, run.out) == expected(range(min(target, keep_after) + 1, n))
+
+
 def test_retain_refuses_to_guess_without_a_ledger(run):
     shutil.rmtree(f"{run.base}/.checkpoint-ops")
     before = tree_snapshot(run.out)
