@@ -64,11 +64,12 @@ def _source_offsets(checkpoint: str, batch: int) -> list[str]:
         return f.read().splitlines()[2:]
 
 
-def _run_ending_with_a_no_data_batch(spark, base: str) -> tuple[list[tuple], int]:
-    """Spark's run over the inputs, with the HDFS store: (its rows, its last batch, a no-data batch)."""
+def _run_ending_with_a_no_data_batch(spark, base: str, flavour: str = "hdfs") -> tuple[list[tuple], int]:
+    """Spark's run over the inputs, with the ``flavour`` state store: (its rows, its last batch, a no-data
+    batch)."""
     checkpoint = os.path.join(base, "checkpoint")
     _write_inputs(os.path.join(base, "input"))
-    _run(spark, "hdfs", base)
+    _run(spark, flavour, base)
     last = max(int(n) for n in os.listdir(os.path.join(checkpoint, "commits")) if n.isdigit())
     assert last == FILES and _source_offsets(checkpoint, last) == _source_offsets(checkpoint, last - 1)
     return _rows(spark, base), last
@@ -167,7 +168,8 @@ def test_a_kept_no_data_batch_is_the_standing_rollbacks_after_a_later_one_is_und
     assert content_snapshot(checkpoint, output) == original
 
 
-def test_a_backup_of_a_kept_no_data_batch_takes_it_and_the_restored_copy_emits_its_rows(spark, tmp_path):
+@pytest.mark.parametrize("flavour", ["hdfs", "rocksdb", "rocksdb_v2"])
+def test_a_backup_of_a_kept_no_data_batch_takes_it_and_the_restored_copy_emits_its_rows(spark, tmp_path, flavour):
     """Rolled back to the batch before a no-data batch (kept planned), then backed up: the backup cuts at the
     last commit and took nothing above it, so the restored copy had no planned batch, and Spark resuming it
     over the same (finished) input planned nothing and never emitted that batch's rows (fsck called it
@@ -175,7 +177,7 @@ def test_a_backup_of_a_kept_no_data_batch_takes_it_and_the_restored_copy_emits_i
     the restored copy writes exactly the rows of the uninterrupted run."""
     base, restored = str(tmp_path / "original"), str(tmp_path / "restored")
     checkpoint, output = os.path.join(base, "checkpoint"), os.path.join(base, "output")
-    expected, last = _run_ending_with_a_no_data_batch(spark, base)
+    expected, last = _run_ending_with_a_no_data_batch(spark, base, flavour)
     code, r = cli_json("rollback", checkpoint, "--to-batch", last - 1, "--sink", output, "--yes")
     assert code == 0 and "no-data batch" in r["plan"]["summary"]["kept"], r
 
@@ -199,7 +201,7 @@ def test_a_backup_of_a_kept_no_data_batch_takes_it_and_the_restored_copy_emits_i
     assert code == 0 and r2["plan"]["summary"]["kept_planned"] == [f"offsets/{last}"], r2
     assert os.path.exists(os.path.join(again, "checkpoint", "offsets", str(last)))
 
-    _run(spark, "hdfs", restored, input_dir=os.path.join(base, "input"))  # the same, finished input
+    _run(spark, flavour, restored, input_dir=os.path.join(base, "input"))  # the same, finished input
     assert _rows(spark, restored) == expected  # before: the rows of the no-data batch were missing
     assert os.path.exists(os.path.join(target, "commits", str(last)))
     with open(os.path.join(checkpoint, "offsets", str(last)), "rb") as f:
