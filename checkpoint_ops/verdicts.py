@@ -317,8 +317,8 @@ class VerdictCache:
 
     # -- storage -------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        doc = {"format": FORMAT, "written_by": __version__, "sound": self._new, "seals": {k: v.to_dict() for k, v in self._new_seals.items()},
-               "window": self._new_window}
+        doc = {"format": FORMAT, "written_by": __version__, "sound": self._new,
+               "seals": {k: v.to_dict() for k, v in self._new_seals.items()}, "window": self._new_window}
         if self._new_findings is not None:
             doc["fsck"] = {"fingerprint": self._new_findings[0], "findings": self._new_findings[1]}
         return json.dumps(doc,
