@@ -7,7 +7,8 @@ Afterwards the last committed batch is N and Spark plans N+1 from ``offsets/N`` 
   windows that closed). Spark plans such a batch only within a run, never at a restart whose last batch
   is committed, so deleting it would lose its rows until new input arrives (for a finished source, for
   good). It stays planned and uncommitted, and Spark runs it again at restart with its recorded
-  watermark (state, sink log and sink files above N are rolled back as for any batch above N);
+  watermark (state, sink log and sink files above N are rolled back as for any batch above N). One Spark
+  already purged is written back from the batch ledger, planned;
 * each file-source log is trimmed to the log offset ``offsets/N`` records, rebuilding files Spark
   already compacted away from a later compact file (entries carry ``batchId``);
 * state versions above N+1 go (a stale higher snapshot would be loaded later and silently give
@@ -61,14 +62,16 @@ from .window import rollback_window
 CKPT = "checkpoint"
 
 
-def no_data_next(ck: Checkpoint, t: int, ledger=None) -> tuple[OffsetSeq, OffsetSeq] | None:
+def no_data_next(ck: Checkpoint, t: int, ledger=None, purged: bool = False) -> tuple[OffsetSeq, OffsetSeq] | None:
     """(``offsets/N``, ``offsets/N+1``) if batch N+1 (``t + 1``) is a no-data batch (module docstring): its
     source offsets are batch N's. None if it is not, or if either cannot be read (then N+1 goes, as any batch
-    above N). A rollback to N keeps it planned; a backup cut at N takes it (``backup/create.py``)."""
-    if t + 1 not in ck.offset_files or (t not in ck.offset_files and ledger is None):
+    above N). A rollback to N keeps it planned; a backup cut at N takes it (``backup/create.py``).
+    ``purged``: ``offsets/N+1`` Spark purged is read from the batch ledger (a rollback to N restores it)."""
+    on_disk = t + 1 in ck.offset_files
+    if not (on_disk or (purged and ledger is not None)) or (t not in ck.offset_files and ledger is None):
         return None
     try:
-        after = ck.offsets(t + 1)
+        after = ck.offsets(t + 1) if on_disk else ledger.offsets(t + 1)
         before = ck.offsets(t) if t in ck.offset_files else ledger.offsets(t)
     except (LogFormatError, OSError, ValueError, KeyError):
         return None
@@ -130,11 +133,16 @@ class _Builder:
     def logs(self) -> None:
         ck, t = self.ckpt, self.target
         L, C = ck.latest_offset, ck.latest_commit
-        no_data = no_data_next(ck, t, self.ledger)
+        no_data = no_data_next(ck, t, self.ledger, purged=True)
         planned = no_data[1] if no_data is not None else None
         if no_data is not None:
             self.plan.summary["kept"] = no_data_note(t, no_data[0], planned)
             self.plan.summary["kept_planned"] = [f"offsets/{t + 1}"]
+            if t + 1 not in ck.offset_files:  # Spark purged it: without it the rerun never emits that batch's rows
+                self.from_ledger = True
+                self.write(CKPT, ck.listing, f"offsets/{t + 1}", self.ledger.raw("offsets", t + 1),
+                           f"offsets/{t + 1} of a no-data batch restored from the batch ledger (Spark purged it): "
+                           "it stays planned")
         for b in ck.offset_files:
             if b > t and not (planned is not None and b == t + 1):
                 self.delete(CKPT, ck.listing, f"offsets/{b}", f"offsets of batches after {t}", "offsets")

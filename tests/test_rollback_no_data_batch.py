@@ -26,9 +26,9 @@ BASE = datetime(2024, 1, 1, tzinfo=timezone.utc)
 FILES = 4  # one file a batch (maxFilesPerTrigger 1): batches 0..3 read data, batch 4 only moves the watermark
 
 
-def _write_inputs(directory: str) -> None:
-    os.makedirs(directory)
-    for i in range(FILES):
+def _write_inputs(directory: str, first: int = 0, last: int = FILES) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for i in range(first, last):
         rows = [{"key": "a", "ts": (BASE + timedelta(seconds=10 * i + j)).isoformat()} for j in range(10)]
         path = os.path.join(directory, f"f{i:02d}.json")
         with open(path, "w") as f:
@@ -112,6 +112,45 @@ def test_a_rollback_before_a_no_data_batch_keeps_it_planned_and_spark_emits_its_
     _run(spark, flavour, base)  # the same input: Spark runs the planned no-data batch again
     assert _rows(spark, base) == expected
     assert os.path.exists(os.path.join(checkpoint, "commits", str(last)))
+    code, f = cli_json("fsck", checkpoint, "--sink", output)
+    assert code == 0, f
+
+
+@pytest.mark.parametrize("flavour", ["hdfs", "rocksdb", "rocksdb_v2"])
+def test_a_no_data_batch_spark_purged_is_restored_planned_from_the_ledger(spark, tmp_path, flavour):
+    """The no-data batch after the target is gone from ``offsets/`` (Spark's log purge), but the batch ledger
+    recorded it: the rollback writes it back, planned, and Spark's rerun over the same input emits its rows.
+    Before, it went like any purged batch above the target, and the rows it emitted never came back."""
+    base = str(tmp_path)
+    checkpoint, output = os.path.join(base, "checkpoint"), os.path.join(base, "output")
+    expected, last = _run_ending_with_a_no_data_batch(spark, base, flavour)
+    code, r = cli_json("ledger", "sync", checkpoint, "--sink", output)
+    assert code == 0, r
+    _write_inputs(os.path.join(base, "input"), FILES, FILES + 2)  # a later run: more batches after the no-data one
+    _run(spark, flavour, base)
+    code, r = cli_json("ledger", "sync", checkpoint, "--sink", output)
+    assert code == 0, r
+    # Spark's purge of offsets/ and commits/ below a later batch, by hand: the shared session keeps 10 batches,
+    # and with fewer its 1 s state maintenance would also drop the state the rollback needs
+    for log in ("offsets", "commits"):
+        for name in os.listdir(os.path.join(checkpoint, log)):
+            if int(name.lstrip(".").split(".")[0]) <= last:
+                os.remove(os.path.join(checkpoint, log, name))
+    held = os.path.join(base, "held")
+    os.makedirs(held)
+    for i in range(FILES, FILES + 2):  # the rerun reads the input the no-data batch had seen, no more
+        os.rename(os.path.join(base, "input", f"f{i:02d}.json"), os.path.join(held, f"f{i:02d}.json"))
+
+    code, r = cli_json("rollback", checkpoint, "--to-batch", last - 1, "--sink", output, "--yes")
+    assert code == 0, r
+    assert r["plan"]["summary"]["kept_planned"] == [f"offsets/{last}"], r["plan"]["summary"]
+    with open(os.path.join(checkpoint, "offsets", str(last))) as f:
+        assert f.read().splitlines()[2:] == _source_offsets(checkpoint, last - 1)  # planned, the same offsets
+    assert not os.path.exists(os.path.join(checkpoint, "commits", str(last)))
+    code, f = cli_json("fsck", checkpoint, "--sink", output)
+    assert code == 0, f
+    _run(spark, flavour, base)
+    assert _rows(spark, base) == expected  # before: the windows the no-data batch closed were missing
     code, f = cli_json("fsck", checkpoint, "--sink", output)
     assert code == 0, f
 
