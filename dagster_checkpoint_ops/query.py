@@ -37,6 +37,9 @@ class StreamingQuery:
     def __post_init__(self):
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.name):
             raise ValueError(f"query name {self.name!r} must be a Python identifier (it names the asset and its ops)")
+        if isinstance(self.sinks, str):
+            raise ValueError(f"query {self.name}: sinks must be a list of output directories, not the string "
+                             f"{self.sinks!r} (write sinks=[{self.sinks!r}])")
         if self.schedule and self.automation_condition is not None:
             raise ValueError(f"query {self.name}: give a schedule or an automation_condition, not both")
         if self.build is None and (self.schedule or self.automation_condition is not None or self.spark_config):

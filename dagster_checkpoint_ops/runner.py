@@ -17,10 +17,10 @@ from checkpoint_ops.collector import fewer_collections
 from checkpoint_ops.errors import CheckpointOpsError, parameter_names
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.fsck import Finding
-from checkpoint_ops.ledger import Ledger
+from checkpoint_ops.ledger import Ledger, PairingRecord
 from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.operation import RunOptions, run
-from checkpoint_ops.pairing import same_location
+from checkpoint_ops.pairing import PAIRING_FILE, same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.query_profile import describe_query
 from checkpoint_ops.rollback import RollbackOperation
@@ -122,6 +122,50 @@ def _refuse_if_fenced(query, files) -> None:
                          f"fenced this checkpoint: {recovery_advice(f, fm.url(root.rstrip('/')))}, then run again.")
 
 
+def refuse_sink_of_another_query(query, files) -> None:
+    """A declared file sink whose pairing record (``checkpoint_ops.pairing``, written by every ledger sync)
+    names another checkpoint, or this location when its query was started again from scratch: Spark's file
+    sink would skip every batch id that query logged there, so the run would commit batches whose rows never
+    reach the output. Refused before the query starts (nothing changed). One read per sink, and of
+    ``metadata``; a record that cannot be read is left to the checks after the run."""
+    fm, root = files.file_manager(query.checkpoint)
+    here = fm.url(root.rstrip("/"))
+    query_id = None
+    try:
+        query_id = json.loads(fm.read_bytes(join(root, "metadata"))).get("id")
+    except (OSError, ValueError, AttributeError):
+        pass  # a new checkpoint (no metadata yet), or one fsck and the compat step judge
+    for url in query.sinks:
+        sink_fm, sink_root = files.file_manager(url)
+        where = join(sink_root, PAIRING_FILE)
+        try:
+            record = PairingRecord.parse(sink_fm.read_bytes(where), sink_fm.url(where))
+        except (OSError, CheckpointOpsError):
+            continue
+        if not any(same_location(s, sink_fm.url(sink_root)) for s in record.sinks):
+            continue  # a record copied with the directory: it says nothing about this output
+        if not same_location(record.checkpoint, here):
+            why = (f"{sink_fm.url(where)} records it as the output of checkpoint {record.checkpoint} (query "
+                   f"{record.query_id}): two queries cannot share one file sink (each skips the batch ids the "
+                   "other logged there)")
+            fix = (f"give asset {query.name} an output directory of its own; if {record.checkpoint} no longer writes "
+                   f"{url}, move {sink_fm.url(where)} away")
+        elif record.query_id is not None and query_id != record.query_id:
+            why = (f"{sink_fm.url(where)} records it as the output of the query {record.query_id} at this "
+                   f"checkpoint, which now holds " + (f"query {query_id}" if query_id else "no query (it was deleted)")
+                   + ": the query starts again from batch 0, and Spark's file sink would skip every batch id the "
+                   "old one logged there")
+            fix = (f"start the new query with a new, empty output directory (or move {url} away), or restore the "
+                   "old checkpoint")
+        else:
+            continue
+        raise dg.Failure(
+            description=f"asset {query.name}: its {SINKS_FIELD} {url} is not the output of this query's checkpoint "
+            f"{query.checkpoint}: {why}. Refused before the query started: nothing ran, nothing changed. Fix: {fix}.",
+            metadata={"sink": url, "recorded_checkpoint": record.checkpoint,
+                      "recorded_query_id": record.query_id or "", "checkpoint_query_id": query_id or ""})
+
+
 def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
@@ -195,6 +239,7 @@ def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict
             raise dg.Failure(description=f"{query.name}: build(spark) must return an unstarted DataStreamWriter "
                              f"(df.writeStream...), not {type(writer).__name__}")
         refuse_undeclared_sink(query, _writer_sink(spark, writer, sink))
+        refuse_sink_of_another_query(query, files)
         started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
         try:
             started.awaitTermination()

@@ -27,6 +27,7 @@ import dagster as dg
 from pydantic import Field
 
 from checkpoint_ops.errors import CheckpointOpsError
+from checkpoint_ops.pairing import same_location
 
 from dagster_checkpoint_ops.backups import FRESHNESS_CHECK, backup_job, freshness_check, freshness_result, freshness_spec
 from dagster_checkpoint_ops.compaction import compaction_job
@@ -134,6 +135,25 @@ def external_asset(query: StreamingQuery) -> dg.AssetSpec:
                         "checkpoint is observed, checked, backed up and compacted here.", **extra)
 
 
+def _refuse_shared_locations(queries: Sequence[StreamingQuery]) -> None:
+    """Two queries on one checkpoint, or writing one file sink, lose rows: each commits batches in the other's
+    checkpoint, or Spark's file sink skips the batch ids the other logged. Refused when the definitions load."""
+    def place(url: str) -> str:
+        return url if "://" in url else os.path.abspath(url)
+
+    seen: list[tuple[str, str, str]] = []  # (location, what, query)
+    for q in queries:
+        for url, what in [(q.checkpoint, "checkpoint")] + [(s, "sink") for s in q.sinks]:
+            for other_url, other_what, other in seen:
+                if same_location(place(url), place(other_url)):
+                    raise ValueError(
+                        f"queries {other} and {q.name} share one location: {other_url} is {other}'s {other_what} "
+                        f"and {url} is {q.name}'s {what}. Each query needs a checkpoint and file sinks of its own "
+                        "(two queries on one checkpoint commit batches in each other's, and a file sink skips the "
+                        "batch ids another query logged there)")
+            seen.append((url, what, q.name))
+
+
 def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str] = None,
                           backup_url: Optional[str] = None, spark_config: Optional[dict] = None,
                           spark_remote: Optional[str] = None, *, backup_cron: str = "*/30 * * * *",
@@ -164,6 +184,7 @@ def streaming_definitions(queries: Sequence[StreamingQuery], home: Optional[str]
     names = [q.name for q in queries]
     if len(set(names)) != len(names):
         raise ValueError(f"query names must be unique: {names}")
+    _refuse_shared_locations(queries)
 
     def shared(name: str) -> str:
         return f"{scope}_{name}" if scope else name

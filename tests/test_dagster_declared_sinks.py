@@ -73,3 +73,43 @@ def test_a_refusal_after_the_run_is_a_failure_saying_what_ran(spark, tmp_path, i
     assert str([wrong]) in description and "sinks=" in description and "YAML sinks:" in description, description
     assert "no such sink output directory" in description and "correct them and run again" in description
     assert sorted(f for f in os.listdir(os.path.join(query.checkpoint, "commits")) if not f.startswith(".")) == ["0", "1"]
+
+
+def test_a_sink_another_query_writes_or_wrote_is_refused_before_the_query_starts(spark, tmp_path, instance):
+    """Asset ``a`` ran and its ledger sync recorded ``output`` as its checkpoint's. Asset ``b``, with a checkpoint
+    of its own, declaring (and writing) the same output: before, Spark's file sink skipped every batch id ``a``
+    had logged there, ``b`` committed batches whose rows went nowhere, and its checkpoint held no state for them.
+    Now ``b`` is refused before its query starts; so is ``a`` once its checkpoint was deleted (a new query would
+    skip them the same way). Nothing changes in either case."""
+    base = str(tmp_path / "q")
+    inp, out = os.path.join(base, "input"), os.path.join(base, "output")
+    ckpt_a, ckpt_b = os.path.join(base, "checkpoint_a"), os.path.join(base, "checkpoint_b")
+
+    def build(spark):
+        for k, v in FLAVOURS["hdfs"].items():
+            spark.conf.set(k, v)
+        return counts_writer(spark, inp, out)
+
+    def defs_of(name, ckpt):
+        return streaming_definitions([StreamingQuery(name=name, build=build, checkpoint=ckpt, sinks=[out])],
+                                     home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+
+    write_event_files(inp, 0, 2)
+    assert materialize(defs_of("share_a", ckpt_a), "share_a", instance).success
+    before = listing(out, os.path.join(out, "_spark_metadata"))
+    for config in ({}, {"skip_compat_check": True}):
+        result = materialize(defs_of("share_b", ckpt_b), "share_b", instance, **config)
+        assert not result.success
+        description = failure_description(result)
+        assert description.startswith(f"asset share_b: its sinks"), description
+        assert f"records it as the output of checkpoint {ckpt_a}" in description, description
+        assert "nothing ran, nothing changed" in description, description
+        assert not os.path.exists(ckpt_b) and listing(out, os.path.join(out, "_spark_metadata")) == before
+
+    os.rename(ckpt_a, ckpt_a + ".deleted")
+    result = materialize(defs_of("share_a", ckpt_a), "share_a", instance)
+    assert not result.success
+    description = failure_description(result)
+    assert "which now holds no query (it was deleted)" in description, description
+    assert "new, empty output directory" in description, description
+    assert not os.path.exists(ckpt_a) and listing(out, os.path.join(out, "_spark_metadata")) == before

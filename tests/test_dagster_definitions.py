@@ -115,6 +115,21 @@ def test_factory_refuses_bad_queries(tmp_path):
         make_defs(tmp_path, names=("alpha", "alpha"))
     with pytest.raises(ValueError, match="identifier"):
         StreamingQuery(name="my-stream", build=_build, checkpoint="/c")
+    with pytest.raises(ValueError, match=r"not the string '/o' \(write sinks=\['/o'\]\)"):
+        StreamingQuery(name="q", build=_build, checkpoint="/c", sinks="/o")
+
+
+@pytest.mark.parametrize("second", [
+    {"checkpoint": "file:///data/c/", "sinks": ["/data/o2"]},  # one checkpoint, written two ways
+    {"checkpoint": "/data/c2", "sinks": ["/data/o/"]},  # one file sink
+    {"checkpoint": "/data/o", "sinks": []},  # one query's output is the other's checkpoint
+], ids=["checkpoint", "sink", "sink-as-checkpoint"])
+def test_two_queries_on_one_location_are_refused_when_defined(tmp_path, second):
+    first = StreamingQuery(name="first", build=_build, checkpoint="/data/c", sinks=["/data/o"])
+    with pytest.raises(ValueError, match="queries first and other share one location"):
+        streaming_definitions([first, StreamingQuery(name="other", build=_build, **second)], home=str(tmp_path))
+    streaming_definitions([first, StreamingQuery(name="other", build=_build, checkpoint="/data/c2",
+                                                 sinks=["/data/o2"])], home=str(tmp_path))
 
 
 def test_schedules_request_valid_runs(tmp_path):
