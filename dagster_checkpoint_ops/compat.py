@@ -4,7 +4,9 @@ the checkpoint (``checkpoint_ops.compat``).
 * **fails at restart**: the run fails with each reason, Spark's error class and the guide's rule; the
   query does not start and nothing changes;
 * **silently different**, or **check by hand** (a plan change below a stateful operator checkpoint-ops cannot
-  prove harmless): a warning in the run's log and the materialization's metadata; the run goes on;
+  prove harmless): a warning in the run's log and the materialization's metadata; the run goes on. The
+  changed query becomes the accepted one (what later runs are judged against) only once a batch commits with
+  it: a run that commits nothing warns, and the next run warns again;
 * nothing changed since Spark last accepted this query (same plan fingerprint, recorded beside the
   checkpoint): Spark is not restarted again, only the checks Spark does not make run (a few reads).
 
@@ -33,6 +35,9 @@ class CompatStep:
     metadata: dict
     writer: Optional[Any] = field(default=None, repr=False)
     sink: Optional[SinkProfile] = None  # the writer's sink as Spark was given it (None: not read, the check skipped)
+    # a changed query warned about (silently different, check by hand): recorded as the accepted one only once a
+    # batch committed with it (``accept_after_run``), so a run that processed nothing does not use up the warning
+    pending: Optional[tuple] = field(default=None, repr=False)
 
 
 def check_before_run(context, query, config, spark, files) -> CompatStep:
@@ -61,13 +66,34 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
         context.log.warning(f"{query.name}: silently different after the restart: {_reason(d)}")
     for d in report.of(CHECK):
         context.log.warning(f"{query.name}: check this change by hand: {_reason(d)}")
+    pending = (ckpt, report) if report.of(SILENT) or report.of(CHECK) else None
+    if pending is None:
+        _accept(context, query, ckpt, report)
+    # a judged writer was changed (noop sink); its sink is read before the judge, as built
+    return CompatStep(md, writer if report.judge is None else None,
+                      report.query.sink if report.query is not None else None, pending)
+
+
+def accept_after_run(context, query, step: CompatStep, last_committed: Optional[int]) -> None:
+    """Record a changed query the compat step warned about as the accepted one once it committed a batch. A run
+    that committed nothing (no new input, or refused before the query started) leaves the old record: the next
+    run judges against it again, and warns again, until a batch runs with the change."""
+    if step.pending is None:
+        return
+    ckpt, report = step.pending
+    before = report.batch if report.batch is not None else -1
+    if last_committed is not None and last_committed > before:
+        _accept(context, query, ckpt, report)
+    else:
+        context.log.info(f"{query.name}: the changed query committed no batch in this run: it is not recorded as "
+                         "accepted, and the next run warns again")
+
+
+def _accept(context, query, ckpt, report: CompatReport) -> None:
     try:
         accept(ckpt, report)
     except CheckpointOpsError as e:  # no place beside the checkpoint (a bucket root): the next run judges again
         context.log.warning(f"{query.name}: query profile not recorded: {e.render()}")
-    # a judged writer was changed (noop sink); its sink is read before the judge, as built
-    return CompatStep(md, writer if report.judge is None else None,
-                      report.query.sink if report.query is not None else None)
 
 
 def report_metadata(report: CompatReport) -> dict:

@@ -27,7 +27,7 @@ from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.storage.paths import join
 from checkpoint_ops.timeline import batch_times
 from checkpoint_ops.units import parse_time
-from dagster_checkpoint_ops.compat import check_before_run
+from dagster_checkpoint_ops.compat import accept_after_run, check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
@@ -318,6 +318,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         except CheckpointOpsError as e:
             raise after_run_failure(query, e, progress) from None
         md.update(described)
+        accept_after_run(context, query, compat, described["last_committed_batch"].value)
         leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
     return StreamRun(md, findings)

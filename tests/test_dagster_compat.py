@@ -122,3 +122,33 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
     finally:
         VARIANT.update(key_changed=False, partitions=None, scale=1)
         unload_state_stores(spark)
+
+
+def test_a_warned_change_stays_warned_until_a_batch_runs_with_it(spark, tmp_path, instance):
+    """A change judged "check by hand" on a run that commits nothing: before, that run recorded the changed
+    query as the accepted one, so the next run, the one whose batches really mix old and new results, said
+    "compatible". Now the record moves only once a batch commits with the change."""
+    VARIANT.update(key_changed=False, partitions=None, scale=1)
+    base = str(tmp_path / "q")
+    query = guarded_query(base)
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    inp = os.path.join(base, "input")
+    try:
+        write_event_files(inp, 0, 3)
+        assert metadata(materialize(defs, instance))["compat"] == "compatible"
+        # no new input: a no-data batch may still run (the watermark moved on), then nothing is left to run
+        last = metadata(materialize(defs, instance))["last_committed_batch"]
+        unload_state_stores(spark)
+        VARIANT["scale"] = 2
+        idle = metadata(materialize(defs, instance))
+        assert idle["last_committed_batch"] == last and idle["compat"].startswith("check by hand"), idle
+        write_event_files(inp, 3, 4)
+        unload_state_stores(spark)
+        ran = metadata(materialize(defs, instance))
+        assert ran["last_committed_batch"] > last and ran["compat"] == idle["compat"], ran  # before: "compatible"
+        write_event_files(inp, 4, 5)
+        unload_state_stores(spark)
+        assert metadata(materialize(defs, instance))["compat"] == "compatible"  # accepted once it ran
+    finally:
+        VARIANT.update(key_changed=False, partitions=None, scale=1)
+        unload_state_stores(spark)
