@@ -57,13 +57,18 @@ def failure(result):
     return result.get_step_failure_events()[0].step_failure_data.user_failure_data
 
 
-def test_compat_step_before_every_run(spark, tmp_path, instance):
+def fresh_guarded(tmp_path):
+    """The guarded query as first written, its definitions, and its input directory."""
     VARIANT.update(key_changed=False, partitions=None, scale=1)
-    BUILDS.clear()
     base = str(tmp_path / "q")
     query = guarded_query(base)
     defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
-    inp = os.path.join(base, "input")
+    return query, defs, os.path.join(base, "input")
+
+
+def test_compat_step_before_every_run(spark, tmp_path, instance):
+    BUILDS.clear()
+    query, defs, inp = fresh_guarded(tmp_path)
     try:
         write_event_files(inp, 0, 3)
         first = materialize(defs, instance)
@@ -128,11 +133,7 @@ def test_a_warned_change_stays_warned_until_a_batch_runs_with_it(spark, tmp_path
     """A change judged "check by hand" on a run that commits nothing: before, that run recorded the changed
     query as the accepted one, so the next run, the one whose batches really mix old and new results, said
     "compatible". Now the record moves only once a batch commits with the change."""
-    VARIANT.update(key_changed=False, partitions=None, scale=1)
-    base = str(tmp_path / "q")
-    query = guarded_query(base)
-    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
-    inp = os.path.join(base, "input")
+    _, defs, inp = fresh_guarded(tmp_path)
     try:
         write_event_files(inp, 0, 3)
         assert metadata(materialize(defs, instance))["compat"] == "compatible"
