@@ -5,7 +5,9 @@ A query run by checkpoint-ops (the Dagster asset), or by a user's script under
 operation is refused while it does. A query started any other way holds no lease. All the tool can see of
 it is the files it writes: a batch planned recently and not committed yet (``offsets/N`` without
 ``commits/N``), or, for a sink output without its checkpoint, a log file written recently. A query idle
-between triggers writes nothing and cannot be seen at all: stop it before changing its checkpoint.
+between triggers writes nothing and cannot be seen at all: stop it before changing its checkpoint. A batch
+that a query run by checkpoint-ops left planned when it failed (the Dagster asset's run, under the lease) is
+recorded as such (``record_ended_run``): the rollback that repairs it is not refused for looking recent.
 
 ``--force`` skips the refusal, never silently: ``refuse_if_active`` and ``refuse_if_sink_active`` then return
 a warning saying what was overridden and what it risks, which the operation runner adds to the plan's
@@ -40,10 +42,58 @@ def active_reasons(ckpt: Checkpoint, fresh_seconds: int = DEFAULT_FRESH_SECONDS,
     # interrupted operation's own doing.
     if ckpt.fence is None and L is not None and (C is None or L > C):
         info = ckpt.offset_files[L].info
-        if info.mtime is not None and now - info.mtime < fresh_seconds and not _left_planned(ckpt, f"offsets/{L}"):
+        if info.mtime is not None and now - info.mtime < fresh_seconds and not _left_planned(ckpt, f"offsets/{L}") \
+                and _planned_by_ended_run(ckpt, f"offsets/{L}") is None:
             return [f"offsets/{L} has no commit yet and was written {int(now - info.mtime)} s ago: a batch is "
                     "probably running"]
     return []
+
+
+ENDED_RUN_FILE = "ended-run.json"  # beside the checkpoint (``journal.ops_dir``)
+
+
+def record_ended_run(fm, root: str, by: str) -> str | None:
+    """A query that checkpoint-ops ran under the checkpoint's lease failed (``by``: which run): record the newest
+    ``offsets/`` file as it is now (name, size, mtime), planned by that run, which has ended. Until that file
+    changes, its age is no sign of a query running (``active_reasons``), so the rollback that repairs the
+    failed batch is not refused for ``DEFAULT_FRESH_SECONDS``. Returns the file recorded; None if none, or
+    the record could not be written (then the age rule applies, as before)."""
+    import json
+
+    from .journal import ops_dir
+    from .model.logfile import batch_id_from_name
+    from .storage.paths import join
+
+    try:
+        files = {batch_id_from_name(f.name): f for f in fm.list(join(root, "offsets")) if not f.is_dir}
+        files.pop(None, None)
+        if not files:
+            return None
+        newest = files[max(files)]
+        rel = f"offsets/{newest.name}"
+        doc = {"offsets": rel, "size": newest.size, "mtime": newest.mtime, "by": by, "recorded_at": time.time()}
+        fm.write_bytes(join(ops_dir(fm, root), ENDED_RUN_FILE), json.dumps(doc).encode(), overwrite=True)
+        return rel
+    except (OSError, ValueError, CheckpointOpsError):
+        return None
+
+
+def _planned_by_ended_run(ckpt: Checkpoint, rel: str) -> str | None:
+    """Which ended run planned ``rel`` (``record_ended_run``), if the file is still the one it left."""
+    import json
+
+    from .journal import ops_dir
+    from .storage.paths import join
+
+    try:
+        doc = json.loads(ckpt.fm.read_bytes(join(ops_dir(ckpt.fm, ckpt.root), ENDED_RUN_FILE)))
+        info = ckpt.listing.files.get(rel)
+        if doc.get("offsets") == rel and info is not None and info.size == doc.get("size") \
+                and info.mtime == doc.get("mtime"):
+            return str(doc.get("by"))
+    except (OSError, ValueError, AttributeError, CheckpointOpsError):
+        pass
+    return None
 
 
 def _left_planned(ckpt: Checkpoint, rel: str) -> bool:

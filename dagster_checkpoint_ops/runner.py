@@ -12,6 +12,7 @@ from typing import Optional
 
 import dagster as dg
 
+from checkpoint_ops.activity import record_ended_run
 from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.collector import fewer_collections
 from checkpoint_ops.errors import CheckpointOpsError, parameter_names
@@ -244,6 +245,10 @@ def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict
         try:
             started.awaitTermination()
         except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
+            # the batch it left planned is this run's (it held the lease): a rollback to repair it is not refused
+            # for the planned batch looking recent (checkpoint_ops.activity)
+            fm, root = files.file_manager(query.checkpoint)
+            record_ended_run(fm, root, f"dagster run {context.run.run_id} ({query.name}), which failed")
             raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
     progress = [_progress(p) for p in started.recentProgress]
     release_state_stores(spark, any(p.get("stateOperators") for p in progress))

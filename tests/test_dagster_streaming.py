@@ -11,8 +11,8 @@ import pytest
 
 from checkpoint_ops.backup import Repository, list_backups
 from checkpoint_ops.model import Checkpoint
-from pipelines.event_counts import (counts_writer, expected_windows, flush_files, read_output, write_bad_event_file,
-                                    write_event_files)
+from pipelines.event_counts import (counts_writer, expected_windows, flush_files, read_events, read_output,
+                                    windowed_counts, write_bad_event_file, write_event_files)
 from dagster_checkpoint_ops.backups import freshness_result
 from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.dagster_queries import counts_query, expected_totals, read_totals, totals_query
@@ -432,4 +432,51 @@ def test_a_fenced_checkpoint_fails_the_run_with_how_to_finish_it(spark, tmp_path
     assert materialize(defs, "fenced", instance).success
     got = read_output(spark, query.sinks[0])
     assert got == {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}
+    unload_state_stores(spark)
+
+
+def test_a_rollback_right_after_a_run_failed_mid_batch_is_not_refused(spark, tmp_path, instance):
+    """The query fails on a poison record mid-batch: the run leaves ``offsets/N`` planned, uncommitted and
+    seconds old, and ends (its lease released). Before, a rollback run right after it was refused for ten
+    minutes ("the query looks active") with no override in the run config. The failed run records the batch it
+    left planned, so the rollback goes ahead (tests/test_activity.py: that file changed looks active again)."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    from checkpoint_ops.activity import active_reasons
+
+    base = str(tmp_path / "q")
+    inp, out, ckpt = (os.path.join(base, d) for d in ("input", "output", "checkpoint"))
+
+    @F.udf(T.LongType())
+    def refuse_poison(value):
+        if value is not None and value < 0:
+            raise ValueError(f"poison value {value}")
+        return value
+
+    def build(spark):
+        for k, v in FLAVOURS["hdfs"].items():
+            spark.conf.set(k, v)
+        events = read_events(spark, inp).withColumn("value", refuse_poison("value"))
+        return windowed_counts(events).writeStream.format("parquet").outputMode("append").option("path", out)
+
+    defs = streaming_definitions([StreamingQuery(name="poisoned", build=build, checkpoint=ckpt, sinks=[out])],
+                                 home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    write_event_files(inp, 0, 3)
+    assert materialize(defs, "poisoned", instance).success
+    good = max(int(n) for n in os.listdir(os.path.join(ckpt, "commits")) if n.isdigit())
+    poison = os.path.join(inp, "events-00003.json")
+    with open(poison, "w") as f:
+        f.write(json.dumps({"key": "k0", "value": -1, "ts": "2024-01-01T00:10:00"}) + "\n")
+    os.utime(poison, (2_000_000_000, 2_000_000_000))
+    failed = materialize(defs, "poisoned", instance)
+    assert not failed.success
+    unload_state_stores(spark)
+    planned = max(int(n) for n in os.listdir(os.path.join(ckpt, "offsets")) if n.isdigit())
+    assert planned == good + 1 and not os.path.exists(os.path.join(ckpt, "commits", str(planned)))
+    assert active_reasons(Checkpoint.open(ckpt)) == []  # the failed run's own batch: no sign of a query running
+    os.remove(poison)  # on call fixes the input, then rolls back to the last good batch at once
+    rolled = materialize(defs, "poisoned", instance, rollback_to_batch=good)
+    assert rolled.success, [e.message for e in rolled.all_events if e.is_failure]
+    assert metadata(rolled, "poisoned")["rollback_target_batch"] == good
     unload_state_stores(spark)

@@ -65,3 +65,27 @@ def test_force_that_empties_a_sink_output_says_so(running):
     assert code == 0, doc
     assert [w for w in doc["plan"]["warnings"] if w.startswith("--force overrode a refusal: ")
             and "drops every batch" in w], doc["plan"]
+
+
+def test_a_batch_an_ended_run_left_planned_is_no_sign_of_a_running_query(running):
+    """The Dagster asset's run that failed mid-batch records the batch it left planned (``record_ended_run``):
+    that file is no sign of a query running, and the rollback that repairs it goes ahead without ``--force``.
+    Written again afterwards (by anything), it looks active again; so does a newer planned batch."""
+    from checkpoint_ops.activity import record_ended_run
+    from checkpoint_ops.storage import open_file_manager
+
+    ckpt, out = running
+    fm, root = open_file_manager(ckpt)
+    assert record_ended_run(fm, root, "dagster run r1 (q), which failed") == "offsets/40"
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
+    assert code == 0 and not [w for w in doc["plan"]["warnings"] if w.startswith(OVERRODE)], doc
+
+    planned = os.path.join(ckpt, "offsets", "40")
+    os.utime(planned, (os.stat(planned).st_mtime + 1, os.stat(planned).st_mtime + 1))  # written again
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
+    assert code == 1 and "offsets/40 has no commit yet" in doc["problem"], doc
+
+    assert record_ended_run(fm, root, "dagster run r2 (q), which failed") == "offsets/40"
+    shutil.copy(os.path.join(ckpt, "offsets", "39"), os.path.join(ckpt, "offsets", "41"))  # a batch planned since
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
+    assert code == 1 and "offsets/41 has no commit yet" in doc["problem"], doc
