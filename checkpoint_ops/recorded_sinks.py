@@ -163,7 +163,7 @@ class RecordedSinksCheck:
         live = [m for m in missing if m.gone is None]
         if live and not self.without_recorded_sinks:
             raise RecordedSinksLeftOut(ckpt, target, live, [s.url for s in sinks])
-        warnings = []
+        warnings = [] if sinks or missing else _no_sink_given(ckpt, target)
         for m in missing:
             if m.gone is not None:
                 warnings.append(f"the batch ledger records that this query writes {m.url} (recorded by "
@@ -176,3 +176,27 @@ class RecordedSinksCheck:
                 warnings.append(f"{m.url}, which the batch ledger records as this query's output, is left as it "
                                 f"is ({param('without_recorded_sinks') or 'abandoned on purpose'}){skipped}")
         return warnings
+
+
+def _no_sink_given(ckpt: Checkpoint, target: int) -> list[str]:
+    """A rollback with no sink, of a checkpoint whose ledger records none: nothing says whether its query writes a
+    file sink. If it does, the output's log keeps the batches after the target, and Spark's file sink skips them
+    when they run again: the rows of the reprocessed batches never reach it. Say so, naming the sink the recorded
+    query profile knows (``compat --record`` or a Dagster run writes it); silent when that profile shows another
+    kind of sink."""
+    from .query_profile import read_profile
+
+    try:
+        record = read_profile(ckpt.fm, ckpt.root)
+    except (OSError, ValueError, KeyError, TypeError):
+        record = None
+    sink = record.profile.sink if record is not None else None
+    if sink is not None and sink.kind not in ("file", "unknown"):
+        return []
+    sink_opt = param("sink") or "the sink"
+    where = (f"the query's recorded profile says it writes a file sink at {sink.path}: pass {sink_opt} {sink.path}"
+             if sink is not None and sink.kind == "file" and sink.path else
+             f"if the query writes a file sink, pass its output directory ({sink_opt} OUTPUT_PATH)")
+    return [f"no file sink given, and the batch ledger records none for this checkpoint: {where}. Without it, the "
+            f"output keeps its sink log of batches after {target}, and Spark's file sink skips those batch ids when "
+            "they run again, so their new rows never reach it"]

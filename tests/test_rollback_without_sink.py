@@ -1,0 +1,34 @@
+"""A rollback given no file sink, of a checkpoint whose batch ledger records none: nothing says whether the query
+writes one. If it does, the output keeps the sink log of the rolled-back batches and Spark's file sink skips
+those batch ids when they run again, so the reprocessed rows never reach it (a hostile review lost the fixed
+rows of a bad input file this way, with no word from the tool). The plan warns, in the dry run and the apply.
+Fast tier: a synthetic checkpoint and sink in Spark's formats (benchmarks/synthetic.py), no Spark."""
+
+from __future__ import annotations
+
+from benchmarks import synthetic
+from tests.helpers import cli_json
+from tests.synthetic_sink import write_sink
+
+WARNING = "no file sink given, and the batch ledger records none for this checkpoint"
+
+
+def test_a_rollback_without_a_sink_warns_when_nothing_records_one(tmp_path):
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=20, partitions=2, retain_state=25, input_dir=str(tmp_path / "in"))
+    write_sink(out, 20, compact_interval=10)
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
+    assert code == 0, doc
+    (warning,) = [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)]
+    assert "--sink OUTPUT_PATH" in warning and "batches after 12" in warning, warning
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--yes")
+    assert code == 0 and [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc["plan"]["warnings"]
+
+
+def test_no_warning_when_the_sink_is_given(tmp_path):
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=20, partitions=2, retain_state=25, input_dir=str(tmp_path / "in"))
+    write_sink(out, 20, compact_interval=10)
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--sink", out, "--dry-run")
+    assert code == 0, doc
+    assert not [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc["plan"]["warnings"]
