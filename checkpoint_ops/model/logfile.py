@@ -102,6 +102,12 @@ def unreadable(path: str, e: OSError) -> LogFormatError:
     return LogFormatError(what, path=path, kind="unreadable", fix=fix)
 
 
+TORN_LOG_FIX = ("if it is the newest file of its log and its batch is not committed, delete it so Spark "
+                "re-plans the batch; if the batch committed, `checkpoint-ops rollback` to the batch before it (it "
+                "removes the batch's files, its commit included, and Spark re-runs it: deleting only this file "
+                "leaves the batch half there, which Spark refuses); otherwise restore it from a backup")
+
+
 def split_versioned(data: bytes, path: str, log_kind: str, *, strip_nul: bool = False) -> tuple[int, list[str]]:
     """Validate the version line and return (version, remaining lines)."""
     if strip_nul and data[:1] == b"\x00":
@@ -111,8 +117,7 @@ def split_versioned(data: bytes, path: str, log_kind: str, *, strip_nul: bool = 
             "file is empty (0 bytes): Spark fails with 'Incomplete log file'",
             path=path,
             kind="empty",
-            fix="a crash left a torn write; if this is the newest batch, delete the file so Spark re-plans "
-            "the batch (or roll back with `checkpoint-ops rollback`)",
+            fix="a crash left a torn write: " + TORN_LOG_FIX,
         )
     try:
         text = data.decode("utf-8")
@@ -154,5 +159,5 @@ def parse_json_line(line: str, path: str, lineno: int, *, last: bool) -> object:
             f"{what}: {line[:80]!r}",
             path=path,
             kind=kind,
-            fix="restore this file from a backup; if it is the newest batch, delete it so Spark re-plans the batch",
+            fix=TORN_LOG_FIX,
         ) from None

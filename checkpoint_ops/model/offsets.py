@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from .logfile import LogFormatError, parse_json_line, split_versioned
+from .logfile import TORN_LOG_FIX, LogFormatError, parse_json_line, split_versioned
 
 VOID_OFFSET = "-"
 PROVIDER_CLASS_KEY = "spark.sql.streaming.stateStore.providerClass"
@@ -82,7 +82,7 @@ def parse_offsets(data: bytes, path: str, batch_id: int) -> OffsetSeq:
             "offsets file has a version line but no metadata line (truncated write?)",
             path=path,
             kind="truncated",
-            fix="if this is the newest batch, delete it so Spark re-plans the batch; otherwise restore it from a backup",
+            fix=TORN_LOG_FIX,
         )
     meta_line, offset_lines = lines[0].strip(), lines[1:]
     metadata = {}
