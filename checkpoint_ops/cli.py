@@ -198,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except KeyboardInterrupt:
         print("checkpoint-ops: interrupted", file=sys.stderr)
+        print("  fix: if it was changing something, `checkpoint-ops resume PATH` finishes the operation and "
+              "`checkpoint-ops undo PATH` reverts it (a checkpoint it fenced names both; `checkpoint-ops history "
+              "PATH` lists what is unfinished); a command that only read changed nothing", file=sys.stderr)
         return 130
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
