@@ -638,3 +638,30 @@ def test_list_shows_the_outcome_of_the_last_verification(run, tmp_path):
             f.write(data)
     assert cli_json("backup", "verify", dest)[0] == 0
     assert cli_json("backup", "list", dest)[1]["backups"][0]["status"] == "verified"
+
+
+@HDFS
+def test_list_says_failed_for_a_backup_holding_an_object_another_verification_found_bad(run, tmp_path):
+    """Two backups share an object; a verification of the second finds it damaged. Before, the first still
+    listed as verified (its own last verification passed) though its restore is refused for that object."""
+    dest = str(tmp_path / "dest")
+    first, second = backup(run, dest), backup(run, dest)  # the second references the first's objects
+    assert cli_json("backup", "verify", dest)[0] == 0
+    repo = Repository.open(dest)
+    shared = sorted(repo.manifest(first["backup_id"]).hashes() & repo.manifest(second["backup_id"]).hashes())
+    path = repo.object_path(shared[0])
+    saved = open(path, "rb").read()
+    with open(path, "r+b") as f:
+        f.write(b"\x00garbage")
+    assert cli("backup", "verify", dest, second["backup_id"])[0] == 1
+    row = {r["id"]: r for r in cli_json("backup", "list", dest)[1]["backups"]}[first["backup_id"]]
+    assert row["last_verification"]["ok"] is True  # its own, before the damage
+    assert (row["status"], row["verified"], row["known_bad_objects"]) == ("failed", "FAILED", 1), row
+    code, out, _ = cli("backup", "list", dest)
+    assert "1 of its objects found bad by a later verification" in out, out
+
+    with open(path, "wb") as f:
+        f.write(saved)
+    assert cli_json("backup", "verify", dest)[0] == 0  # found whole: no longer marked
+    rows = cli_json("backup", "list", dest)[1]["backups"]
+    assert [(r["status"], r["known_bad_objects"]) for r in rows] == [("verified", 0), ("verified", 0)]

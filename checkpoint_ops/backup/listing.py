@@ -33,11 +33,15 @@ class BackupRow:
     last_verification: Verification | None
     drill: dict | None = None  # the last restore drill (drill.py): {at, passed}
     kept_planned: tuple[str, ...] = ()  # ``offsets/N+1`` of a no-data batch taken beside the cut (create.py)
+    # objects it references that a verification (of this backup or another sharing them) marked bad since
+    known_bad: int = 0
 
     @property
     def status(self) -> str:
         if self.damaged is not None:
             return DAMAGED
+        if self.known_bad:
+            return FAILED
         if self.last_verification is None:
             return UNVERIFIED
         return VERIFIED if self.last_verification.ok else FAILED
@@ -69,6 +73,9 @@ class BackupRow:
         v = self.last_verification
         if self.status == DAMAGED:
             return f"DAMAGED: manifest {self.damaged}"
+        if self.known_bad and (v is None or v.ok):
+            return (f"FAILED: {self.known_bad} of its objects found bad by a later verification (bad/ in the "
+                    f"destination), after its own " + (f"passed at {v.at}" if v is not None else "never ran"))
         if v is None:
             return "never verified"
         if v.ok:
@@ -82,14 +89,19 @@ class BackupRow:
                 "query_id": self.query_id, "batch": self.batch, "kept_planned": list(self.kept_planned), "files": self.files, "bytes": self.bytes,
                 "new_bytes": self.new_bytes, "new_objects": self.new_objects, "verified": self.verified,
                 "status": self.status, "damaged": self.damaged, "manifest": self.manifest,
-                "last_verification": v.to_dict() if v is not None else None, "drill": self.drill}
+                "last_verification": v.to_dict() if v is not None else None, "drill": self.drill,
+                "known_bad_objects": self.known_bad}
 
 
 def list_backups(repo: Repository) -> list[BackupRow]:
     """Every backup at a destination, oldest first (ids start with their UTC time), damaged manifests
     included, each with the outcome of its last verification."""
     records, drills = repo.verified(), repo.drills()
+    bad = repo.bad_objects()  # one listing: objects any verification found bad, until stored again
     rows = [BackupRow.of(m, records.get(m.id)) for m in repo.manifests(refresh=True)]
+    if bad:
+        by_id = {m.id: m for m in repo.manifests()}
+        rows = [replace(r, known_bad=len(by_id[r.id].hashes() & bad)) for r in rows]
     rows += [BackupRow.of_damaged(d, records.get(d.id)) for d in repo.damaged_manifests()]
     rows = [replace(r, drill={"at": drills[r.id].get("drilled_at"), "passed": bool(drills[r.id].get("passed"))})
             if drills.get(r.id) else r for r in rows]
