@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError, param
+from .errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, param
 from .ledger import Ledger
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
@@ -188,7 +188,7 @@ def _no_sink_given(ckpt: Checkpoint, target: int) -> list[str]:
 
     try:
         record = read_profile(ckpt.fm, ckpt.root)
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, CheckpointOpsError):  # damaged, or the store failing: a hint
         record = None
     sink = record.profile.sink if record is not None else None
     if sink is not None and sink.kind not in ("file", "unknown"):

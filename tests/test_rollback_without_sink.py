@@ -32,3 +32,36 @@ def test_no_warning_when_the_sink_is_given(tmp_path):
     code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--sink", out, "--dry-run")
     assert code == 0, doc
     assert not [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc["plan"]["warnings"]
+
+
+def _recorded(ckpt: str, sink) -> None:
+    """A query profile beside the checkpoint, as `compat --record` or a Dagster run records one."""
+    from checkpoint_ops.query_profile import QueryProfile, SinkProfile, record_profile
+    from checkpoint_ops.storage import open_file_manager
+
+    fm, root = open_file_manager(ckpt)
+    record_profile(fm, root, QueryProfile("append", sink, None, None, None, "4.3.0"), False, 19)
+
+
+def test_the_warning_names_the_sink_the_profile_records_and_is_silent_for_other_sinks(tmp_path):
+    from checkpoint_ops.query_profile import SinkProfile, profile_path
+    from checkpoint_ops.storage import open_file_manager
+
+    ckpt = str(tmp_path / "ckpt")
+    synthetic.write_local(ckpt, batches=20, partitions=2, retain_state=25, input_dir=str(tmp_path / "in"))
+    _recorded(ckpt, SinkProfile("file", "parquet", "/data/tables/events"))
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
+    (warning,) = [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)]
+    assert "writes a file sink at /data/tables/events: pass --sink /data/tables/events" in warning, warning
+
+    _recorded(ckpt, SinkProfile("kafka", "kafka", None))
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
+    assert code == 0 and not [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc
+
+    fm, root = open_file_manager(ckpt)
+    with open(profile_path(fm, root), "wb") as f:
+        f.write(b'{"format": 1, "prof')  # torn: the hint is generic, the rollback is not refused
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
+    assert code == 0, doc
+    (warning,) = [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)]
+    assert "--sink OUTPUT_PATH" in warning, warning
