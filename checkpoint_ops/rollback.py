@@ -495,22 +495,24 @@ def plan_rollback(
     b.litter()
     b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
     if b.from_ledger:  # else the plan took everything from Spark's own files
-        _refuse_another_timelines_records(ckpt, ledger, target)
+        # a purged no-data batch N+1 written back from the ledger is one of its records too
+        upto = target + 1 if any(a.rel == f"offsets/{target + 1}" for a in b.plan.actions) else target
+        _refuse_another_timelines_records(ckpt, ledger, upto)
     return b.plan
 
 
-def _refuse_another_timelines_records(ckpt: Checkpoint, ledger, target: int) -> None:
+def _refuse_another_timelines_records(ckpt: Checkpoint, ledger, upto: int) -> None:
     """A plan that takes files from the batch ledger (Spark purged what the target needs) is refused when
-    the ledger's records of batches up to the target are of another timeline (``ledger.diverged_at``: a
-    backup restored where another ran, a query started again here, and no ``ledger sync`` since):
-    restoring them would put that timeline's files back."""
+    the ledger's records of the batches up to ``upto`` it may take (the target's, and a purged no-data batch
+    after it) are of another timeline (``ledger.diverged_at``: a backup restored where another ran, a query
+    started again here, and no ``ledger sync`` since): restoring them would put that timeline's files back."""
     gone = diverged_at(ckpt, ledger)
-    if gone is not None and gone.batch <= target:
+    if gone is not None and gone.batch <= upto:
         raise RefusedError(
             f"the batch ledger's records from batch {gone.batch} on are not this checkpoint's: "
             f"{gone.path} is not the file the ledger recorded (a restore where another "
-            "checkpoint ran, or a query started again at this place), and the rollback to batch "
-            f"{target} would restore files from them", path=gone.path,
+            "checkpoint ran, or a query started again at this place), and the rollback would restore files "
+            "from them", path=gone.path,
             fix=f"run `checkpoint-ops ledger sync {ckpt.url}` (it forgets those records), then roll back to a batch "
                 "the checkpoint or the ledger still holds (`checkpoint-ops inspect` shows the window)")
 

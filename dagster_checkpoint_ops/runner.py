@@ -131,11 +131,13 @@ def refuse_sink_of_another_query(query, files) -> None:
     ``metadata``; a record that cannot be read is left to the checks after the run."""
     fm, root = files.file_manager(query.checkpoint)
     here = fm.url(root.rstrip("/"))
-    query_id = None
+    query_id, known = None, True
     try:
         query_id = json.loads(fm.read_bytes(join(root, "metadata"))).get("id")
-    except (OSError, ValueError, AttributeError):
-        pass  # a new checkpoint (no metadata yet), or one fsck and the compat step judge
+    except FileNotFoundError:
+        pass  # a new checkpoint, or one deleted: the query starts again from batch 0
+    except (OSError, ValueError, AttributeError, CheckpointOpsError):
+        known = False  # unreadable: fsck and the compat step say so; judged by the record's checkpoint alone
     for url in query.sinks:
         sink_fm, sink_root = files.file_manager(url)
         where = join(sink_root, PAIRING_FILE)
@@ -151,7 +153,7 @@ def refuse_sink_of_another_query(query, files) -> None:
                    "other logged there)")
             fix = (f"give asset {query.name} an output directory of its own; if {record.checkpoint} no longer writes "
                    f"{url}, move {sink_fm.url(where)} away")
-        elif record.query_id is not None and query_id != record.query_id:
+        elif known and record.query_id is not None and query_id != record.query_id:
             why = (f"{sink_fm.url(where)} records it as the output of the query {record.query_id} at this "
                    f"checkpoint, which now holds " + (f"query {query_id}" if query_id else "no query (it was deleted)")
                    + ": the query starts again from batch 0, and Spark's file sink would skip every batch id the "
@@ -246,9 +248,15 @@ def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict
             started.awaitTermination()
         except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
             # the batch it left planned is this run's (it held the lease): a rollback to repair it is not refused
-            # for the planned batch looking recent (checkpoint_ops.activity)
-            fm, root = files.file_manager(query.checkpoint)
-            record_ended_run(fm, root, f"dagster run {context.run.run_id} ({query.name}), which failed")
+            # for the planned batch looking recent (checkpoint_ops.activity); only once the query has stopped
+            # (a client-side error, e.g. a Spark Connect session lost, can leave it running on the server)
+            try:
+                stopped = not started.isActive
+            except Exception:  # cannot tell: the age rule stays
+                stopped = False
+            if stopped:
+                fm, root = files.file_manager(query.checkpoint)
+                record_ended_run(fm, root, f"dagster run {context.run.run_id} ({query.name}), which failed")
             raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
     progress = [_progress(p) for p in started.recentProgress]
     release_state_stores(spark, any(p.get("stateOperators") for p in progress))

@@ -20,6 +20,7 @@ from any batch in reach; ``dry_run`` only records the plan.
 """
 
 import os
+import re
 import warnings
 from typing import Optional, Sequence
 
@@ -138,19 +139,21 @@ def external_asset(query: StreamingQuery) -> dg.AssetSpec:
 def _refuse_shared_locations(queries: Sequence[StreamingQuery]) -> None:
     """Two queries on one checkpoint, or writing one file sink, lose rows: each commits batches in the other's
     checkpoint, or Spark's file sink skips the batch ids the other logged. Refused when the definitions load."""
-    def place(url: str) -> str:
-        return url if "://" in url else os.path.abspath(url)
+    def place(url: str) -> str:  # a URL with a scheme (s3://, file:/...) as it is, a path made absolute
+        return url if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", url) and not re.match(r"[A-Za-z]:[\\/]", url) \
+            else os.path.abspath(url)
 
     seen: list[tuple[str, str, str]] = []  # (location, what, query)
     for q in queries:
         for url, what in [(q.checkpoint, "checkpoint")] + [(s, "sink") for s in q.sinks]:
             for other_url, other_what, other in seen:
                 if same_location(place(url), place(other_url)):
+                    who = (f"query {q.name} names one location twice" if other == q.name else
+                           f"queries {other} and {q.name} share one location")
                     raise ValueError(
-                        f"queries {other} and {q.name} share one location: {other_url} is {other}'s {other_what} "
-                        f"and {url} is {q.name}'s {what}. Each query needs a checkpoint and file sinks of its own "
-                        "(two queries on one checkpoint commit batches in each other's, and a file sink skips the "
-                        "batch ids another query logged there)")
+                        f"{who}: {other_url} is {other}'s {other_what} and {url} is {q.name}'s {what}. Each query "
+                        "needs a checkpoint and file sinks of its own (two queries on one checkpoint commit batches "
+                        "in each other's, and a file sink skips the batch ids another query logged there)")
             seen.append((url, what, q.name))
 
 
