@@ -36,9 +36,9 @@ again. Its own rules say what it never remembers.
 
 **An optimisation only.** Deleting the cache, or a damaged one (torn, not JSON, another format, a newer
 format, entries of the wrong shape), changes no verdict: it is ignored (and replaced by the next save),
-never trusted. So is a cache another version of checkpoint-ops wrote (``written_by``): its verdicts and
-remembered findings are what that version's checks found, and a check added since would never see the
-files it vouches for. The cache lives beside the ledger, never inside the checkpoint
+never trusted. So is a cache other code wrote (``written_by``: the version and a digest of this package's
+code, ``tool_build``, so a change between releases counts too): its verdicts and remembered findings are
+what that code's checks found, and a check added since would never see the files it vouches for. The cache lives beside the ledger, never inside the checkpoint
 (``<parent>/.checkpoint-ops/<name>/verdicts.json``), and is written whole through the file manager's
 atomic write: two writers at once leave one of the two whole caches (last writer wins), never a torn
 one, and a torn one would be ignored anyway.
@@ -51,8 +51,10 @@ writes anyway. A cache that cannot be written only makes the next run slower (``
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import weakref
 from dataclasses import dataclass
 
@@ -68,6 +70,22 @@ FORMAT = 1
 CACHE_NAME = "verdicts.json"
 MTIME_SLACK = 2.0  # seconds: files this close to the newest of their log are judged again every run
 _NOT_DATA = {PAIRING_FILE, hadoop_crc_name(PAIRING_FILE)}  # in a sink's root, never named by its log
+
+
+@functools.lru_cache(maxsize=1)
+def tool_build() -> str:
+    """This package's version and a digest of its code (every ``.py`` file, in order): what a verdict cache
+    records as ``written_by``. The version alone stays the same across unreleased changes."""
+    h = hashlib.sha256()
+    package = os.path.dirname(os.path.abspath(__file__))
+    for directory, subdirs, names in os.walk(package):
+        subdirs.sort()
+        for name in sorted(n for n in names if n.endswith(".py")):
+            path = os.path.join(directory, name)
+            h.update(os.path.relpath(path, package).encode() + b"\0")
+            with open(path, "rb") as f:
+                h.update(f.read())
+    return f"{__version__}+{h.hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
@@ -211,9 +229,9 @@ class VerdictCache:
             if not isinstance(doc, dict) or doc.get("format") != FORMAT:
                 got = doc.get("format") if isinstance(doc, dict) else None
                 return cls(fm, path, ignored=f"format {got!r} is not {FORMAT}")
-            if doc.get("written_by") != __version__:
+            if doc.get("written_by") != tool_build():
                 return cls(fm, path, ignored=f"written by checkpoint-ops {doc.get('written_by')!r}, not by this "
-                                             f"version ({__version__}): every file is judged afresh")
+                                             f"code ({tool_build()}): every file is judged afresh")
             sound = doc["sound"]
             if not isinstance(sound, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                       for k, v in sound.items()):
@@ -317,7 +335,7 @@ class VerdictCache:
 
     # -- storage -------------------------------------------------------------------------------
     def to_bytes(self) -> bytes:
-        doc = {"format": FORMAT, "written_by": __version__, "sound": self._new,
+        doc = {"format": FORMAT, "written_by": tool_build(), "sound": self._new,
                "seals": {k: v.to_dict() for k, v in self._new_seals.items()}, "window": self._new_window}
         if self._new_findings is not None:
             doc["fsck"] = {"fingerprint": self._new_findings[0], "findings": self._new_findings[1]}

@@ -658,7 +658,7 @@ def test_list_says_failed_for_a_backup_holding_an_object_another_verification_fo
     assert row["last_verification"]["ok"] is True  # its own, before the damage
     assert (row["status"], row["verified"], row["known_bad_objects"]) == ("failed", "FAILED", 1), row
     code, out, _ = cli("backup", "list", dest)
-    assert "1 of its objects found bad by a later verification" in out, out
+    assert "FAILED: 1 of its objects marked bad by a verification since its own (which passed at" in out, out
 
     with open(path, "wb") as f:
         f.write(saved)

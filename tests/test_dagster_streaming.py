@@ -439,7 +439,7 @@ def test_a_rollback_right_after_a_run_failed_mid_batch_is_not_refused(spark, tmp
     """The query fails on a poison record mid-batch: the run leaves ``offsets/N`` planned, uncommitted and
     seconds old, and ends (its lease released). Before, a rollback run right after it was refused for ten
     minutes ("the query looks active") with no override in the run config. The failed run records the batch it
-    left planned, so the rollback goes ahead (tests/test_activity.py: that file changed looks active again)."""
+    left planned, so the rollback goes ahead (tests/test_force_warnings.py: that file changed looks active again)."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 

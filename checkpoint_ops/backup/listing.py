@@ -74,8 +74,9 @@ class BackupRow:
         if self.status == DAMAGED:
             return f"DAMAGED: manifest {self.damaged}"
         if self.known_bad and (v is None or v.ok):
-            return (f"FAILED: {self.known_bad} of its objects found bad by a later verification (bad/ in the "
-                    f"destination), after its own " + (f"passed at {v.at}" if v is not None else "never ran"))
+            return (f"FAILED: {self.known_bad} of its objects marked bad by a verification since its own ("
+                    + (f"which passed at {v.at}" if v is not None else "it was never verified itself")
+                    + "; bad/ in the destination)")
         if v is None:
             return "never verified"
         if v.ok:

@@ -102,10 +102,11 @@ def unreadable(path: str, e: OSError) -> LogFormatError:
     return LogFormatError(what, path=path, kind="unreadable", fix=fix)
 
 
-TORN_LOG_FIX = ("if it is the newest file of its log and its batch is not committed, delete it so Spark "
-                "re-plans the batch; if the batch committed, `checkpoint-ops rollback` to the batch before it (it "
-                "removes the batch's files, its commit included, and Spark re-runs it: deleting only this file "
-                "leaves the batch half there, which Spark refuses); otherwise restore it from a backup")
+TORN_LOG_FIX = ("if it is the newest file of its log: the newest `commits/N`, or `offsets/N` of a batch with "
+                "no `commits/N` yet, can be deleted (Spark runs batch N again); once batch N committed, "
+                "`checkpoint-ops rollback` to the batch before it instead (deleting only `offsets/N` leaves a "
+                "commit without its offsets, which Spark refuses; the rollback also trims the source and sink "
+                "logs); otherwise restore it from a backup")
 
 
 def split_versioned(data: bytes, path: str, log_kind: str, *, strip_nul: bool = False) -> tuple[int, list[str]]:
