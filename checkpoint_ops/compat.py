@@ -37,6 +37,7 @@ import os
 import re
 import sys
 import tempfile
+import traceback
 import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -207,14 +208,24 @@ def load_query(spec: str) -> Callable:
     return func
 
 
+class QueryBuildError(BadInputError):
+    """The user's query function raised. ``trace``: its own traceback (from the function down), for a front end
+    that shows it (the Dagster run's failure); the message stays one line, as every bad input's."""
+
+    def __init__(self, problem: str, trace: str = "", **kw):
+        super().__init__(problem, **kw)
+        self.trace = trace
+
+
 def build_writer(build: Callable, spark):
     """Call the query's function; its result must be an unstarted ``DataStreamWriter``."""
     try:
         writer = build(spark)
     except Exception as e:
-        raise BadInputError(f"the query function {getattr(build, '__name__', build)!r} failed: "
-                            f"{type(e).__name__}: {str(e).strip()[:1000]}",
-                            fix="fix the query code (it is only called, nothing is started)") from None
+        trace = "".join(traceback.format_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None))
+        raise QueryBuildError(f"the query function {getattr(build, '__name__', build)!r} failed: "
+                              f"{type(e).__name__}: {str(e).strip()[:1000]}", trace[-4000:].rstrip(),
+                              fix="fix the query code (it is only called, nothing is started)") from None
     if not (hasattr(writer, "start") and hasattr(writer, "trigger") and hasattr(writer, "format")):
         raise BadInputError(f"the query function returned {type(writer).__name__}, not an unstarted "
                             "DataStreamWriter", fix="return df.writeStream... without calling start()")
@@ -245,8 +256,11 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     """
     fresh = len(ckpt.listing) == 0  # a new query: Spark creates the checkpoint at its first batch
     if not fresh and ckpt.kind != "structured":
-        raise BadInputError(f"a {ckpt.kind} checkpoint: compat judges Structured Streaming checkpoints",
-                            path=ckpt.url)
+        what = ("a legacy DStream checkpoint" if ckpt.kind == "dstream" else
+                "not a Structured Streaming checkpoint (no metadata, offsets/ or commits/: an output directory, or "
+                "another directory?)")
+        raise BadInputError(f"{what}: compat judges Structured Streaming checkpoints", path=ckpt.url,
+                            fix="point it at the query's checkpointLocation")
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:

@@ -20,7 +20,8 @@ from typing import Any, Optional
 
 import dagster as dg
 
-from checkpoint_ops.compat import CHECK, FAILS, SILENT, CompatReport, accept, build_writer, check_compat
+from checkpoint_ops.compat import (CHECK, FAILS, SILENT, CompatReport, QueryBuildError, accept, build_writer,
+                                   check_compat)
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.query_profile import SinkProfile
@@ -53,6 +54,10 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
         writer = build_writer(query.build, spark)
         report = check_compat(ckpt, spark, query.build, storage_options=files.options(), reuse_judged=True,
                               writer=writer)
+    except QueryBuildError as e:  # the user's code, before anything ran
+        raise dg.Failure(description=f"{query.name}: build(spark) failed before the query started (nothing ran, "
+                         f"nothing changed): {e.render()}\n{e.trace}",
+                         metadata={"problem": e.problem, "fix": e.fix or "", "traceback": e.trace}) from None
     except CheckpointOpsError as e:
         raise dg.Failure(description=f"compat check of {query.name} could not judge the checkpoint: {e.render()}",
                          metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""}) from None

@@ -113,3 +113,23 @@ def test_a_sink_another_query_writes_or_wrote_is_refused_before_the_query_starts
     assert "which now holds no query (it was deleted)" in description, description
     assert "new, empty output directory" in description, description
     assert not os.path.exists(ckpt_a) and listing(out, os.path.join(out, "_spark_metadata")) == before
+
+
+def test_a_query_function_that_raises_is_reported_with_its_own_traceback(spark, tmp_path, instance):
+    """``build(spark)`` raising is the user's code failing before anything ran: said so, with its traceback (before:
+    "compat check ... could not judge the checkpoint", and the traceback dropped)."""
+    base = str(tmp_path / "q")
+    ckpt, out = os.path.join(base, "checkpoint"), os.path.join(base, "output")
+
+    def build(spark):
+        raise ValueError("no such table: events_v2")
+
+    defs = streaming_definitions([StreamingQuery(name="raises", build=build, checkpoint=ckpt, sinks=[out])],
+                                 home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    result = materialize(defs, "raises", instance)
+    assert not result.success
+    description = failure_description(result)
+    assert description.startswith("raises: build(spark) failed before the query started (nothing ran, nothing "
+                                  "changed)"), description
+    assert "ValueError: no such table: events_v2" in description and ", in build" in description, description
+    assert listing(ckpt, out) == {ckpt: None, out: None}
