@@ -53,7 +53,7 @@ from .model.logfile import LogFormatError
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
-from .plan import SIDECAR_PREFIX, Plan
+from .plan import SIDECAR_PREFIX, WRITE, Plan
 from .storage import open_file_manager
 from .storage.checksums import hadoop_crc_name, hadoop_crc_target, is_hadoop_crc_name
 from .units import iso_ms
@@ -496,7 +496,8 @@ def plan_rollback(
     b.plan.warnings += damage_in_removed(ckpt, sinks, b.plan, target)
     if b.from_ledger:  # else the plan took everything from Spark's own files
         # a purged no-data batch N+1 written back from the ledger is one of its records too
-        upto = target + 1 if any(a.rel == f"offsets/{target + 1}" for a in b.plan.actions) else target
+        upto = target + 1 if any(a.rel == f"offsets/{target + 1}" and a.kind == WRITE for a in b.plan.actions) \
+            else target
         _refuse_another_timelines_records(ckpt, ledger, upto)
     return b.plan
 
