@@ -23,6 +23,7 @@ from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.pairing import PAIRING_FILE, same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
+from checkpoint_ops.query_owner import claim
 from checkpoint_ops.query_profile import describe_query
 from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.storage.paths import join
@@ -169,6 +170,29 @@ def refuse_sink_of_another_query(query, files) -> None:
                       "recorded_query_id": record.query_id or "", "checkpoint_query_id": query_id or ""})
 
 
+def refuse_checkpoint_of_another_query(context, query, files, write: bool = True) -> None:
+    """The checkpoint is recorded as another asset's (``checkpoint_ops.query_owner``): two assets running one
+    checkpoint take turns with its batches, each sending them to its own sinks. Refused before anything runs
+    (nothing changed); else the checkpoint is recorded as this asset's (``write``) if it was not yet."""
+    fm, root = files.file_manager(query.checkpoint)
+    try:
+        got = claim(fm, root, query.name, f"dagster run {context.run.run_id} ({query.name})", write=write)
+    except CheckpointOpsError as e:
+        raise failure(e, f"{query.name} cannot run") from None
+    if got.note:
+        context.log.warning(f"{query.name}: {got.note}")
+    if got.other is None:
+        return
+    where = fm.url(got.path)
+    raise dg.Failure(
+        description=f"asset {query.name}: its checkpoint {query.checkpoint} is run by asset {got.other.name} "
+        f"(recorded in {where} by {got.other.by}): two assets running one checkpoint take turns with its batches, "
+        "each writing them to its own sinks, so each output misses the other's batches for good. Refused before "
+        f"anything ran: nothing ran, nothing changed. Fix: give asset {query.name} a checkpoint of its own; if "
+        f"asset {got.other.name} was renamed to {query.name} (or no longer runs), delete {where} and run again.",
+        metadata={"checkpoint": query.checkpoint, "recorded_asset": got.other.name, "record": where})
+
+
 def _is_connect(spark) -> bool:
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
@@ -312,6 +336,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
     t0 = time.monotonic()
     md: dict = {}
     with hold_leases(context, query, files) as leases:
+        refuse_checkpoint_of_another_query(context, query, files, write=not config.dry_run)
         if config.rollback_to_batch is not None or config.rollback_to_time:
             md.update(rollback(context, query, config, files, leases))
             if config.dry_run:

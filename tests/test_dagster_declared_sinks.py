@@ -133,3 +133,44 @@ def test_a_query_function_that_raises_is_reported_with_its_own_traceback(spark, 
                                   "changed)"), description
     assert "ValueError: no such table: events_v2" in description and ", in build" in description, description
     assert listing(ckpt, out) == {ckpt: None, out: None}
+
+
+def test_a_checkpoint_another_asset_runs_is_refused_before_anything_runs(spark, tmp_path, instance):
+    """Two definitions (two components, two code locations) run one checkpoint, each with its own sink. Before,
+    the second ran with at most a "sink moved" warning, resumed where the first stopped, and sent its batches to
+    its own output; the first's output missed them for good, and the two took turns from then on. Now the first
+    run records its asset beside the checkpoint, and the other asset is refused before anything runs (with the
+    compat check, without it, and in a dry run), naming the asset and the record; nothing changes. Deleting the
+    record, as the refusal says to for a renamed asset, lets the renamed asset run."""
+    base = str(tmp_path / "q")
+    inp, ckpt = os.path.join(base, "input"), os.path.join(base, "checkpoint")
+    out_a, out_b = os.path.join(base, "output_a"), os.path.join(base, "output_b")
+
+    def defs_of(name, out):
+        def build(spark):
+            for k, v in FLAVOURS["hdfs"].items():
+                spark.conf.set(k, v)
+            return counts_writer(spark, inp, out)
+
+        return streaming_definitions([StreamingQuery(name=name, build=build, checkpoint=ckpt, sinks=[out])],
+                                     home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+
+    write_event_files(inp, 0, 2)
+    assert materialize(defs_of("owner_a", out_a), "owner_a", instance).success
+    write_event_files(inp, 2, 1)
+    before = listing(ckpt, os.path.join(ckpt, "offsets"), os.path.join(ckpt, "commits"), out_a, out_b)
+    record = os.path.join(base, ".checkpoint-ops", "checkpoint", "owner.json")
+    for config in ({}, {"skip_compat_check": True}, {"dry_run": True, "rollback_to_batch": 0}):
+        result = materialize(defs_of("owner_b", out_b), "owner_b", instance, **config)
+        assert not result.success
+        description = failure_description(result)
+        assert description.startswith(f"asset owner_b: its checkpoint {ckpt} is run by asset owner_a"), description
+        assert "nothing ran, nothing changed" in description and f"delete {record}" in description, description
+        assert listing(ckpt, os.path.join(ckpt, "offsets"), os.path.join(ckpt, "commits"), out_a, out_b) == before
+
+    assert materialize(defs_of("owner_a", out_a), "owner_a", instance).success  # the owner runs on
+    os.remove(record)  # asset owner_a was renamed owner_b: the fix the refusal gives
+    write_event_files(inp, 3, 1)
+    assert materialize(defs_of("owner_b", out_a), "owner_b", instance).success
+    assert sorted(f for f in os.listdir(os.path.join(ckpt, "commits")) if not f.startswith(".")) == ["0", "1", "2"]
+    assert not os.path.exists(out_b)

@@ -1,0 +1,90 @@
+"""Which named query runs a checkpoint: one checkpoint, one query.
+
+Two definitions that both run one checkpoint (two Dagster components, two code locations, an asset copied
+under a new name while the old one still runs) take turns with its batches: each run resumes where the
+other stopped, writes its batches to its own sinks, and the other's sinks miss them for good; with two
+different queries, the state of one is loaded by the other. Nothing in the checkpoint says which query it
+belongs to, and each run alone looks sound (at most a "sink moved" warning), so the first run of a query
+records its name beside the checkpoint (``journal.ops_dir``, ``owner.json``), and a run under another name
+is refused before anything runs.
+
+The record names the checkpoint's location too: a copy of the ops directory made along with a copied
+checkpoint says nothing about the copy, which the first query that runs it claims. A record that cannot be
+read says nothing either (the run claims the checkpoint again, and says so). A query renamed on purpose is
+the one case to act on by hand: delete the record (the refusal names it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+from .errors import CheckpointOpsError
+from .journal import ops_dir
+from .pairing import same_location
+from .storage.manager import CheckpointFileManager
+from .storage.paths import join
+
+OWNER_FILE = "owner.json"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The query recorded as running a checkpoint: its ``name``, the ``checkpoint`` location it was recorded
+    for, the run that recorded it (``by``) and when (``recorded_at``, epoch seconds)."""
+
+    name: str
+    checkpoint: str
+    by: str
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What ``claim`` found. ``other``: the query that runs this checkpoint, when it is not the one claiming
+    (nothing written). ``path``: the record's file (None: the checkpoint has no place for it, a bucket root).
+    ``note``: why an existing record was replaced (unreadable, or made for another location)."""
+
+    path: str | None
+    other: Owner | None = None
+    note: str | None = None
+
+
+def owner_path(fm: CheckpointFileManager, root: str) -> str:
+    return join(ops_dir(fm, root), OWNER_FILE)
+
+
+def claim(fm: CheckpointFileManager, root: str, name: str, by: str, *, write: bool = True) -> Claim:
+    """Claim the checkpoint at ``root`` for the query ``name`` (run by ``by``). Another query's record for
+    this location is returned in ``Claim.other`` and nothing is written; else the record is written if it is
+    missing or says nothing here (``write=False``: only judged, for a dry run). One read; one write the first
+    time. Call it under the checkpoint's lease."""
+    try:
+        path = owner_path(fm, root)
+    except CheckpointOpsError:
+        return Claim(None)
+    here = fm.url(root.rstrip("/"))
+    note = None
+    try:
+        doc = json.loads(fm.read_bytes(path))
+        recorded = Owner(str(doc["name"]), str(doc["checkpoint"]), str(doc.get("by", "")),
+                         float(doc.get("recorded_at", 0)))
+    except FileNotFoundError:
+        recorded = None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointOpsError) as e:
+        recorded, note = None, f"{fm.url(path)} could not be read ({e}): rewritten for {name}"
+    if recorded is not None:
+        if not same_location(recorded.checkpoint, here):
+            note = f"{fm.url(path)} was recorded for {recorded.checkpoint} (a copy): rewritten for {here}"
+        elif recorded.name == name:
+            return Claim(path)
+        else:
+            return Claim(path, other=recorded)
+    if write:
+        doc = {"name": name, "checkpoint": here, "by": by, "recorded_at": time.time()}
+        fm.write_bytes(path, json.dumps(doc, indent=1).encode(), overwrite=True)
+    return Claim(path, note=note)
+
+
+__all__ = ["OWNER_FILE", "Owner", "Claim", "claim", "owner_path"]

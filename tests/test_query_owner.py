@@ -1,0 +1,66 @@
+"""One checkpoint, one query (``checkpoint_ops.query_owner``): the first query that runs a checkpoint is recorded
+beside it, another name is answered with the recorded owner and nothing written; a record made for another
+location (a copy) or one that cannot be read says nothing and is replaced. Local and on the S3 server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from checkpoint_ops.query_owner import claim, owner_path
+from checkpoint_ops.storage import open_file_manager
+
+
+@pytest.fixture(params=["local", "s3"])
+def location(request, tmp_path):
+    """(file manager, checkpoint root, root of a copy) on the file system or the S3 server."""
+    if request.param == "local":
+        fm, root = open_file_manager(str(tmp_path / "q" / "checkpoint"))
+        return fm, root, str(tmp_path / "copy" / "checkpoint")
+    s3_server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("bucket")
+    fm, root = open_file_manager(f"s3://{bucket}/q/checkpoint", {"endpoint_url": s3_server})
+    return fm, root, f"{bucket}/copy/checkpoint"
+
+
+def test_the_first_query_claims_and_another_is_answered_with_it(location):
+    fm, root, _ = location
+    first = claim(fm, root, "events_a", "run 1")
+    assert first.other is None and first.note is None
+    recorded = fm.read_bytes(first.path)
+    assert json.loads(recorded)["name"] == "events_a"
+
+    again = claim(fm, root, "events_a", "run 2")
+    assert again.other is None and again.note is None
+    assert fm.read_bytes(first.path) == recorded  # not written again
+
+    other = claim(fm, root, "events_b", "run 3")
+    assert other.other is not None and other.other.name == "events_a" and other.other.by == "run 1"
+    assert fm.read_bytes(first.path) == recorded  # the refused query wrote nothing
+
+
+def test_a_dry_run_judges_without_writing(location):
+    fm, root, _ = location
+    assert claim(fm, root, "events_a", "dry run", write=False).other is None
+    assert not fm.exists(owner_path(fm, root))
+    claim(fm, root, "events_a", "run 1")
+    assert claim(fm, root, "events_b", "dry run", write=False).other.name == "events_a"
+
+
+def test_a_record_copied_with_the_checkpoint_says_nothing_about_the_copy(location):
+    fm, root, copy = location
+    claim(fm, root, "events_a", "run 1")
+    fm.write_bytes(owner_path(fm, copy), fm.read_bytes(owner_path(fm, root)))
+    got = claim(fm, copy, "events_b", "run 2")
+    assert got.other is None and "(a copy)" in got.note
+    assert json.loads(fm.read_bytes(owner_path(fm, copy)))["name"] == "events_b"
+    assert claim(fm, root, "events_b", "run 3").other.name == "events_a"  # the original still is a's
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b"[]", b'{"checkpoint": "x"}', b""])
+def test_a_record_that_cannot_be_read_is_replaced_and_said(location, damage):
+    fm, root, _ = location
+    fm.write_bytes(owner_path(fm, root), damage)
+    got = claim(fm, root, "events_b", "run 1")
+    assert got.other is None and "could not be read" in got.note and fm.url(got.path) in got.note
+    assert json.loads(fm.read_bytes(got.path))["name"] == "events_b"
