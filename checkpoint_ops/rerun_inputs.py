@@ -1,0 +1,96 @@
+"""Will Spark's rerun of the rolled-back batches find their input files?
+
+A rollback to batch N drops the file-source log entries of the batches after N, so Spark, when it runs them
+again, selects those files afresh from the input directory. A file that is no longer there is not selected:
+its rows are missing from the rerun's output, and nothing says so. Spark's own ``cleanSource`` moves
+(``archive``, into ``sourceArchiveDir`` under the file's full path) or deletes (``delete``) every file of a
+committed batch; other jobs archive input on their own. So the rollback plan looks for the files the removed
+entries name, one listing per directory, and warns with the count, examples and what to do.
+
+Bounded, as a rollback on an object store is judged by its requests: the files of the first ``MAX_JUDGED``
+rolled-back batches are looked for (the earliest: a cleaner has had the longest to move them), from their own
+log files, never from a compaction file (it names every file since batch 0). Only files on the checkpoint's
+own store (same scheme) are looked for, and when the first batch's are not, nothing more is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from .storage.manager import CheckpointFileManager
+from .storage.paths import basename, dirname, parse_url
+
+MAX_EXAMPLES = 3
+MAX_JUDGED = 8  # rolled-back batches whose input files are looked for
+
+
+@dataclass(frozen=True)
+class RerunInputs:
+    """Of ``looked`` input files, those not found (``missing``, as the source log names them); ``unchecked``:
+    files on another store, not looked for."""
+
+    looked: int
+    missing: list[str]
+    unchecked: int = 0
+
+
+def on_store(fm: CheckpointFileManager, url: str) -> bool:
+    """``url`` (as a file-source log names it) is on ``fm``'s store."""
+    try:
+        return parse_url(url).scheme == fm.location.scheme
+    except ValueError:
+        return False
+
+
+def find_missing(fm: CheckpointFileManager, urls: list[str]) -> RerunInputs:
+    """Which of ``urls`` (as a file-source log names them: ``file:///...``, ``s3a://bucket/key``) are not on
+    ``fm``'s store now: one listing per directory."""
+    by_dir: dict[str, list[tuple[str, str]]] = {}
+    unchecked = 0
+    for url in sorted(set(urls)):
+        try:
+            loc = parse_url(url)
+        except ValueError:
+            unchecked += 1
+            continue
+        if loc.scheme != fm.location.scheme:
+            unchecked += 1
+            continue
+        path = loc.path if loc.is_local else unquote(loc.path)
+        by_dir.setdefault(dirname(path), []).append((basename(path), url))
+    missing: list[str] = []
+    looked = 0
+    for directory, files in sorted(by_dir.items()):
+        try:
+            present = {info.name for info in fm.list(directory) if not info.is_dir}
+        except FileNotFoundError:
+            present = set()
+        except OSError:  # cannot be listed (no permission): not judged
+            unchecked += len(files)
+            continue
+        looked += len(files)
+        missing += [url for name, url in files if name not in present]
+    return RerunInputs(looked, missing, unchecked)
+
+
+def missing_warning(source: str, judged: list[int], rolled_back: int, found: RerunInputs) -> str | None:
+    """The plan's warning for the files ``found`` missing among those read by the batches ``judged`` (of
+    ``rolled_back`` whose log files are there). None: none is missing."""
+    if not found.missing:
+        return None
+    n = len(found.missing)
+    shown = ", ".join(found.missing[:MAX_EXAMPLES]) + (f" and {n - MAX_EXAMPLES} more" if n > MAX_EXAMPLES else "")
+    batches = f"batch {judged[0]}" if len(judged) == 1 else f"batches {judged[0]}..{judged[-1]}"
+    rest = rolled_back - len(judged)
+    return (f"{source}: {n} of the {found.looked} input files {batches} read are no longer where Spark read them "
+            f"({shown}): when Spark runs the rolled-back batches again it will not select them, and their rows will "
+            "be missing from the output"
+            + (f" (the files of the {rest} later rolled-back batches were not looked for: check them the same way)"
+               if rest > 0 else "")
+            + ". Before the query runs again, move them back to those paths (with the file source's "
+            "cleanSource=archive, sourceArchiveDir holds each under its full path); with cleanSource=delete they "
+            "are gone, and only a backup of the input brings them back")
+
+
+__all__ = ["MAX_JUDGED", "RerunInputs", "find_missing", "missing_warning", "on_store"]
