@@ -665,3 +665,35 @@ def test_list_says_failed_for_a_backup_holding_an_object_another_verification_fo
     assert cli_json("backup", "verify", dest)[0] == 0  # found whole: no longer marked
     rows = cli_json("backup", "list", dest)[1]["backups"]
     assert [(r["status"], r["known_bad_objects"]) for r in rows] == [("verified", 0), ("verified", 0)]
+
+
+def test_a_restore_refused_for_a_bad_object_names_the_newest_backup_without_it(tmp_path):
+    """A restore refused for a damaged object said only "restore another backup". It now names the newest other
+    backup of the same checkpoint that holds none of the bad objects, or says there is none. Synthetic
+    checkpoint (Spark's names and formats): no Spark needed to tell backups apart."""
+    from benchmarks import synthetic
+
+    ckpt, dest = str(tmp_path / "q" / "checkpoint"), str(tmp_path / "dest")
+    synthetic.write_local(ckpt, batches=30, partitions=2, retain_state=10)
+    code, older = cli_json("backup", "create", ckpt, dest)
+    assert code == 0, older
+    synthetic.write_local(ckpt, batches=31, partitions=2, retain_state=10)  # one more batch: new objects
+    code, newer = cli_json("backup", "create", ckpt, dest)
+    assert code == 0, newer
+    repo = Repository.open(dest)
+    hashes = {b["backup_id"]: repo.manifest(b["backup_id"]).hashes() for b in (older, newer)}
+    only_newer = sorted(hashes[newer["backup_id"]] - hashes[older["backup_id"]])
+    shared = sorted(hashes[newer["backup_id"]] & hashes[older["backup_id"]])
+
+    def damage(sha):
+        with open(repo.object_path(sha), "r+b") as f:
+            f.write(b"\x00garbage")
+
+    damage(only_newer[0])
+    code, _, err = cli("backup", "restore", dest, newer["backup_id"], tmp_path / "r1", "--yes")
+    assert code == 2 and "nothing was restored" in err, err
+    assert f"restore backup {older['backup_id']} instead" in err and "batch 29" in err, err
+    damage(shared[0])
+    code, _, err = cli("backup", "restore", dest, newer["backup_id"], tmp_path / "r2", "--yes")
+    assert code == 2 and f"no other backup of {ckpt} at this destination is free of them" in err, err
+    assert not (tmp_path / "r1").exists() or not any((tmp_path / "r1").iterdir())

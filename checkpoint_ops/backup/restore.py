@@ -39,7 +39,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..errors import BadInputError, RefusedError, StoreUnavailableError
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..journal import ops_dir, utc_stamp
 from ..lease import is_lease_file
@@ -429,8 +429,9 @@ def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets
         raise
 
 
-def verify_objects(repo: Repository, shas: set[str]) -> None:
-    """Read every object and check its hash; any bad one is unusable input (exit 2), named."""
+def verify_objects(repo: Repository, shas: set[str], backup: Manifest | None = None) -> None:
+    """Read every object and check its hash; any bad one is unusable input (exit 2), named, with the newest
+    other backup of the same checkpoint that holds none of the bad objects (``backup``: the one restored)."""
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         got = dict(zip(sorted(shas), pool.map(repo.object_hash, sorted(shas))))
     bad = sorted(h for h, g in got.items() if g != h)
@@ -439,14 +440,33 @@ def verify_objects(repo: Repository, shas: set[str]) -> None:
         raise BadInputError(f"stored object {'is missing' if got[h] is None else 'does not match its hash'}"
                             + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + ": nothing was restored",
                             path=repo.object_url(h), fix="`checkpoint-ops backup verify` lists every bad object; "
-                            "restore another backup")
+                            + _without(repo, set(bad), backup))
+
+
+def _without(repo: Repository, bad: set[str], backup: Manifest | None) -> str:
+    """Which backup to restore instead: the newest other one of the same checkpoint holding none of ``bad``
+    (those any verification marked bad count too)."""
+    if backup is None:
+        return "restore another backup"
+    try:
+        bad = bad | repo.bad_objects()
+        others = [m for m in repo.manifests() if m.id != backup.id and m.checkpoint_url == backup.checkpoint_url]
+    except (OSError, CheckpointOpsError):
+        return "restore another backup"
+    sound = [m for m in sorted(others, key=lambda m: m.id, reverse=True) if not (m.hashes() & bad)]
+    if not sound:
+        return (f"no other backup of {backup.checkpoint_url} at this destination is free of them: take a new backup "
+                "(`checkpoint-ops backup create`) if the checkpoint is still there")
+    m = sound[0]
+    return (f"restore backup {m.id} instead (the newest other backup of {backup.checkpoint_url} that holds none of "
+            f"them: batch {m.batch}, taken {m.created}), with the same command and that backup id")
 
 
 def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | None = None,
                    progress: bool = False, guard=None) -> AppliedOperation:
     """Check every object, then apply the restore plan (fenced until the last file is written)."""
     try:
-        verify_objects(repo, rp.objects)
+        verify_objects(repo, rp.objects, rp.manifest)
     except BaseException:
         clear_staged(rp)
         raise
