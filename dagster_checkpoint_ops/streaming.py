@@ -16,7 +16,7 @@ reprocessing, from one call.
 the asset sets the checkpoint location and ``Trigger.AvailableNow``, runs it under the checkpoint's lease,
 syncs the batch ledger and reports what happened. Run config ``rollback_to_batch`` / ``rollback_to_time``
 rolls the checkpoint and its file sinks back first (journaled, undoable), so one materialization reprocesses
-from any batch in reach; ``dry_run`` only records the plan.
+from any batch in reach; ``dry_run`` only records the plan, as an observation (no materialization).
 """
 
 import os
@@ -75,7 +75,8 @@ class ReprocessConfig(dg.Config):
         default=None, description="Or: roll back to the last batch planned at or before this ISO 8601 time "
         "(UTC when it has no offset), e.g. 2026-11-21T06:30:00Z.")
     dry_run: bool = Field(
-        default=False, description="Only record the rollback plan as metadata: nothing changes, the query does not run.")
+        default=False, description="Only record the rollback plan, as an observation of the asset (not a "
+        "materialization): nothing changes, the query does not run.")
     skip_compat_check: bool = Field(
         default=False, description="Start the query without first letting Spark judge it against the checkpoint (a "
         "changed query may then fail at restart, or silently behave differently).")
@@ -92,8 +93,9 @@ def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
         extra["automation_condition"] = query.automation_condition
     if query.freshness_policy is not None:
         extra["freshness_policy"] = query.freshness_policy
+    # skippable: a dry run observes the asset (its plan as metadata) and materializes nothing
     spec = dg.AssetSpec(query.name, kinds={"spark"}, group_name=query.group, description=description,
-                        tags=query.tags or None, **extra)
+                        tags=query.tags or None, skippable=True, **extra)
     key = dg.AssetKey(query.name)
 
     @dg.multi_asset(name=query.name, specs=[spec], pool=pool_name(query.name), can_subset=True,
@@ -106,7 +108,10 @@ def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
                 warn_if_pool_unlimited(context)
                 materialized = run_stream(context, query, config, spark.spark_session, checkpoint_files)
                 findings = materialized.findings
-                yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
+                if config.dry_run:  # nothing ran, nothing changed: no materialization for automation to act on
+                    yield dg.AssetObservation(asset_key=key, metadata=materialized.metadata)
+                else:
+                    yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
             wanted = {check.name for check in context.selected_asset_check_keys}
             if HEALTH_CHECK in wanted:
                 yield health_result(query, checkpoint_files, findings)

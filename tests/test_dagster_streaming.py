@@ -74,7 +74,10 @@ def test_rollback_and_reprocess_in_one_materialization(spark, tmp_path, instance
     before = tree_snapshot(*roots)
     dry = materialize(defs, query.name, instance, rollback_to_batch=good_until, dry_run=True)
     assert dry.success
-    md = metadata(dry, query.name)
+    # observed, not materialized: nothing ran, so nothing downstream or in automation may take it for new data
+    assert not dry.asset_materializations_for_node(query.name)
+    (observation,) = dry.asset_observations_for_node(query.name)
+    md = {k: v.value for k, v in observation.metadata.items()}
     assert md["dry_run"] and md["rollback_target_batch"] == good_until
     assert "| delete |" in md["rollback_plan"] and len(md["rollback_plan_hash"]) == 64
     assert "batches_run" not in md  # the query did not run
@@ -115,7 +118,8 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
     ms = Checkpoint.open(query.checkpoint).offsets(good_until).timestamp_ms
     when = datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc).isoformat()
     r = materialize(defs, "timed", instance, rollback_to_time=when, dry_run=True)
-    assert r.success and metadata(r, "timed")["rollback_target_batch"] == good_until
+    (observation,) = r.asset_observations_for_node("timed")
+    assert r.success and observation.metadata["rollback_target_batch"].value == good_until
 
     # refused: the run fails with the tool's reason, and nothing changes
     for config, reason in [({"rollback_to_batch": 999}, "999"),
