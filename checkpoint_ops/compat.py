@@ -51,6 +51,7 @@ from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, OperatorProfile, Profil
                             UdfProfile, describe_query, read_profile, record_profile)
 from .restart_judge import JudgeOutcome, copy_for_restart, require_unfenced, restart_files, run_judge
 from .storage import open_file_manager
+from .storage.manager import CheckpointFileManager
 from .storage.paths import parse_url, spark_url_to_location
 
 SAFE = "safe"
@@ -314,12 +315,17 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
 def accept(ckpt: Checkpoint, report: CompatReport) -> ProfileRecord | None:
     """Record the judged query as the checkpoint's accepted one (beside it), unless it fails at restart.
     It counts as judged when Spark restarted it now, or had already accepted this exact query."""
+    return accept_at(ckpt.fm, ckpt.root, report)
+
+
+def accept_at(fm: CheckpointFileManager, root: str, report: CompatReport) -> ProfileRecord | None:
+    """``accept`` for the checkpoint at ``root``, without its model (nothing listed)."""
     if report.of(FAILS):
         return None
     judged = report.spark_restarts is True or (
         report.spark_restarts is None and report.recorded is not None
         and report.recorded.proven(report.query.fingerprint, report.batch))
-    return record_profile(ckpt.fm, ckpt.root, report.query, judged, report.batch)
+    return record_profile(fm, root, report.query, judged, report.batch)
 
 
 def _judge(ckpt: Checkpoint, spark, writer, scratch_url: str | None, storage_options: dict | None) -> JudgeOutcome:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import dagster as dg
 
-from checkpoint_ops.compat import (CHECK, FAILS, SILENT, CompatReport, QueryBuildError, accept, build_writer,
+from checkpoint_ops.compat import (CHECK, FAILS, SILENT, CompatReport, QueryBuildError, accept_at, build_writer,
                                    check_compat)
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.model import Checkpoint
@@ -71,9 +71,10 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
         context.log.warning(f"{query.name}: silently different after the restart: {_reason(d)}")
     for d in report.of(CHECK):
         context.log.warning(f"{query.name}: check this change by hand: {_reason(d)}")
-    pending = (ckpt, report) if report.of(SILENT) or report.of(CHECK) else None
+    # where to record it, not the judged model: the run must not hold its listing (every retained file) meanwhile
+    pending = (fm, root, report) if report.of(SILENT) or report.of(CHECK) else None
     if pending is None:
-        _accept(context, query, ckpt, report)
+        _accept(context, query, fm, root, report)
     # a judged writer was changed (noop sink); its sink is read before the judge, as built
     return CompatStep(md, writer if report.judge is None else None,
                       report.query.sink if report.query is not None else None, pending)
@@ -85,18 +86,18 @@ def accept_after_run(context, query, step: CompatStep, last_committed: Optional[
     run judges against it again, and warns again, until a batch runs with the change."""
     if step.pending is None:
         return
-    ckpt, report = step.pending
+    fm, root, report = step.pending
     before = report.batch if report.batch is not None else -1
     if last_committed is not None and last_committed > before:
-        _accept(context, query, ckpt, report)
+        _accept(context, query, fm, root, report)
     else:
         context.log.info(f"{query.name}: the changed query committed no batch in this run: it is not recorded as "
                          "accepted, and the next run warns again")
 
 
-def _accept(context, query, ckpt, report: CompatReport) -> None:
+def _accept(context, query, fm, root: str, report: CompatReport) -> None:
     try:
-        accept(ckpt, report)
+        accept_at(fm, root, report)
     except CheckpointOpsError as e:  # no place beside the checkpoint (a bucket root): the next run judges again
         context.log.warning(f"{query.name}: query profile not recorded: {e.render()}")
 
