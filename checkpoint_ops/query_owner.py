@@ -59,7 +59,8 @@ def claim(fm: CheckpointFileManager, root: str, name: str, by: str, *, write: bo
     """Claim the checkpoint at ``root`` for the query ``name`` (run by ``by``). Another query's record for
     this location is returned in ``Claim.other`` and nothing is written; else the record is written if it is
     missing or says nothing here (``write=False``: only judged, for a dry run). One read; one write the first
-    time. Call it under the checkpoint's lease."""
+    time (a write the store refuses past its retries is said in ``Claim.note``, not raised: the next run records
+    it). Call it under the checkpoint's lease."""
     try:
         path = owner_path(fm, root)
     except CheckpointOpsError:
@@ -83,7 +84,10 @@ def claim(fm: CheckpointFileManager, root: str, name: str, by: str, *, write: bo
             return Claim(path, other=recorded)
     if write:
         doc = {"name": name, "checkpoint": here, "by": by, "recorded_at": time.time()}
-        fm.write_bytes(path, json.dumps(doc, indent=1).encode(), overwrite=True)
+        try:
+            fm.write_bytes(path, json.dumps(doc, indent=1).encode(), overwrite=True)
+        except (OSError, CheckpointOpsError) as e:  # the store failed past its retries: the next run records it
+            note = (note + "; " if note else "") + f"{fm.url(path)} could not be written ({e}): not recorded this time"
     return Claim(path, note=note)
 
 

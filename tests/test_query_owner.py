@@ -64,3 +64,16 @@ def test_a_record_that_cannot_be_read_is_replaced_and_said(location, damage):
     got = claim(fm, root, "events_b", "run 1")
     assert got.other is None and "could not be read" in got.note and fm.url(got.path) in got.note
     assert json.loads(fm.read_bytes(got.path))["name"] == "events_b"
+
+
+def test_a_record_that_cannot_be_written_is_said_not_raised(tmp_path):
+    """The store refuses the write (here: the ops directory is a file): the claim says so, and a later claim,
+    once it can write, records the owner."""
+    fm, root = open_file_manager(str(tmp_path / "q" / "checkpoint"))
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / ".checkpoint-ops").write_text("not a directory")
+    got = claim(fm, root, "events_a", "run 1")
+    assert got.other is None and "could not be written" in got.note, got
+    (tmp_path / "q" / ".checkpoint-ops").unlink()
+    assert claim(fm, root, "events_a", "run 2").note is None
+    assert claim(fm, root, "events_b", "run 3").other.name == "events_a"
