@@ -196,7 +196,11 @@ class Plan:
         for rid, url in self.roots.items():
             lines.append(f"  {rid}: {url}")
         for k, v in self.summary.items():
-            lines.append(f"  {k}: {', '.join(map(str, v)) if isinstance(v, list) else v}")
+            if isinstance(v, list):
+                shown = v if verbose or len(v) <= limit else v[:limit]
+                more = f", ... and {len(v) - len(shown)} more (--verbose or --json lists all)" if len(v) > len(shown) else ""
+                v = ", ".join(map(str, shown)) + more
+            lines.append(f"  {k}: {v}")
         for w in self.warnings:
             lines.append(f"  warning: {w}")
         if self.empty:

@@ -9,26 +9,31 @@ entries name, one listing per directory, and warns with the count, examples and 
 
 Bounded, as a rollback on an object store is judged by its requests: the files of the first ``MAX_JUDGED``
 rolled-back batches are looked for (the earliest: a cleaner has had the longest to move them), from their own
-log files, never from a compaction file (it names every file since batch 0). Only files on the checkpoint's
-own store (same scheme) are looked for, and when the first batch's are not, nothing more is read.
+log files, and for a compaction batch (or one Spark compacted away) from the compaction file that holds it,
+streamed. Only files on the checkpoint's own store (same scheme) are looked for, and when the first batch's
+are not, nothing more is read.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from .model.compactible import CompactibleLog
 from .storage.manager import CheckpointFileManager
 from .storage.paths import basename, dirname, parse_url
 
 MAX_EXAMPLES = 3
 MAX_JUDGED = 8  # rolled-back batches whose input files are looked for
+_BATCH_ID = re.compile(rb'"batchId"\s*:\s*(\d+)')
 
 
 @dataclass(frozen=True)
 class RerunInputs:
-    """Of ``looked`` input files, those not found (``missing``, as the source log names them); ``unchecked``:
-    files on another store, not looked for."""
+    """Of ``looked`` input files, those not found (``missing``: each as a path to move it back to, decoded:
+    a local path, or ``s3a://bucket/key``); ``unchecked``: files on another store, not looked for."""
 
     looked: int
     missing: list[str]
@@ -41,6 +46,35 @@ def on_store(fm: CheckpointFileManager, url: str) -> bool:
         return parse_url(url).scheme == fm.location.scheme
     except ValueError:
         return False
+
+
+def input_urls(log: CompactibleLog, batches: list[int]) -> list[str]:
+    """The input files the file-source log says ``batches`` read: from each batch's own log file, or, for a
+    compaction batch and one Spark compacted away, from the first compaction file that holds it (streamed,
+    only its lines of those batches parsed: it holds every entry since batch 0)."""
+    plain = [b for b in batches if b in log.files and not log.files[b].compact]
+    urls = []
+    if plain:
+        entries = log.read(plain)
+        urls += [e.path for b in plain for e in entries.get(b, ()) if e.path]
+    by_compact: dict[int, set[int]] = {}
+    for b in batches:
+        if b in plain:
+            continue
+        holders = [c for c in log.compact_ids if c >= b]
+        if holders:
+            by_compact.setdefault(min(holders), set()).add(b)
+    for c, wanted in sorted(by_compact.items()):
+        for line in log.stream_lines(c):
+            m = _BATCH_ID.search(line)
+            if m is not None and int(m.group(1)) in wanted:
+                try:
+                    path = json.loads(line).get("path")
+                except (ValueError, AttributeError):
+                    continue  # damage: fsck names it
+                if path:
+                    urls.append(path)
+    return urls
 
 
 def find_missing(fm: CheckpointFileManager, urls: list[str]) -> RerunInputs:
@@ -58,7 +92,7 @@ def find_missing(fm: CheckpointFileManager, urls: list[str]) -> RerunInputs:
             unchecked += 1
             continue
         path = loc.path if loc.is_local else unquote(loc.path)
-        by_dir.setdefault(dirname(path), []).append((basename(path), url))
+        by_dir.setdefault(dirname(path), []).append((basename(path), loc.url(path)))
     missing: list[str] = []
     looked = 0
     for directory, files in sorted(by_dir.items()):
@@ -70,27 +104,29 @@ def find_missing(fm: CheckpointFileManager, urls: list[str]) -> RerunInputs:
             unchecked += len(files)
             continue
         looked += len(files)
-        missing += [url for name, url in files if name not in present]
+        missing += [shown for name, shown in files if name not in present]
     return RerunInputs(looked, missing, unchecked)
 
 
-def missing_warning(source: str, judged: list[int], rolled_back: int, found: RerunInputs) -> str | None:
-    """The plan's warning for the files ``found`` missing among those read by the batches ``judged`` (of
-    ``rolled_back`` whose log files are there). None: none is missing."""
+def missing_warning(source: str, judged: list[int], rolled_back: int, found: RerunInputs,
+                    listed_as: str) -> str | None:
+    """The plan's warning for the files ``found`` missing among those of the source-log offsets ``judged`` (of
+    the ``rolled_back`` offsets the rollback removes; a file source's log offset is the batch id when every
+    batch read files); ``listed_as``: the plan summary key that lists them all. None: none is missing."""
     if not found.missing:
         return None
     n = len(found.missing)
     shown = ", ".join(found.missing[:MAX_EXAMPLES]) + (f" and {n - MAX_EXAMPLES} more" if n > MAX_EXAMPLES else "")
-    batches = f"batch {judged[0]}" if len(judged) == 1 else f"batches {judged[0]}..{judged[-1]}"
+    offsets = f"log offset {judged[0]}" if len(judged) == 1 else f"log offsets {judged[0]}..{judged[-1]}"
     rest = rolled_back - len(judged)
-    return (f"{source}: {n} of the {found.looked} input files {batches} read are no longer where Spark read them "
-            f"({shown}): when Spark runs the rolled-back batches again it will not select them, and their rows will "
-            "be missing from the output"
-            + (f" (the files of the {rest} later rolled-back batches were not looked for: check them the same way)"
-               if rest > 0 else "")
-            + ". Before the query runs again, move them back to those paths (with the file source's "
+    return (f"{source}: {n} of the {found.looked} input files of its {offsets} are no longer where Spark read them "
+            f"({shown}; all in the plan's summary, '{listed_as}'): when Spark runs the rolled-back batches again it "
+            "will not select them, and their rows will be missing from the output"
+            + (f" (the files of its {rest} later log offsets the rollback removes were not looked for: check them "
+               "the same way)" if rest > 0 else "")
+            + ". Before the query runs again, move each back to that path (with the file source's "
             "cleanSource=archive, sourceArchiveDir holds each under its full path); with cleanSource=delete they "
             "are gone, and only a backup of the input brings them back")
 
 
-__all__ = ["MAX_JUDGED", "RerunInputs", "find_missing", "missing_warning", "on_store"]
+__all__ = ["MAX_JUDGED", "RerunInputs", "find_missing", "input_urls", "missing_warning", "on_store"]

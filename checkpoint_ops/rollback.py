@@ -35,7 +35,7 @@ from .ledger import diverged_at, ledger_or_none
 from .lag import SinkLag, sink_lag
 from .pairing import record_pairing_after, require_pairing
 from .recorded_sinks import RecordedSinksCheck
-from .rerun_inputs import MAX_JUDGED, find_missing, missing_warning, on_store
+from .rerun_inputs import MAX_JUDGED, find_missing, input_urls, missing_warning, on_store
 from .restart import Damage, RestartSets, damage_in_removed
 from .activity import refuse_if_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, checkpoint_roots
@@ -187,26 +187,26 @@ class _Builder:
             self.plan.summary[f"source {sid}"] = f"log offset {before} -> {k}"
 
     def _warn_missing_inputs(self, rel_dir: str, log: CompactibleLog, k: int | None) -> None:
-        """Warn when input files of the batches after log offset ``k`` are gone (``rerun_inputs``). Bounded:
-        the plain log files of the first ``MAX_JUDGED`` of them (no compaction file: it holds every entry
-        since batch 0), and only the first when its files are on another store than the checkpoint."""
-        plain = [b for b in log.batch_ids if (k is None or b > k) and not log.files[b].compact]
+        """Warn when input files of the batches after log offset ``k`` are gone (``rerun_inputs``), listing them
+        all in the summary. Bounded: the first ``MAX_JUDGED`` of them, and only the first when its files are on
+        another store than the checkpoint."""
+        first, latest = (0 if k is None else k + 1), log.latest
+        if latest is None or latest < first:
+            return
+        judged = list(range(first, min(latest, first + MAX_JUDGED - 1) + 1))
         try:
-            urls = self._entry_paths(log, plain[:1], k)
-            if not urls or not on_store(self.ckpt.fm, urls[0]):
+            urls = input_urls(log, judged[:1])
+            if urls and not on_store(self.ckpt.fm, urls[0]):
                 return
-            judged = plain[:MAX_JUDGED]
-            urls += self._entry_paths(log, judged[1:], k)
+            urls += input_urls(log, judged[1:])
         except (BadInputError, LogFormatError, OSError):
             return  # damage in what the rollback removes: damage_in_removed names it
-        warning = missing_warning(rel_dir, judged, len(plain), find_missing(self.ckpt.fm, urls))
+        found = find_missing(self.ckpt.fm, urls)
+        key = f"input files gone ({rel_dir})"
+        warning = missing_warning(rel_dir, judged, latest - first + 1, found, key)
         if warning:
             self.plan.warnings.append(warning)
-
-    @staticmethod
-    def _entry_paths(log: CompactibleLog, ids: list[int], k: int | None) -> list[str]:
-        entries = log.read(ids)
-        return [e.path for b in ids for e in entries[b] if e.path and (k is None or _batch(e) > k)]
+            self.plan.summary[key] = found.missing
 
     def _rebuild_source_log(self, log: CompactibleLog, k: int) -> None:
         c = previous_compaction(k, log.interval)

@@ -9,6 +9,7 @@ import shutil
 from tests.helpers import cli_json
 
 CLEANER_THREADS = "spark.sql.streaming.fileSource.cleaner.numThreads"  # 0: archived as the next batch is planned
+COMPACT = "spark.sql.streaming.fileSource.log.compactInterval"  # 3: log offsets 2 and 5 are compaction files
 
 
 def write_inputs(inp: str, count: int) -> list[str]:
@@ -44,27 +45,30 @@ def rows(spark, out: str) -> list[tuple]:
 def test_a_rollback_over_archived_input_warns_and_the_files_moved_back_rerun_exactly(spark, tmp_path):
     base = str(tmp_path)
     inp, archive, out, ckpt = (os.path.join(base, d) for d in ("input", "archive", "output", "checkpoint"))
-    paths = write_inputs(inp, 4)
-    before = spark.conf.get(CLEANER_THREADS, None)
+    paths = write_inputs(inp, 6)
+    saved = {key: spark.conf.get(key, None) for key in (CLEANER_THREADS, COMPACT)}
     spark.conf.set(CLEANER_THREADS, "0")
+    spark.conf.set(COMPACT, "3")
     try:
-        run_query(spark, inp, archive, out, ckpt)  # batches 0..3, one file each
+        run_query(spark, inp, archive, out, ckpt)  # batches 0..5, one file each
         expected = rows(spark, out)
-        assert expected == [(i, r) for i in range(4) for r in range(3)]
-        read_after_1 = [read_by(ckpt, b) for b in (2, 3)]
-        assert read_after_1 == [[paths[2]], [paths[3]]]
-        later = [p for p in paths[2:] if not os.path.exists(p)]
-        assert paths[2] in later  # archived when batch 3 was planned
+        assert expected == [(i, r) for i in range(6) for r in range(3)]
+        log = sorted(f for f in os.listdir(os.path.join(ckpt, "sources", "0")) if not f.startswith("."))
+        assert log == ["0", "1", "2.compact", "3", "4", "5.compact"], log
+        assert [read_by(ckpt, b) for b in (3, 4)] == [[paths[3]], [paths[4]]]  # batch i read file i
+        gone = [p for p in paths[2:] if not os.path.exists(p)]  # read after batch 1
+        assert paths[2] in gone and paths[4] in gone  # archived as batches 3 and 5 were planned
 
-        rollback = ["rollback", ckpt, "--to-batch", "1", "--sink", out]
+        rollback = ["rollback", ckpt, "--to-batch", "1", "--sink", out, "--source-compact-interval", "3"]
         code, doc = cli_json(*rollback, "--dry-run")
         assert code == 0, doc
         [warning] = [w for w in doc["plan"]["warnings"] if "no longer where Spark read them" in w]
-        assert warning.startswith(f"sources/0: {len(later)} of the 2 input files batches 2..3 read"), warning
-        assert all(f"file://{p}" in warning for p in later), warning
+        assert warning.startswith(f"sources/0: {len(gone)} of the 4 input files of its log offsets 2..5"), warning
         assert "sourceArchiveDir" in warning and "not looked for" not in warning, warning
+        # all of them, batch 2's from its compaction file, decoded: where to move each back to
+        assert sorted(doc["plan"]["summary"]["input files gone (sources/0)"]) == gone
 
-        for p in later:  # the fix the warning gives: each back from the archive, which keeps its full path
+        for p in gone:  # the fix the warning gives: each back from the archive, which keeps its full path
             shutil.move(os.path.join(archive, p.lstrip("/")), p)
         code, doc = cli_json(*rollback, "--dry-run")
         assert code == 0 and not [w for w in doc["plan"]["warnings"] if "no longer where" in w], doc["plan"]
@@ -74,7 +78,8 @@ def test_a_rollback_over_archived_input_warns_and_the_files_moved_back_rerun_exa
         run_query(spark, inp, archive, out, ckpt)
         assert rows(spark, out) == expected
     finally:
-        if before is None:
-            spark.conf.unset(CLEANER_THREADS)
-        else:
-            spark.conf.set(CLEANER_THREADS, before)
+        for key, value in saved.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
