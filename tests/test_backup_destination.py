@@ -668,9 +668,10 @@ def test_list_says_failed_for_a_backup_holding_an_object_another_verification_fo
 
 
 def test_a_restore_refused_for_a_bad_object_names_the_newest_backup_without_it(tmp_path):
-    """A restore refused for a damaged object said only "restore another backup". It now names the newest other
-    backup of the same checkpoint that holds none of the bad objects, or says there is none. Synthetic
-    checkpoint (Spark's names and formats): no Spark needed to tell backups apart."""
+    """A restore refused for a damaged object said only "restore another backup". It now marks the object bad
+    (``backup list`` shows it), and names the newest other backup of the same checkpoint and query that holds no
+    bad object, with its batch against this one's and whether it was verified; or says there is none (a backup
+    of another query at the same path is never offered). Synthetic checkpoint: no Spark needed."""
     from benchmarks import synthetic
 
     ckpt, dest = str(tmp_path / "q" / "checkpoint"), str(tmp_path / "dest")
@@ -685,15 +686,36 @@ def test_a_restore_refused_for_a_bad_object_names_the_newest_backup_without_it(t
     only_newer = sorted(hashes[newer["backup_id"]] - hashes[older["backup_id"]])
     shared = sorted(hashes[newer["backup_id"]] & hashes[older["backup_id"]])
 
+    saved = {}
+
     def damage(sha):
+        saved[sha] = open(repo.object_path(sha), "rb").read()
         with open(repo.object_path(sha), "r+b") as f:
             f.write(b"\x00garbage")
 
     damage(only_newer[0])
     code, _, err = cli("backup", "restore", dest, newer["backup_id"], tmp_path / "r1", "--yes")
     assert code == 2 and "nothing was restored" in err, err
-    assert f"restore backup {older['backup_id']} instead" in err and "batch 29" in err, err
+    assert f"restore backup {older['backup_id']} instead" in err, err
+    assert "batch 29, earlier than this backup's 30" in err and "not verified: run `checkpoint-ops backup verify" in err
+    rows = {r["id"]: r["status"] for r in cli_json("backup", "list", dest)[1]["backups"]}
+    assert rows == {older["backup_id"]: "unverified", newer["backup_id"]: "failed"}, rows  # marked by the restore
     damage(shared[0])
     code, _, err = cli("backup", "restore", dest, newer["backup_id"], tmp_path / "r2", "--yes")
-    assert code == 2 and f"no other backup of {ckpt} at this destination is free of them" in err, err
+    assert code == 2 and f"no other backup of {ckpt} (query " in err and "is free of them" in err, err
     assert not (tmp_path / "r1").exists() or not any((tmp_path / "r1").iterdir())
+
+    for sha, data in saved.items():  # repaired; a verification finds them whole and clears their marks
+        with open(repo.object_path(sha), "wb") as f:
+            f.write(data)
+    assert cli_json("backup", "verify", dest)[0] == 0
+    # the checkpoint deleted and a new query started at the same path: its backup is never offered the old ones
+    with open(os.path.join(ckpt, "metadata"), "w") as f:
+        f.write('{"id":"00000000-0000-4000-8000-000000000001"}')
+    code, other = cli_json("backup", "create", ckpt, dest)
+    assert code == 0, other
+    fresh = sorted(Repository.open(dest).manifest(other["backup_id"]).hashes() - hashes[newer["backup_id"]]
+                   - hashes[older["backup_id"]])
+    damage(fresh[0])
+    code, _, err = cli("backup", "restore", dest, other["backup_id"], tmp_path / "r3", "--yes")
+    assert code == 2 and "no other backup of" in err and "00000000-0000-4000-8000-000000000001" in err, err

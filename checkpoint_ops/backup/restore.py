@@ -430,13 +430,16 @@ def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets
 
 
 def verify_objects(repo: Repository, shas: set[str], backup: Manifest | None = None) -> None:
-    """Read every object and check its hash; any bad one is unusable input (exit 2), named, with the newest
-    other backup of the same checkpoint that holds none of the bad objects (``backup``: the one restored)."""
+    """Read every object and check its hash; any bad one is unusable input (exit 2), named, and marked bad at
+    the destination as a verification marks it (``backup list`` then shows every backup holding it as failed),
+    with the newest other backup of the same query that holds no bad object (``backup``: the one restored)."""
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         got = dict(zip(sorted(shas), pool.map(repo.object_hash, sorted(shas))))
     bad = sorted(h for h, g in got.items() if g != h)
     if bad:
         h = bad[0]
+        with contextlib.suppress(OSError, CheckpointOpsError):  # a destination we may only read: said anyway
+            repo.mark_bad(bad)
         raise BadInputError(f"stored object {'is missing' if got[h] is None else 'does not match its hash'}"
                             + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "") + ": nothing was restored",
                             path=repo.object_url(h), fix="`checkpoint-ops backup verify` lists every bad object; "
@@ -444,22 +447,34 @@ def verify_objects(repo: Repository, shas: set[str], backup: Manifest | None = N
 
 
 def _without(repo: Repository, bad: set[str], backup: Manifest | None) -> str:
-    """Which backup to restore instead: the newest other one of the same checkpoint holding none of ``bad``
-    (those any verification marked bad count too)."""
+    """Which backup to restore instead: the newest other one of the same checkpoint and query holding none of
+    ``bad`` or of the objects any verification marked bad; with its batch against this one's, and whether it
+    was verified (its other objects are only known good once it is)."""
     if backup is None:
         return "restore another backup"
+    query = backup.doc["checkpoint"].get("query_id")
     try:
         bad = bad | repo.bad_objects()
-        others = [m for m in repo.manifests() if m.id != backup.id and m.checkpoint_url == backup.checkpoint_url]
+        others = [m for m in repo.manifests() if m.id != backup.id and m.checkpoint_url == backup.checkpoint_url
+                  and m.doc["checkpoint"].get("query_id") == query]
+        records = repo.verified()
     except (OSError, CheckpointOpsError):
         return "restore another backup"
     sound = [m for m in sorted(others, key=lambda m: m.id, reverse=True) if not (m.hashes() & bad)]
     if not sound:
-        return (f"no other backup of {backup.checkpoint_url} at this destination is free of them: take a new backup "
-                "(`checkpoint-ops backup create`) if the checkpoint is still there")
+        return (f"no other backup of {backup.checkpoint_url} (query {query}) at this destination is free of them: take "
+                "a new backup (`checkpoint-ops backup create`) if the checkpoint is still there")
     m = sound[0]
-    return (f"restore backup {m.id} instead (the newest other backup of {backup.checkpoint_url} that holds none of "
-            f"them: batch {m.batch}, taken {m.created}), with the same command and that backup id")
+    if m.batch is None or backup.batch is None or m.batch == backup.batch:
+        when = f"batch {m.batch}"
+    else:
+        when = f"batch {m.batch}, {'later' if m.batch > backup.batch else 'earlier'} than this backup's {backup.batch}"
+    record = records.get(m.id)
+    checked = (f"verified {record.get('at')}" if record and record.get("ok") else
+               f"not verified: run `checkpoint-ops backup verify {repo.url} {m.id}` first")
+    return (f"restore backup {m.id} instead (the newest other backup of {backup.checkpoint_url}, query {query}, "
+            f"that holds none of them: {when}, taken {m.created}; {checked}), with the same command and that "
+            "backup id")
 
 
 def restore_backup(rp: RestorePlan, repo: Repository, storage_options: dict | None = None,
