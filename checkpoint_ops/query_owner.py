@@ -9,7 +9,9 @@ records its name beside the checkpoint (``journal.ops_dir``, ``owner.json``), an
 is refused before anything runs.
 
 The record names the checkpoint's location too: a copy of the ops directory made along with a copied
-checkpoint says nothing about the copy, which the first query that runs it claims. A record that cannot be
+checkpoint says nothing about the copy, which the first query that runs it claims. A local checkpoint is known
+by its real path (symbolic links resolved; the record lives beside that), so one directory reached by two
+spellings (a volume mounted at two paths through links) has one record. A record that cannot be
 read says nothing either (the run claims the checkpoint again, and says so). A query renamed on purpose is
 the one case to act on by hand: delete the record (the refusal names it).
 """
@@ -17,10 +19,11 @@ the one case to act on by hand: delete the record (the refusal names it).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 
-from .errors import CheckpointOpsError
+from .errors import BadInputError, CheckpointOpsError
 from .journal import ops_dir
 from .pairing import same_location
 from .storage.manager import CheckpointFileManager
@@ -44,42 +47,61 @@ class Owner:
 class Claim:
     """What ``claim`` found. ``other``: the query that runs this checkpoint, when it is not the one claiming
     (nothing written). ``path``: the record's file (None: the checkpoint has no place for it, a bucket root).
-    ``note``: why an existing record was replaced (unreadable, or made for another location)."""
+    ``note``: why an existing record was (or, judged only, will be) replaced: unreadable, or made for another
+    location; or why it could not be written."""
 
     path: str | None
     other: Owner | None = None
     note: str | None = None
+    recorded: bool = False  # the record names the claiming query (now)
 
 
 def owner_path(fm: CheckpointFileManager, root: str) -> str:
-    return join(ops_dir(fm, root), OWNER_FILE)
+    """The record's file: beside the checkpoint, for a local one beside its real path (symbolic links
+    resolved), so that every spelling of one directory finds one record."""
+    return join(ops_dir(fm, _real(fm, root)), OWNER_FILE)
+
+
+def _real(fm: CheckpointFileManager, root: str) -> str:
+    return os.path.realpath(root) if fm.location.is_local else root.rstrip("/")
 
 
 def claim(fm: CheckpointFileManager, root: str, name: str, by: str, *, write: bool = True) -> Claim:
     """Claim the checkpoint at ``root`` for the query ``name`` (run by ``by``). Another query's record for
     this location is returned in ``Claim.other`` and nothing is written; else the record is written if it is
-    missing or says nothing here (``write=False``: only judged, for a dry run). One read; one write the first
-    time (a write the store refuses past its retries is said in ``Claim.note``, not raised: the next run records
-    it). Call it under the checkpoint's lease."""
+    missing or says nothing here (``write=False``: only judged; ``Claim.recorded`` says whether it already
+    names ``name``). One read; one write the first time (a write the store refuses past its retries is said in
+    ``Claim.note``, not raised: the next run records it). A record that cannot be read for want of the store
+    (not for its content) raises: judging without it could hand the checkpoint to another query. Call it
+    under the checkpoint's lease."""
     try:
         path = owner_path(fm, root)
     except CheckpointOpsError:
         return Claim(None)
-    here = fm.url(root.rstrip("/"))
+    here = fm.url(_real(fm, root))
     note = None
+    action = "rewritten" if write else "to be rewritten when the query runs"
     try:
-        doc = json.loads(fm.read_bytes(path))
-        recorded = Owner(str(doc["name"]), str(doc["checkpoint"]), str(doc.get("by", "")),
-                         float(doc.get("recorded_at", 0)))
-    except FileNotFoundError:
-        recorded = None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointOpsError) as e:
-        recorded, note = None, f"{fm.url(path)} could not be read ({e}): rewritten for {name}"
+        data = fm.read_bytes(path)
+    except (FileNotFoundError, NotADirectoryError):
+        data = None
+    except OSError as e:
+        raise BadInputError(f"the record of which query runs this checkpoint cannot be read: {e}",
+                            path=fm.url(path), fix="run again once the store answers (nothing ran, nothing "
+                            "changed)") from None
+    recorded = None
+    if data is not None:
+        try:
+            doc = json.loads(data)
+            recorded = Owner(str(doc["name"]), str(doc["checkpoint"]), str(doc.get("by", "")),
+                             float(doc.get("recorded_at", 0)))
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            note = f"{fm.url(path)} could not be read ({e}): {action} for {name}"
     if recorded is not None:
         if not same_location(recorded.checkpoint, here):
-            note = f"{fm.url(path)} was recorded for {recorded.checkpoint} (a copy): rewritten for {here}"
+            note = f"{fm.url(path)} was recorded for {recorded.checkpoint} (a copy): {action} for {here}"
         elif recorded.name == name:
-            return Claim(path)
+            return Claim(path, recorded=True)
         else:
             return Claim(path, other=recorded)
     if write:
@@ -88,6 +110,8 @@ def claim(fm: CheckpointFileManager, root: str, name: str, by: str, *, write: bo
             fm.write_bytes(path, json.dumps(doc, indent=1).encode(), overwrite=True)
         except (OSError, CheckpointOpsError) as e:  # the store failed past its retries: the next run records it
             note = (note + "; " if note else "") + f"{fm.url(path)} could not be written ({e}): not recorded this time"
+        else:
+            return Claim(path, note=note, recorded=True)
     return Claim(path, note=note)
 
 

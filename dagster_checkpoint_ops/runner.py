@@ -23,7 +23,7 @@ from checkpoint_ops.lease import LeaseSet, acquire_all
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.pairing import PAIRING_FILE, same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
-from checkpoint_ops.query_owner import claim
+from checkpoint_ops.query_owner import Claim, claim
 from checkpoint_ops.query_profile import describe_query
 from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.storage.paths import join
@@ -170,19 +170,20 @@ def refuse_sink_of_another_query(query, files) -> None:
                       "recorded_query_id": record.query_id or "", "checkpoint_query_id": query_id or ""})
 
 
-def refuse_checkpoint_of_another_query(context, query, files, write: bool = True) -> None:
+def refuse_checkpoint_of_another_query(context, query, files, write: bool = False) -> Claim:
     """The checkpoint is recorded as another asset's (``checkpoint_ops.query_owner``): two assets running one
     checkpoint take turns with its batches, each sending them to its own sinks. Refused before anything runs
-    (nothing changed); else the checkpoint is recorded as this asset's (``write``) if it was not yet."""
+    (nothing changed). ``write``: record the checkpoint as this asset's if it is not yet (``record_owner``,
+    once the query is about to start: a run that fails before claims nothing)."""
     fm, root = files.file_manager(query.checkpoint)
     try:
         got = claim(fm, root, query.name, f"dagster run {context.run.run_id} ({query.name})", write=write)
     except CheckpointOpsError as e:
         raise failure(e, f"{query.name} cannot run") from None
-    if got.note:
-        context.log.warning(f"{query.name}: {got.note}")
+    if got.note:  # said once: as judged (info), then as done or not done (warning)
+        (context.log.warning if write else context.log.info)(f"{query.name}: {got.note}")
     if got.other is None:
-        return
+        return got
     where = fm.url(got.path)
     raise dg.Failure(
         description=f"asset {query.name}: its checkpoint {query.checkpoint} is run by asset {got.other.name} "
@@ -191,6 +192,12 @@ def refuse_checkpoint_of_another_query(context, query, files, write: bool = True
         f"anything ran: nothing ran, nothing changed. Fix: give asset {query.name} a checkpoint of its own; if "
         f"asset {got.other.name} was renamed to {query.name} (or no longer runs), delete {where} and run again.",
         metadata={"checkpoint": query.checkpoint, "recorded_asset": got.other.name, "record": where})
+
+
+def record_owner(context, query, files, judged: Claim) -> None:
+    """Record the checkpoint as this asset's before its query starts, unless the record already says so."""
+    if not judged.recorded and judged.path is not None:
+        refuse_checkpoint_of_another_query(context, query, files, write=True)
 
 
 def _is_connect(spark) -> bool:
@@ -336,7 +343,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
     t0 = time.monotonic()
     md: dict = {}
     with hold_leases(context, query, files) as leases:
-        refuse_checkpoint_of_another_query(context, query, files, write=not config.dry_run)
+        owner = refuse_checkpoint_of_another_query(context, query, files)  # judged; recorded before the query starts
         if config.rollback_to_batch is not None or config.rollback_to_time:
             md.update(rollback(context, query, config, files, leases))
             if config.dry_run:
@@ -348,6 +355,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
             compat = check_before_run(context, query, config, spark, files)
         md.update(compat.metadata)
+        record_owner(context, query, files, owner)
         progress = run_query(context, query, spark, files, compat.writer, compat.sink)  # the query built once
         md.update(undo_metadata(query, md, progress))
         try:

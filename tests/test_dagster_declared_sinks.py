@@ -133,6 +133,8 @@ def test_a_query_function_that_raises_is_reported_with_its_own_traceback(spark, 
                                   "changed)"), description
     assert "ValueError: no such table: events_v2" in description and ", in build" in description, description
     assert listing(ckpt, out) == {ckpt: None, out: None}
+    # nor is the checkpoint claimed for this asset: it is claimed as its query is about to start
+    assert not os.path.exists(os.path.join(base, ".checkpoint-ops", "checkpoint", "owner.json"))
 
 
 def test_a_checkpoint_another_asset_runs_is_refused_before_anything_runs(spark, tmp_path, instance):

@@ -5,9 +5,11 @@ location (a copy) or one that cannot be read says nothing and is replaced. Local
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from checkpoint_ops.errors import BadInputError
 from checkpoint_ops.query_owner import claim, owner_path
 from checkpoint_ops.storage import open_file_manager
 
@@ -77,3 +79,41 @@ def test_a_record_that_cannot_be_written_is_said_not_raised(tmp_path):
     (tmp_path / "q" / ".checkpoint-ops").unlink()
     assert claim(fm, root, "events_a", "run 2").note is None
     assert claim(fm, root, "events_b", "run 3").other.name == "events_a"
+
+
+@pytest.mark.parametrize("linked", ["parent", "checkpoint"])
+def test_one_directory_reached_through_a_link_has_one_record(tmp_path, linked):
+    """A volume mounted at two paths (a symbolic link to the checkpoint's parent, or to the checkpoint itself):
+    before, the second spelling took the record for a copy and rewrote it, and the two assets took turns."""
+    (tmp_path / "real" / "checkpoint").mkdir(parents=True)
+    if linked == "parent":
+        (tmp_path / "link").symlink_to(tmp_path / "real")
+        other = str(tmp_path / "link" / "checkpoint")
+    else:
+        (tmp_path / "real" / "alias").symlink_to(tmp_path / "real" / "checkpoint")
+        other = str(tmp_path / "real" / "alias")
+    fm, root = open_file_manager(str(tmp_path / "real" / "checkpoint"))
+    assert claim(fm, root, "events_a", "run 1").other is None
+    fm_other, root_other = open_file_manager(other)
+    got = claim(fm_other, root_other, "events_b", "run 2")
+    assert got.other is not None and got.other.name == "events_a" and got.note is None, got
+    assert claim(fm, root, "events_a", "run 3").recorded
+
+
+def test_a_record_the_store_cannot_read_is_an_error_not_a_takeover(tmp_path):
+    """Only a record whose content is damaged is replaced; one that cannot be read at all (here a directory
+    where the file should be) stops the claim, naming the file, and nothing is written."""
+    fm, root = open_file_manager(str(tmp_path / "q" / "checkpoint"))
+    os.makedirs(owner_path(fm, root))
+    with pytest.raises(BadInputError) as e:
+        claim(fm, root, "events_b", "run 1")
+    assert e.value.path == fm.url(owner_path(fm, root)) and "nothing ran, nothing changed" in e.value.fix
+    assert os.path.isdir(owner_path(fm, root))
+
+
+def test_a_judged_claim_says_what_would_be_rewritten(tmp_path):
+    fm, root = open_file_manager(str(tmp_path / "q" / "checkpoint"))
+    fm.write_bytes(owner_path(fm, root), b"{torn")
+    got = claim(fm, root, "events_b", "dry run", write=False)
+    assert "to be rewritten when the query runs" in got.note and not got.recorded
+    assert fm.read_bytes(owner_path(fm, root)) == b"{torn"
