@@ -233,7 +233,9 @@ def test_spark_config_per_query_and_on_call_metadata(spark, tmp_path, instance):
     # the window's first time, as rollback_to_time, keeps batch 0 only
     dry = execute(defs, "tuned_job", instance, {"ops": {"tuned": {"config": {
         "rollback_to_time": window["earliest_time"], "dry_run": True}}}})
-    assert dry.success and materialized(dry, "tuned")["rollback_target_batch"] == 0
+    # a dry run is observed, not materialized (nothing ran)
+    assert dry.success and not dry.asset_materializations_for_node("tuned")
+    assert [md["rollback_target_batch"] for md in observed(dry)] == [0]
 
 
 def test_sink_files_as_of_batch_reads_the_output_as_it_was(spark, tmp_path, instance):
