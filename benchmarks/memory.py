@@ -112,7 +112,8 @@ def main(argv=None) -> int:
             shutil.rmtree(os.path.join(work, "queries"))
         synthetic.write_local(ckpt, batches=args.batches, partitions=args.partitions, retain_state=args.retain,
                               retain_log=args.retain, retain_offsets=args.retain)
-        os.remove(os.path.join(ckpt, "state/0/0/_metadata/schema"))  # the synthetic one is a placeholder
+        for name in ("schema", ".schema.crc"):  # the synthetic one is a placeholder (and its sidecar, or fsck
+            os.remove(os.path.join(ckpt, "state/0/0/_metadata", name))  # warns of a sidecar without its file)
         size = write_ledger(ledger_dir, args.batches, args.partitions, args.segments)
         print(f"built in {time.perf_counter() - t:.0f} s: ledger of {args.batches:,} batches, "
               f"{size / 2**20:.0f} MiB in {args.segments} segments", file=sys.stderr, flush=True)
