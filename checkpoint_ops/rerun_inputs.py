@@ -5,7 +5,8 @@ again, selects those files afresh from the input directory. A file that is no lo
 its rows are missing from the rerun's output, and nothing says so. Spark's own ``cleanSource`` moves
 (``archive``, into ``sourceArchiveDir`` under the file's full path) or deletes (``delete``) every file of a
 committed batch; other jobs archive input on their own. So the rollback plan looks for the files the removed
-entries name, one listing per directory, and warns with the count, examples and what to do.
+entries name (each looked up, or one listing of a directory holding many of them: an input directory may
+hold years of files) and warns with the count, examples and what to do.
 
 Bounded, as a rollback on an object store is judged by its requests: the files of the first ``MAX_JUDGED``
 rolled-back batches are looked for (the earliest: a cleaner has had the longest to move them), from their own
@@ -23,10 +24,11 @@ from urllib.parse import unquote
 
 from .model.compactible import CompactibleLog
 from .storage.manager import CheckpointFileManager
-from .storage.paths import basename, dirname, parse_url
+from .storage.paths import basename, dirname, join, parse_url
 
 MAX_EXAMPLES = 3
 MAX_JUDGED = 8  # rolled-back batches whose input files are looked for
+MAX_PROBED = 16  # up to this many files of one directory are looked up one by one, more by a listing
 _BATCH_ID = re.compile(rb'"batchId"\s*:\s*(\d+)')
 
 
@@ -79,7 +81,8 @@ def input_urls(log: CompactibleLog, batches: list[int]) -> list[str]:
 
 def find_missing(fm: CheckpointFileManager, urls: list[str]) -> RerunInputs:
     """Which of ``urls`` (as a file-source log names them: ``file:///...``, ``s3a://bucket/key``) are not on
-    ``fm``'s store now: one listing per directory."""
+    ``fm``'s store now: per directory, each file looked up (a HEAD on S3) when there are at most ``MAX_PROBED``
+    of them, else one listing of the directory."""
     by_dir: dict[str, list[tuple[str, str]]] = {}
     unchecked = 0
     for url in sorted(set(urls)):
@@ -97,14 +100,16 @@ def find_missing(fm: CheckpointFileManager, urls: list[str]) -> RerunInputs:
     looked = 0
     for directory, files in sorted(by_dir.items()):
         try:
-            present = {info.name for info in fm.list(directory) if not info.is_dir}
-        except FileNotFoundError:
-            present = set()
-        except OSError:  # cannot be listed (no permission): not judged
+            if len(files) <= MAX_PROBED:  # an input directory may hold years of files: not listed for a few
+                gone = [shown for name, shown in files if fm.info(join(directory, name)) is None]
+            else:
+                present = {info.name for info in fm.list(directory) if not info.is_dir}
+                gone = [shown for name, shown in files if name not in present]
+        except OSError:  # cannot be read (no permission): not judged
             unchecked += len(files)
             continue
         looked += len(files)
-        missing += [shown for name, shown in files if name not in present]
+        missing += gone
     return RerunInputs(looked, missing, unchecked)
 
 

@@ -1,6 +1,6 @@
-"""``rerun_inputs``: which input files a file-source log names are gone, one listing per directory, shown as the
-paths to move them back to (decoded); files on another store are counted as not checked. Local and on the S3
-server. The entries of a compaction batch come from its compaction file."""
+"""``rerun_inputs``: which input files a file-source log names are gone (each looked up, or one listing of a
+directory holding many), shown as the paths to move them back to (decoded); files on another store are counted
+as not checked. Local and on the S3 server. The entries of a compaction batch come from its compaction file."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from checkpoint_ops.rerun_inputs import find_missing, missing_warning
 from checkpoint_ops.storage import open_file_manager
 
 
-def test_local_files_gone_are_found_one_listing_per_directory(tmp_path):
+def test_local_files_gone_are_found_each_looked_up(tmp_path):
     for rel in ("in/a.json", "in/p=1/b.json", "in/with space.json", "in/day=2026 01 02/100%.json"):
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("{}\n")
@@ -23,7 +23,7 @@ def test_local_files_gone_are_found_one_listing_per_directory(tmp_path):
     before = fm.counter.snapshot()
     found = find_missing(fm, urls)
     spent = {k: v - before.get(k, 0) for k, v in fm.counter.snapshot().items() if v != before.get(k, 0)}
-    assert spent == {"list": 4}, spent  # in/, in/day=.../, in/p=1/, in/p=2/ (not there)
+    assert spent == {"stat": 7}, spent  # one per file on this store: no directory listed
     # decoded: the paths to move them back to, as Spark's archive keeps them
     assert found.missing == [f"{tmp_path}/in/gone.json", f"{tmp_path}/in/day=2026 01 02/5%.json",
                              f"{tmp_path}/in/p=2/c.json"]
@@ -42,7 +42,7 @@ def test_objects_gone_are_found_on_the_s3_server(s3_server, bucket):
     fm, _ = open_file_manager(f"s3://{bucket}/ckpt", {"endpoint_url": s3_server})
     before = fm.counter.snapshot()
     found = find_missing(fm, [f"s3a://{bucket}/in/a.json", f"s3a://{bucket}/in/b.json", "file:///tmp/x.json"])
-    assert fm.counter.snapshot() == {**before, "ListObjectsV2": before.get("ListObjectsV2", 0) + 1}
+    assert fm.counter.snapshot() == {**before, "HeadObject": before.get("HeadObject", 0) + 2}
     assert found.missing == [f"s3a://{bucket}/in/b.json"] and found.looked == 2 and found.unchecked == 1
 
 
@@ -66,3 +66,19 @@ def test_the_files_of_a_compaction_batch_come_from_its_compaction_file(tmp_path)
     assert input_urls(log, [3, 4, 5, 6]) == ["file:///in/6.json", "file:///in/3.json", "file:///in/4.json",
                                              "file:///in/5.json"]
     assert input_urls(log, [2]) == ["file:///in/2.json"]
+
+
+def test_many_files_of_one_directory_are_judged_by_one_listing(tmp_path):
+    """More than MAX_PROBED files of one directory: one listing instead of a lookup each."""
+    from checkpoint_ops.rerun_inputs import MAX_PROBED
+
+    (tmp_path / "in").mkdir()
+    for i in range(MAX_PROBED + 1):
+        (tmp_path / "in" / f"{i}.json").write_text("{}\n")
+    fm, _ = open_file_manager(str(tmp_path))
+    urls = [f"file://{tmp_path}/in/{i}.json" for i in range(MAX_PROBED + 2)]  # the last one is not there
+    before = fm.counter.snapshot()
+    found = find_missing(fm, urls)
+    spent = {k: v - before.get(k, 0) for k, v in fm.counter.snapshot().items() if v != before.get(k, 0)}
+    assert spent == {"list": 1}, spent
+    assert found.missing == [f"{tmp_path}/in/{MAX_PROBED + 1}.json"] and found.looked == MAX_PROBED + 2
