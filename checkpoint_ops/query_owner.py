@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from .errors import BadInputError, CheckpointOpsError
 from .journal import ops_dir
+from .model.listing import Listing
+from .model.sink import SINK_LOG_DIR, SinkOutput
 from .pairing import same_location
 from .storage.manager import CheckpointFileManager
 from .storage.paths import join
@@ -115,4 +117,44 @@ def claim(fm: CheckpointFileManager, root: str, name: str, by: str, *, write: bo
     return Claim(path, note=note)
 
 
-__all__ = ["OWNER_FILE", "Owner", "Claim", "claim", "owner_path"]
+@dataclass(frozen=True)
+class NotStarted:
+    """An empty checkpoint location, judged for the query that creates it there. ``problem`` is None when that is
+    sound: the query has not run yet. Otherwise it says why a first run there is unsafe: the checkpoint of a query
+    that did run is gone, or a declared file sink already holds a sink log. ``path`` is the file that shows it."""
+
+    checkpoint: str
+    problem: str | None = None
+    fix: str | None = None
+    path: str | None = None
+
+
+def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[SinkOutput] = ()) -> NotStarted | None:
+    """None when anything is at ``root`` (fsck judges it), else what an empty location means for the query
+    ``name`` that creates its checkpoint there. ``sinks``: its file sinks, listed for their logs alone
+    (``SinkOutput(..., data=False)``). Reads the listing of ``root``, the owner record and each sink's log
+    listing; writes nothing."""
+    listing = Listing.scan(fm, root.rstrip("/"))
+    if len(listing) or listing.unreadable_dirs:
+        return None
+    here = fm.url(root.rstrip("/"))
+    found = claim(fm, root, name, "", write=False)
+    ran = found.other.name if found.other is not None else name if found.recorded else None
+    if ran is not None:
+        return NotStarted(
+            here, f"the checkpoint is gone: nothing is at this location, but {fm.url(found.path)} records that "
+            f"query {ran} ran it; a run now would start again from batch 0 and read all its input again",
+            f"restore the checkpoint (checkpoint-ops backup list, then backup restore), or, to start over on purpose, "
+            f"move the query's outputs away and delete {fm.url(found.path)}", fm.url(found.path))
+    for sink in sinks:
+        if sink.log.files:
+            return NotStarted(
+                here, f"there is no checkpoint yet, but the file sink {sink.url} already logs batches "
+                f"{min(sink.log.files)}..{sink.log.latest} in {SINK_LOG_DIR}/: a query started here would skip those batch ids, "
+                "so the rows of its first batches would never reach the output",
+                f"give the query an empty output directory (or move {sink.url} away), or restore the checkpoint that "
+                "wrote it", sink.url)
+    return NotStarted(here)
+
+
+__all__ = ["OWNER_FILE", "Owner", "Claim", "claim", "owner_path", "NotStarted", "not_started"]

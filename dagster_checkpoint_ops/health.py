@@ -8,6 +8,8 @@ from checkpoint_ops.check_pass import shared_fsck
 from checkpoint_ops.collector import fewer_collections
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.fsck import Finding
+from checkpoint_ops.model.sink import SinkOutput
+from checkpoint_ops.query_owner import not_started
 from dagster_checkpoint_ops.query import StreamingQuery, job_name, pool_name
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
@@ -33,19 +35,48 @@ def fsck_metadata(query: StreamingQuery, files: CheckpointFileManagerResource,
     }
 
 
+def _keys(query: StreamingQuery) -> dict:
+    return {"asset_key": query.name, "check_name": CHECK, "severity": dg.AssetCheckSeverity.ERROR}
+
+
 def health_result(query: StreamingQuery, files: CheckpointFileManagerResource,
-                  findings: Optional[list[Finding]] = None) -> dg.AssetCheckResult:
+                  findings: Optional[list[Finding]] = None, *, runs_here: bool = False) -> dg.AssetCheckResult:
     """The health check's evaluation (``findings`` as in ``fsck_metadata``). A checkpoint fsck cannot read at
-    all fails it with the tool's reason (the file, what is wrong, what to do)."""
-    keys = {"asset_key": query.name, "check_name": CHECK, "severity": dg.AssetCheckSeverity.ERROR}
+    all fails it with the tool's reason (the file, what is wrong, what to do). ``runs_here``: the asset runs the
+    query and creates its checkpoint, so nothing at the checkpoint's location passes while the query has not run
+    yet (a dry run, or a check-only run, of a new asset), and fails when it did run (``query_owner.not_started``).
+    A query that runs elsewhere has a checkpoint wherever it is declared: nothing there fails."""
+    keys = _keys(query)
     try:
         errors, md = fsck_metadata(query, files, findings)
     except CheckpointOpsError as e:
+        first = _before_first_run(query, files) if runs_here and findings is None else None
+        if first is not None:
+            return first
         return dg.AssetCheckResult(**keys, passed=False, description=f"fsck could not run: {e.render()}",
                                    metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or ""})
     return dg.AssetCheckResult(
         **keys, passed=not errors, metadata=md,
         description=f"{len(errors)} error(s): {errors[0].path}: {errors[0].problem}" if errors else "healthy")
+
+
+def _before_first_run(query: StreamingQuery, files: CheckpointFileManagerResource) -> Optional[dg.AssetCheckResult]:
+    """The check's result when nothing is at the checkpoint's location, else None (fsck's error stands)."""
+    keys = _keys(query)
+    try:
+        fm, root = files.file_manager(query.checkpoint)
+        sinks = [SinkOutput(*files.file_manager(url), data=False) for url in query.sinks]
+        judged = not_started(fm, root, query.name, sinks)
+    except CheckpointOpsError:
+        return None
+    if judged is None:
+        return None
+    if judged.problem is None:
+        return dg.AssetCheckResult(
+            **keys, passed=True, description=f"not run yet: nothing at {judged.checkpoint}; the first "
+            "materialization creates the checkpoint", metadata={"checkpoint": dg.MetadataValue.text("not created yet")})
+    return dg.AssetCheckResult(**keys, passed=False, description=f"{judged.checkpoint}: {judged.problem}. Fix: {judged.fix}",
+                               metadata={"problem": judged.problem, "path": judged.path or "", "fix": judged.fix or ""})
 
 
 def health_spec(query: StreamingQuery) -> dg.AssetCheckSpec:

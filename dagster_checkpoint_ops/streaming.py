@@ -114,7 +114,7 @@ def streaming_asset(query: StreamingQuery) -> dg.AssetsDefinition:
                     yield dg.MaterializeResult(asset_key=key, metadata=materialized.metadata)
             wanted = {check.name for check in context.selected_asset_check_keys}
             if HEALTH_CHECK in wanted:
-                yield health_result(query, checkpoint_files, findings)
+                yield health_result(query, checkpoint_files, findings, runs_here=True)
             if FRESHNESS_CHECK in wanted:
                 yield freshness_result(query, streaming_settings, checkpoint_files)
             if DRILL_CHECK in wanted:

@@ -63,25 +63,69 @@ def test_one_pool_per_checkpoint(tmp_path):
     assert "compact_beta" not in pools  # beta has no file sink
 
 
+def run_checks_only(defs, name="alpha") -> tuple[dg.ExecuteInProcessResult, dict]:
+    only_checks = dg.define_asset_job(f"{name}_checks_job", selection=dg.AssetSelection.checks_for_assets(name))
+    job = dg.Definitions.merge(defs, dg.Definitions(jobs=[only_checks])).resolve_job_def(f"{name}_checks_job")
+    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    return result, {c.check_name: c for c in result.get_asset_check_evaluations()}
+
+
 def test_a_check_run_on_its_own_starts_neither_spark_nor_the_query(tmp_path):
     """Executing the asset's checks without the asset (the UI's Execute on a check) evaluates just them: the
     query is not built (``_build`` raises) and no Spark session starts (its master URL is not one).
-    On a directory that holds no checkpoint, the health check fails saying so, and the step fails for it
-    (the check is blocking), not for Spark."""
+    On a directory that holds no checkpoint of a query that never ran, the health check passes saying so
+    (the first run creates it); a backup is still missing (a warning)."""
     defs = make_defs(tmp_path, names=("alpha",), spark_config={"spark.master": "no-such-master"})
     os.makedirs(tmp_path / "ckpt" / "alpha")
-    only_checks = dg.define_asset_job("alpha_checks_job", selection=dg.AssetSelection.checks_for_assets("alpha"))
-    job = dg.Definitions.merge(defs, dg.Definitions(jobs=[only_checks])).resolve_job_def("alpha_checks_job")
-    result = job.execute_in_process(instance=dg.DagsterInstance.ephemeral(), raise_on_error=False)
+    result, verdicts = run_checks_only(defs)
     assert not result.asset_materializations_for_node("alpha")
-    verdicts = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert set(verdicts) == {"checkpoint_health_check", "backup_freshness_check", "restore_drill_check"}
     health = verdicts["checkpoint_health_check"]
-    assert not health.passed and health.severity == dg.AssetCheckSeverity.ERROR
-    assert str(tmp_path / "ckpt" / "alpha") in health.description and health.metadata["fix"].value
+    assert health.passed and health.description.startswith("not run yet: nothing at ")
+    assert str(tmp_path / "ckpt" / "alpha") in health.description
     assert not verdicts["backup_freshness_check"].passed and "no backup" in verdicts["backup_freshness_check"].description
+    assert verdicts["backup_freshness_check"].severity == dg.AssetCheckSeverity.WARN
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+
+
+def test_a_missing_checkpoint_fails_the_health_check_once_the_query_ran_or_its_sink_has_a_log(tmp_path):
+    """Nothing at the checkpoint's location is unsafe when the asset's query ran there before (its owner
+    record says so: a run now starts again from batch 0 and reads all its input again), or when a declared
+    sink already logs batches (a new query would skip those batch ids: their rows never reach the output).
+    Either fails the blocking health check, naming the file that shows it, and changes nothing."""
+    from checkpoint_ops.query_owner import claim
+    from checkpoint_ops.storage.registry import open_file_manager
+    from tests.helpers import tree_snapshot
+
+    defs = make_defs(tmp_path, names=("alpha",), spark_config={"spark.master": "no-such-master"})
+    ckpt = str(tmp_path / "ckpt" / "alpha")
+    os.makedirs(tmp_path / "out" / "alpha" / "_spark_metadata")
+    (tmp_path / "out" / "alpha" / "_spark_metadata" / "0").write_text('v1\n{"path":"file:/x/part-0.parquet",'
+                                                                     '"size":1,"isDir":false,"modificationTime":1,'
+                                                                     '"blockReplication":1,"blockSize":1,"action":"add"}\n')
+    before = tree_snapshot(str(tmp_path))
+    result, verdicts = run_checks_only(defs)
+    health = verdicts["checkpoint_health_check"]
+    assert not health.passed and health.severity == dg.AssetCheckSeverity.ERROR
+    assert "already logs batches 0..0" in health.description and "skip those batch ids" in health.description
+    assert health.metadata["path"].value.endswith(str(tmp_path / "out" / "alpha"))
+    assert "empty output directory" in health.metadata["fix"].value
     (failure,) = [e for e in result.all_events if e.is_step_failure]
     assert "blocking asset check failed" in failure.step_failure_data.error.message
+    assert tree_snapshot(str(tmp_path)) == before
+
+    os.remove(tmp_path / "out" / "alpha" / "_spark_metadata" / "0")
+    fm, root = open_file_manager(ckpt)
+    os.makedirs(ckpt)
+    assert claim(fm, root, "alpha", "dagster run r1 (alpha)").recorded  # as its first run recorded it
+    before = tree_snapshot(str(tmp_path))
+    result, verdicts = run_checks_only(defs)
+    health = verdicts["checkpoint_health_check"]
+    assert not health.passed and "the checkpoint is gone" in health.description
+    assert "query alpha ran it" in health.description and "start again from batch 0" in health.description
+    assert health.metadata["path"].value.endswith("owner.json") and "backup restore" in health.metadata["fix"].value
+    assert not result.success
+    assert tree_snapshot(str(tmp_path)) == before
 
 
 def test_launchpad_run_config(tmp_path):
