@@ -398,7 +398,7 @@ def test_reprocessing_across_a_restart_needs_stale_state_gone(spark, spark_runs,
     """Why rollback deletes state above N+1 (HDFS). Reprocess with changed logic and restart midway:
     if the old timeline's higher snapshots are still there (as a naive rollback leaves them), the
     restarted run loads one and the results are silently wrong; with them gone, they are exact."""
-    run = spark_runs("hdfs")
+    run = spark_runs(flavour)
     run.reset()
     s = _newest_snapshot(run)
     n = s - 3  # state version n+1 is kept; snapshot s (> n+2) belongs to the old timeline
@@ -419,3 +419,44 @@ def test_reprocessing_across_a_restart_needs_stale_state_gone(spark, spark_runs,
     else:
         assert got == expected
     run.reset()
+
+
+REFUSAL_WITHOUT_OFFSETS = {"hdfs": "CONCURRENT_STREAM_LOG_UPDATE", "rocksdb_v2": "CheckpointInfo length: 0"}
+
+
+@pytest.mark.parametrize("flavour", sorted(REFUSAL_WITHOUT_OFFSETS))
+def test_a_torn_offsets_file_of_a_committed_batch_is_repaired_as_fsck_says(spark, spark_runs, flavour):
+    """A crash on a store without atomic renames can leave ``offsets/N`` empty although batch N committed.
+    fsck's fix (``logfile.TORN_LOG_FIX``) says to roll back to the batch before it, not to delete the file:
+    deleting it leaves a commit without its offsets, which Spark refuses (shown: with HDFS state as a concurrent
+    update of the log, with RocksDB's format V2 for want of the batch's state ids), and after the rollback Spark
+    resumes exactly."""
+    run = spark_runs(flavour)
+    run.reset()
+    try:
+        n = run.last_batch
+        assert os.path.exists(os.path.join(run.checkpoint, "commits", str(n)))
+        with open(os.path.join(run.checkpoint, "offsets", str(n)), "wb"):
+            pass
+        code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+        (torn,) = [x for x in f["findings"] if x["path"].endswith(f"offsets/{n}")]
+        assert code == 1 and "empty" in torn["problem"]
+        assert "once batch N committed, `checkpoint-ops rollback` to the batch before it" in torn["fix"]
+
+        for name in (str(n), f".{n}.crc"):  # deleting the file alone (what the fix warns against)
+            os.remove(os.path.join(run.checkpoint, "offsets", name))
+        flush_files(run.input, run.files)
+        with pytest.raises(Exception) as refused:
+            run.run_query(spark)
+        assert REFUSAL_WITHOUT_OFFSETS[flavour] in str(refused.value), refused.value
+
+        run.reset()
+        with open(os.path.join(run.checkpoint, "offsets", str(n)), "wb"):
+            pass
+        code, r = rollback(run, n - 1, "--yes")
+        assert code == 0, r
+        code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+        assert (code, f["findings"]) == (0, [])
+        assert finish_and_read(spark, run) == exact(run)
+    finally:
+        run.reset()
