@@ -6,7 +6,6 @@ Plain functions (no Dagster decorators here), called by the assets ``streaming.p
 import json
 import re
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -26,6 +25,7 @@ from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.query_owner import Claim, claim
 from checkpoint_ops.query_profile import describe_query
 from checkpoint_ops.rollback import RollbackOperation
+from checkpoint_ops.session_settings import session_settings
 from checkpoint_ops.storage.paths import join
 from checkpoint_ops.timeline import batch_times
 from checkpoint_ops.units import parse_time
@@ -294,25 +294,10 @@ def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict
     return progress
 
 
-@contextmanager
 def query_spark_conf(spark, query):
     """The query's own ``spark_config`` over the session's, for this query's run only: the previous values
     (or their absence) are restored afterwards, so the next query in the same session sees the shared settings."""
-    before = {}
-    for key, value in (query.spark_config or {}).items():
-        try:
-            before[key] = spark.conf.get(key)
-        except Exception:  # not set in this session
-            before[key] = None
-        spark.conf.set(key, str(value))
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
+    return session_settings(spark, query.spark_config or {})
 
 
 def hold_leases(context, query, files) -> LeaseSet:

@@ -18,6 +18,7 @@ import pytest
 from dagster_graphql import DagsterGraphQLClient
 
 from checkpoint_ops.model import Checkpoint
+from checkpoint_ops.session_settings import session_settings
 from pipelines.event_counts import event_rows, write_event_files
 from tests.helpers import free_port
 
@@ -78,13 +79,8 @@ def step_window(instance, run_id, step) -> tuple[float, float]:
 def read_with_default_compaction(spark, path):
     """Rows of a file sink, read with Spark's default sink-log compact interval (as the example wrote it;
     the shared test session uses a small one)."""
-    key = "spark.sql.streaming.fileSink.log.compactInterval"
-    old = spark.conf.get(key)
-    spark.conf.unset(key)
-    try:
+    with session_settings(spark, {"spark.sql.streaming.fileSink.log.compactInterval": None}):
         return spark.read.parquet(path).collect()
-    finally:
-        spark.conf.set(key, old)
 
 
 def test_launch_rollback_and_reprocess_like_the_ui(dagster_dev, spark):

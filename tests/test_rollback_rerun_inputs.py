@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 
+from checkpoint_ops.session_settings import session_settings
 from tests.helpers import cli_json
 
 CLEANER_THREADS = "spark.sql.streaming.fileSource.cleaner.numThreads"  # 0: archived as the next batch is planned
@@ -46,10 +47,7 @@ def test_a_rollback_over_archived_input_warns_and_the_files_moved_back_rerun_exa
     base = str(tmp_path)
     inp, archive, out, ckpt = (os.path.join(base, d) for d in ("input", "archive", "output", "checkpoint"))
     paths = write_inputs(inp, 6)
-    saved = {key: spark.conf.get(key, None) for key in (CLEANER_THREADS, COMPACT)}
-    spark.conf.set(CLEANER_THREADS, "0")
-    spark.conf.set(COMPACT, "3")
-    try:
+    with session_settings(spark, {CLEANER_THREADS: "0", COMPACT: "3"}):
         run_query(spark, inp, archive, out, ckpt)  # batches 0..5, one file each
         expected = rows(spark, out)
         assert expected == [(i, r) for i in range(6) for r in range(3)]
@@ -77,9 +75,3 @@ def test_a_rollback_over_archived_input_warns_and_the_files_moved_back_rerun_exa
 
         run_query(spark, inp, archive, out, ckpt)
         assert rows(spark, out) == expected
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)

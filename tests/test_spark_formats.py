@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from checkpoint_ops.session_settings import session_settings
 from tests.helpers import cli_json
 
 
@@ -21,17 +22,12 @@ def named_checkpoint(spark, tmp_path_factory):
         "spark.sql.streaming.queryEvolution.enableSourceEvolution": "true",
         "spark.sql.streaming.queryEvolution.enableSinkEvolution": "true",
     }
-    for k, v in confs.items():
-        spark.conf.set(k, v)
-    try:
+    with session_settings(spark, confs):
         df = spark.readStream.schema("a long").format("json").name("orders_src").load(str(base / "in"))
         w = df.writeStream.format("parquet").option("checkpointLocation", str(base / "ckpt")).trigger(availableNow=True)
         w._jwrite = w._jwrite.name("orders_sink")  # DataStreamWriter.name() is not exposed in PySpark 4.3
         q = w.start(str(base / "out"))
         q.awaitTermination()
-    finally:
-        for k in confs:
-            spark.conf.unset(k)
     return base
 
 
