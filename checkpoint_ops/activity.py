@@ -16,10 +16,14 @@ a warning saying what was overridden and what it risks, which the operation runn
 
 from __future__ import annotations
 
+import json
 import time
 
 from .errors import CheckpointOpsError, RefusedError, param
+from .journal import load_journal, ops_dir, scan_journals
 from .model.checkpoint import Checkpoint
+from .model.logfile import batch_id_from_name
+from .storage.paths import join
 
 DEFAULT_FRESH_SECONDS = 600  # an uncommitted batch planned this recently means "running"
 
@@ -58,12 +62,6 @@ def record_ended_run(fm, root: str, by: str) -> str | None:
     changes, its age is no sign of a query running (``active_reasons``), so the rollback that repairs the
     failed batch is not refused for ``DEFAULT_FRESH_SECONDS``. Returns the file recorded; None if none, or
     the record could not be written (then the age rule applies, as before)."""
-    import json
-
-    from .journal import ops_dir
-    from .model.logfile import batch_id_from_name
-    from .storage.paths import join
-
     try:
         files = {batch_id_from_name(f.name): f for f in fm.list(join(root, "offsets")) if not f.is_dir}
         files.pop(None, None)
@@ -80,11 +78,6 @@ def record_ended_run(fm, root: str, by: str) -> str | None:
 
 def _planned_by_ended_run(ckpt: Checkpoint, rel: str) -> str | None:
     """Which ended run planned ``rel`` (``record_ended_run``), if the file is still the one it left."""
-    import json
-
-    from .journal import ops_dir
-    from .storage.paths import join
-
     try:
         doc = json.loads(ckpt.fm.read_bytes(join(ops_dir(ckpt.fm, ckpt.root), ENDED_RUN_FILE)))
         info = ckpt.listing.files.get(rel)
@@ -102,8 +95,6 @@ def _left_planned(ckpt: Checkpoint, rel: str) -> bool:
     run now. That operation is the newest rollback or restore journaled here that was not undone or
     dropped: one undone since (rollback, rollback again, undo) left the tree as the one before it had, and a
     sink operation journaled since changed no offsets file."""
-    from .journal import load_journal, ops_dir, scan_journals
-
     try:
         journals = scan_journals(ckpt.fm, ops_dir(ckpt.fm, ckpt.root))
     except (OSError, ValueError, CheckpointOpsError):
