@@ -125,10 +125,12 @@ def _state(ckpt: Checkpoint, damaged: list) -> dict:
                 "id": op.op_id,
                 "name": info.name or op.name,
                 "partitions": len(op.partitions),
+                "declared_partitions": op.declared[1],  # the operator metadata's (None: no metadata read)
                 "stores": op.store_names,
                 "versions": {"first": first, "last": last},
-                "files": sum(len(s.files) for s in op.stores.values()),
-                "bytes": sum(f.size for s in op.stores.values() for f in s.files),
+                # its stores' sums: state files with RocksDB's SST and log files, as each store's figures
+                "files": sum(store.files for store in info.stores),
+                "bytes": sum(store.bytes for store in info.stores),
                 **info.to_dict(),
             }
         )
@@ -139,6 +141,13 @@ def _state(ckpt: Checkpoint, damaged: list) -> dict:
         "changelog_checkpointing": any(s.has_changelog for s in st.stores()) if st.provider == "rocksdb" else None,
         "operators": ops,
     }
+
+
+def _partitions(op: dict) -> str:
+    declared = op.get("declared_partitions")
+    if declared is not None and declared != op["partitions"]:
+        return f"{op['partitions']} of the {declared} partitions its metadata declares"
+    return f"{op['partitions']} partitions"
 
 
 def _sink(sink: SinkOutput, damaged: list) -> dict:
@@ -273,7 +282,7 @@ def render_inspect(r: dict) -> str:
         for op in st["operators"]:
             v = op["versions"]
             lines.append(
-                f"    operator {op['id']} {op['name'] or ''}: {op['partitions']} partitions, stores {op['stores']}, "
+                f"    operator {op['id']} {op['name'] or ''}: {_partitions(op)}, stores {op['stores']}, "
                 f"versions {v['first']}..{v['last']}, {op['files']} files"
             )
             lines += _render_operator(op)

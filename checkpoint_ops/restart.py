@@ -60,6 +60,7 @@ _LOG_KINDS = {"empty": TORN, "truncated": TORN, "unknown-version": FUTURE, "miss
 _SUMMARY = {TORN: "is torn", MISSING: "is missing", UNREADABLE: "is unreadable", FUTURE: "is from a newer Spark",
             STALE: "has a stale checksum", PURGED: "is gone (purged)"}
 _MAX_CHANGELOG_VERSION = 4
+SHUFFLE_PARTITIONS_KEY = "spark.sql.shuffle.partitions"  # pinned in the offsets log: the state's partitions
 _STATE_GROUP = 16  # stores whose files are read at once in deep mode (bounded memory)
 
 
@@ -177,6 +178,7 @@ class RestartSets:
         self._verdicts: dict[tuple[str, str], Damage | None] = {}
         self._sink_missing: dict[tuple[int, int], list[Damage]] = {}
         self._state_done: dict[int, list] = {}
+        self._missing: dict[tuple, list[Damage]] = {}  # missing store directories, by the operators commits name
         self._metadata: tuple[list[RestartFile], list[Damage]] | None = None
         self._every_version: dict[int, bool] = {}  # per operator: snapshots at consecutive versions (see below)
 
@@ -450,11 +452,31 @@ class RestartSets:
         for item in self._state_done[batch]:
             (rs.files if isinstance(item, RestartFile) else rs.damage).append(item)
 
+    def _missing_stores(self, commit) -> list[Damage]:
+        """Damage for every store directory a restart loads that is not there (``StateModel.missing_stores``),
+        once per set of operators the commits name."""
+        committed = tuple(sorted((commit.state_unique_ids or {}) if commit is not None else ()))
+        if committed not in self._missing:
+            ck = self.ckpt
+            try:
+                shuffle = int(ck.conf.get(SHUFFLE_PARTITIONS_KEY) or 0) or None
+            except (TypeError, ValueError):
+                shuffle = None
+            self._missing[committed] = [
+                Damage(CKPT, m.rel_dir, ck.listing.url(m.rel_dir), "state", MISSING, "state-missing",
+                       f"the state of {m.label} has no directory, and every restart loads it ({m.evidence}): Spark "
+                       "fails with CANNOT_LOAD_STATE_STORE",
+                       "restore the checkpoint from a backup taken before it went (checkpoint-ops backup list, then "
+                       "backup restore into a new location, with its sinks) and run the query from there; a rollback "
+                       "does not repair it: every batch loads this state")
+                for m in ck.state.missing_stores(shuffle, committed)]
+        return self._missing[committed]
+
     def _state(self, batch: int, commit) -> list:
         ck = self.ckpt
         st, L = ck.state, ck.listing
         v = batch + 1
-        out: list = []
+        out: list = list(self._missing_stores(commit))
         chains: list[tuple[Store, list[StateFile]]] = []
         for op in st.operators.values():
             names = op.store_names

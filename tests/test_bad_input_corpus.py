@@ -416,6 +416,20 @@ def truncated_latest_delta(run, n):
     return (rel,)
 
 
+def missing_state_partition(run, n):
+    """A partition's whole state directory deleted (a partial copy, a clean-up by hand): Spark numbers the
+    partitions from 0 and loads every one at every restart."""
+    shutil.rmtree(ck(run, "state/0/1"))
+    return ("state/0/1",)
+
+
+def missing_state_metadata_and_partition(run, n):
+    """The same without the operator metadata: the offsets log's pinned spark.sql.shuffle.partitions says
+    how many partitions there are."""
+    shutil.rmtree(ck(run, "state/0/_metadata"))
+    return missing_state_partition(run, n)
+
+
 def zero_commit_between(run, n):
     b = n + 2
     write(ck(run, f"commits/{b}"), b"")
@@ -492,6 +506,10 @@ CASES = [
     Case("truncated_rocksdb_zip", "rocksdb", truncated_base_zip, "restart"),
     Case("garbage_rocksdb_zip", "rocksdb", garbage_base_zip, "restart"),
     Case("missing_sst", "rocksdb", missing_sst, "restart"),
+    Case("missing_hdfs_partition", "hdfs", missing_state_partition, "restart", {"inspect"}),
+    Case("missing_rocksdb_partition_and_metadata", "rocksdb", missing_state_metadata_and_partition, "restart",
+         {"inspect"}),
+    Case("v2_missing_partition", "rocksdb_v2", missing_state_partition, "restart", {"inspect"}),
     Case("v2_unique_id_without_file", "rocksdb_v2", v2_uid_without_file, "restart", {"inspect"}),
     Case("v2_missing_sst", "rocksdb_v2", v2_missing_sst, "restart"),
     Case("v2_stale_spark_checksum", "rocksdb_v2", v2_stale_checksum, "restart", target=changelog_target),
@@ -733,6 +751,7 @@ SOURCE_CASES = [
     SourceCase("source_garbage_rocksdb_zip", "rocksdb", _at_last_commit(garbage_base_zip)),
     SourceCase("source_v2_unique_id_without_file", "rocksdb_v2", _at_last_commit(v2_uid_without_file)),
     SourceCase("source_v2_zero_byte_changelog", "rocksdb_v2", _at_last_commit(v2_zero_changelog)),
+    SourceCase("source_missing_state_partition", "hdfs", _at_last_commit(missing_state_partition)),
 ]
 
 

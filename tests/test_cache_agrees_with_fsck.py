@@ -6,6 +6,7 @@ Fast tier: ``benchmarks.check_pass.Stream`` (a checkpoint and its file sink in S
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 
@@ -133,6 +134,22 @@ def test_the_pass_judges_the_window_again_with_a_recorded_sink(stream):
     _, findings, report = _pass(stream, with_sink=False)
     assert findings == want_findings
     assert report == want_report
+
+
+def test_a_state_partition_deleted_whole_after_warm_passes_closes_the_window(stream):
+    """A partition's state directory deleted whole leaves no file whose verdict could change: the memo's
+    context covers the store directories, and the pass names the directory as fsck without a cache does."""
+    _with_state(stream)
+    _pass(stream)
+    warm, _, report = _pass(stream)
+    assert warm.window_hits > 0 and report["rollback_window"]["earliest"] == 0
+    shutil.rmtree(os.path.join(stream.ckpt, "state/0/0"))
+    want_findings, want_report = _without_cache(stream)
+    assert ("error", "state-missing", os.path.join(stream.ckpt, "state/0/0")) in want_findings
+    assert want_report["rollback_window"]["earliest"] is None
+    _, findings, report = _pass(stream)
+    assert (findings, report["rollback_window"]) == (want_findings, want_report["rollback_window"])
+    assert _shared(stream) == want_findings
 
 
 def _with_state(s: Stream) -> None:

@@ -290,6 +290,31 @@ def test_a_missing_file_of_each_join_store_is_named(join_run):
     assert tree_snapshot(run.checkpoint, run.output) == before
 
 
+def test_a_deleted_state_directory_of_each_operator_is_named(op_run):
+    """Spark writes every partition of every store at every version, so a directory deleted whole (a
+    partition, one store of a join partition, an operator below the last) fails every restart, and leaves no
+    file to judge: fsck names it from the operator metadata and the operator ids, and every rollback is
+    refused, with nothing changed."""
+    run = op_run
+    part = os.path.join(run.checkpoint, "state", "0", "1")
+    stores = sorted(d for d in os.listdir(part) if os.path.isdir(os.path.join(part, d))
+                    and d not in ("_metadata", "SSTs", "logs"))
+    cases = [f"state/0/1/{stores[-1]}" if stores else "state/0/1"]
+    if os.path.isdir(os.path.join(run.checkpoint, "state", "1")):  # two operators: the first one whole
+        cases.append("state/0")
+    for gone in cases:
+        run.reset()
+        shutil.rmtree(os.path.join(run.checkpoint, gone))
+        before = tree_snapshot(run.checkpoint, run.output)
+        code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+        named = [x for x in f["findings"] if x["code"] == "state-missing" and x["path"].endswith(gone)]
+        assert code == 1 and len(named) == 1, (gone, f["findings"])
+        assert "CANNOT_LOAD_STATE_STORE" in named[0]["problem"]
+        code, r = rollback(run, run.last_batch - 1, "--dry-run")
+        assert code == 2 and r["path"].endswith(gone), r
+        assert tree_snapshot(run.checkpoint, run.output) == before
+
+
 def test_a_copied_transform_with_state_checkpoint_is_flagged(tws_run, tmp_path):
     """Operator metadata v2 names its schema files by absolute path, and Spark reads them there: a copy
     works only while the original exists (a restore rewrites the paths, see the restore test)."""

@@ -130,6 +130,38 @@ class Operator:
     def store_index(self, name: str) -> int:
         return self.store_names.index(name)
 
+    @property
+    def declared(self) -> tuple[list[str], int | None, str | None]:
+        """What the operator metadata declares: (store names in Spark's order, partitions, the file's rel);
+        ([], None, None) when no metadata was read (``StateModel.operator_metadata``)."""
+        for doc, rel in ((self.metadata_v1, self.metadata_v1_rel),
+                         (self.metadata_v2_doc, self.metadata_v2[max(self.metadata_v2)] if self.metadata_v2 else None)):
+            infos = [i for i in (doc or {}).get("stateStoreInfo", []) if isinstance(i, dict) and i.get("storeName")]
+            counts = [i.get("numPartitions") for i in infos if isinstance(i.get("numPartitions"), int)]
+            if infos and counts:
+                return [str(i["storeName"]) for i in infos], max(counts), rel
+        return [], None, None
+
+
+@dataclass(frozen=True)
+class MissingStore:
+    """A state store Spark loads at a restart and whose directory is not there: ``name`` None for a partition's
+    whole directory (every store of it), ``partition`` None too for a whole operator. ``evidence``: what says
+    it should be there."""
+
+    op_id: int
+    partition: int | None
+    name: str | None
+    rel_dir: str
+    evidence: str
+
+    @property
+    def label(self) -> str:
+        if self.partition is None:
+            return f"operator {self.op_id}"
+        return f"operator {self.op_id} partition {self.partition}" + (
+            f" store {self.name}" if self.name not in (None, DEFAULT_STORE) else "")
+
 
 @dataclass
 class Build:
@@ -155,6 +187,7 @@ class StateModel:
         self._lineage_cache: dict[str, list[tuple[int, str]] | None] = {}
         self._zip_cache: dict[str, dict] = {}
         self._blobs: dict[str, bytes | None] = {}  # contents a caller already read (see preload)
+        self._metadata_read = False
         self._scan()
         self.provider = self._provider(provider_class)
 
@@ -268,7 +301,10 @@ class StateModel:
         return (min(vs), max(vs)) if vs else (None, None)
 
     def operator_metadata(self) -> None:
-        """Read operator metadata files (small; one read per operator)."""
+        """Read operator metadata files (small; one read per operator), once."""
+        if self._metadata_read:
+            return
+        self._metadata_read = True
         fm, L = self.listing.fm, self.listing
         paths = {}
         for op in self.operators.values():
@@ -283,6 +319,42 @@ class StateModel:
                 op.metadata_v1 = doc
             else:
                 op.metadata_v2_doc = doc
+
+    def missing_stores(self, shuffle_partitions: int | None = None, committed_ops=()) -> list[MissingStore]:
+        """The stores a restart loads that have no directory: every partition of every store the operator
+        metadata declares (``Operator.declared``; without it, ``shuffle_partitions``, the value the offsets
+        log pins, or the partitions present, of the store names present), and every operator below the
+        highest id present or named in a commit (``committed_ops``: checkpoint format V2 lists each
+        operator's state ids). Spark numbers stateful operators from 0 and writes every partition of every
+        store at every version, so a directory missing here fails the load (CANNOT_LOAD_STATE_STORE).
+        Reads the operator metadata (``operator_metadata``). The last operator's whole directory deleted,
+        with no commit naming it, is not seen: nothing in the checkpoint says it existed."""
+        self.operator_metadata()
+        out: list[MissingStore] = []
+        ids = set(self.operators) | {int(i) for i in committed_ops}
+        for op_id in range(max(ids) + 1 if ids else 0):
+            if op_id not in self.operators:
+                why = (f"a commit lists state ids for operator {op_id}" if op_id in {int(i) for i in committed_ops}
+                       else f"operators up to {max(ids)} have state, and Spark numbers them from 0")
+                out.append(MissingStore(op_id, None, None, f"state/{op_id}", why))
+        for op in sorted(self.operators.values(), key=lambda o: o.op_id):
+            names, parts, rel = op.declared
+            if rel is not None:
+                evidence = f"{rel} declares {parts} partitions of store(s) {', '.join(names)}"
+            else:
+                names = sorted({n for _, n in op.stores}) or [DEFAULT_STORE]
+                parts = shuffle_partitions or (max(op.partitions) + 1 if op.partitions else 0)
+                evidence = (f"the offsets log pins spark.sql.shuffle.partitions={parts}" if shuffle_partitions
+                            else f"partition {max(op.partitions)} has state")
+            for part in range(parts):
+                gone = [name for name in names if (part, name) not in op.stores]
+                if len(gone) > 1 and len(gone) == len(names):  # the partition's whole directory
+                    out.append(MissingStore(op.op_id, part, None, f"{op.rel_dir}/{part}", evidence))
+                    continue
+                for name in gone:
+                    where = f"{op.rel_dir}/{part}" + ("" if name == DEFAULT_STORE else f"/{name}")
+                    out.append(MissingStore(op.op_id, part, name, where, evidence))
+        return out
 
     # -- loading rules -----------------------------------------------------------------------
     def check(self, store: Store, version: int, unique_id: str | None = None,
