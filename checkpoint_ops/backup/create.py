@@ -59,8 +59,9 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ..errors import BadInputError, RefusedError, StoreUnavailableError
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
 from ..executor import per_file_manager
+from ..fence import is_fence, parse_fence
 from ..ledger import PAIRING_DIR, ledger_or_none
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.listing import Listing
@@ -453,6 +454,19 @@ def _state_problem(cut: _Cut, rid: str, rel: str, data: bytes) -> str | None:
     return state_bytes_problem(cut.state_files[rel], data, cut.codec)
 
 
+def _fenced_meanwhile(cut: _Cut, url: str, data: bytes) -> RefusedError:
+    """``metadata`` read as a fence: an operation of ours began changing the checkpoint after the cut was
+    fixed (no fence then), so the files read are not one state Spark could restart from. Nothing is published."""
+    try:
+        what = f"a checkpoint-ops {parse_fence(data).operation}"
+    except (ValueError, KeyError, TypeError, CheckpointOpsError):
+        what = "a checkpoint-ops operation"
+    return RefusedError(f"{what} began changing {cut.url} while the backup read it (metadata is its fence now): "
+                        "the files read are not one state Spark could restart from, so no backup was published",
+                        path=url, fix=f"let it finish (or finish or undo it: checkpoint-ops fsck {cut.url} says "
+                        "how), then run the backup again")
+
+
 def _unreadable(url: str, e: OSError) -> BadInputError:
     return BadInputError(f"cannot be read ({e.strerror or e})", path=url,
                          fix="make it readable by this user (or fix the storage permissions), then back up again")
@@ -568,6 +582,8 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
                     problem = _state_problem(cut, rid, rel, data)
                     if problem:
                         raise _damaged_state(cut, fm.url(path), problem)
+                if rid == "checkpoint" and rel == "metadata" and is_fence(data):
+                    raise _fenced_meanwhile(cut, fm.url(path), data)
                 sha = hashlib.sha256(data).hexdigest()
                 nbytes = len(data)
                 # (in memory: once claimed, the upload cannot fail for a vanished file; any other failure stops
