@@ -104,3 +104,42 @@ def test_restore_reports_each_file_manager_once(tmp_path, s3_server, bucket, fau
     assert "ledger" not in requests and "ledger" not in r["result"]["retries"], requests
     assert boto3.client("s3", endpoint_url=s3_server).list_objects_v2(Bucket=bucket, Prefix="t/.checkpoint-ops/ckpt/"
                                                                       "ledger/")["KeyCount"] > 0  # it has a ledger
+
+
+def test_running_an_interrupted_restore_again_says_to_finish_it(tmp_path):
+    """A restore killed once it fenced its target (``metadata`` holds the fence): running the same restore
+    again is refused with the way to finish it (``resume``) or revert it (``undo``), not told to pick another,
+    empty location, which would leave the fenced half-target behind. ``resume`` then finishes it."""
+    import subprocess
+    import sys
+
+    from checkpoint_ops.fence import is_fence
+    from checkpoint_ops.storage.killswitch import KILL_ENV
+
+    dest = str(tmp_path / "dest")
+    backup_id = _backup(str(tmp_path / "q"), dest, 8)
+    target, out = str(tmp_path / "target"), str(tmp_path / "target-out")
+    restore = ["backup", "restore", dest, backup_id, target, "--sink-target", out, "--yes"]
+    for kill_at in range(1, 60):  # the first crash-switch count that leaves the target fenced
+        for d in (target, out):
+            shutil.rmtree(d, ignore_errors=True)
+        ops = os.path.join(str(tmp_path), ".checkpoint-ops")
+        shutil.rmtree(ops, ignore_errors=True)
+        killed = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *restore],
+                                env=dict(os.environ, **{KILL_ENV: str(kill_at)}), capture_output=True)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        metadata = os.path.join(target, "metadata")
+        if os.path.exists(metadata) and is_fence(open(metadata, "rb").read()):
+            break
+    else:
+        raise AssertionError("no killed restore left its target fenced")
+    before = _files(str(tmp_path))
+    code, r = cli_json(*restore)
+    assert code == 1, r
+    assert "interrupted" in r["problem"] and f"checkpoint-ops resume {target}" in r["fix"], r
+    assert f"checkpoint-ops undo {target}" in r["fix"], r
+    assert _files(str(tmp_path)) == before
+    code, r = cli_json("resume", target, "--yes")
+    assert code == 0, r
+    code, r = cli_json("fsck", target, "--sink", out, *I)
+    assert code == 0 and r["findings"] == [], r

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
+from ..fence import is_fence, parse_fence, recovery_advice
 from ..journal import ops_dir, utc_stamp
 from ..lease import is_lease_file
 from ..ledger import PAIRING_DIR, Ledger, PairingRecord
@@ -392,6 +393,14 @@ def _require_empty(fm, root: str, url: str) -> None:
     found = [f for f in fm.walk(root) if not is_lease_file(f.path[len(root) + 1:])]  # our own lease: not content
     if found:
         names = sorted(f.path[len(root) + 1:] for f in found)
+        if "metadata" in names:  # an operation of ours stopped there (this restore, run before): finish it instead
+            with contextlib.suppress(OSError):
+                data = fm.read_bytes(f"{root}/metadata")
+                if is_fence(data):
+                    fence = parse_fence(data)
+                    raise RefusedError(f"the target holds a checkpoint-ops {fence.operation} ({fence.op_id}) that "
+                                       "was interrupted: it is not empty, and a new restore would not finish that one",
+                                       path=url, fix=recovery_advice(fence, url))
         raise BadInputError(f"the target is not empty: it holds {', '.join(names[:5])}"
                             + (f" and {len(names) - 5} more" if len(names) > 5 else ""), path=url,
                             fix="restore into a new, empty location (a restore never overwrites)")
