@@ -39,7 +39,7 @@ from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
-from .pairing import paired_checkpoint, record_pairing_after, require_pairing
+from .pairing import PAIRING_FILE, paired_checkpoint, record_pairing_after, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -422,6 +422,13 @@ def plan_compact(ctx: SinkContext, drop_missing: bool = False, stage: bool = Fal
     if unrecorded:
         plan.summary["batch ledger"] = (f"records batches {min(unrecorded)}..{max(unrecorded)} before their log files "
                                         f"go ({ctx.ledger.fm.url(ctx.ledger.path)})")
+    plain = [b for b in gone if not log.files[b].compact]
+    if plain and ctx.ckpt is None:
+        flag = param("checkpoint") or "its checkpoint"
+        plan.warnings.append(f"no checkpoint given: batches {min(plain)}..{max(plain)}, whose log files go, are kept in "
+                             f"the ledger beside this output ({ctx.ledger.fm.url(ctx.ledger.path)}), where a rollback "
+                             "of the query's checkpoint does not look: it can no longer reach them. To keep them in "
+                             f"its reach, give {flag} CHECKPOINT")
     return plan
 
 
@@ -736,6 +743,7 @@ class _SinkOperation(Operation):
     """A plan on a sink's log (and data files), anchored at its checkpoint when given, else at the output."""
 
     data = False  # list the data files too
+    records_batches = True  # records in the batch ledger what the log files it changes held (not: orphans)
 
     def __init__(self, output_url: str, checkpoint_url: str | None = None, storage_options: dict | None = None,
                  compact_interval: int = 10):
@@ -755,6 +763,24 @@ class _SinkOperation(Operation):
     def open(self) -> None:
         self.ctx = open_context(self.output_url, self.checkpoint_url, self.storage_options, self.compact_interval,
                                 data=self.data)
+        if self.checkpoint_url is None and self.records_batches:
+            self._refuse_without_its_checkpoint()
+
+    def _refuse_without_its_checkpoint(self) -> None:
+        """An output whose pairing record names a checkpoint that is there (same query id) is that query's file
+        sink: without its checkpoint, the batches whose log files this removes would be recorded in a ledger
+        beside the output, where the checkpoint's rollback never looks, and its rollback window would shrink for
+        good (a hostile review: `ledger sync` could not bring it back). Refused before anything changes."""
+        ckpt = paired_checkpoint(self.ctx.sink, self.storage_options)
+        if ckpt is None:
+            return
+        flag = param("checkpoint") or "the checkpoint"
+        raise RefusedError(f"this is the file sink of checkpoint {ckpt.url} (its pairing record "
+                           f"{self.ctx.sink.fm.url(join(self.ctx.sink.root, PAIRING_FILE))} says so): without it, the "
+                           f"{self.what} would record the batches whose log files go beside the output, where a "
+                           "rollback of that checkpoint never looks, and the rollback could no longer reach them",
+                           path=self.ctx.sink.url, fix=f"run it again with {flag} {ckpt.url} (its batch ledger records "
+                           "them, and its lease is held too)")
 
     def check_active(self, force: bool) -> list[str]:
         if self.ctx.ckpt is not None:
@@ -823,6 +849,7 @@ class SinkOrphansOperation(_SinkOperation):
 
     name = "sink-orphans"
     what = "orphan cleanup"
+    records_batches = False  # deletes data files no log entry names: the log and the ledger stay as they are
     data = True
 
     def __init__(self, output_url: str, checkpoint_url: str | None = None, min_age_s: float = 3600,

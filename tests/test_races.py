@@ -26,6 +26,7 @@ The rows go to docs/reliability.md (``make reliability``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -38,6 +39,7 @@ import boto3
 import pytest
 import s3fs
 
+from checkpoint_ops.pairing import PAIRING_FILE
 from pipelines.event_counts import event_rows, write_event_files
 from tests.crash import Finished, ForkRunner, RaceRow, race, record
 from tests.helpers import cli_json, content_snapshot, is_lease_file, is_own_file
@@ -289,9 +291,15 @@ def test_rollback_x_undo_local(spark, run, runners, tmp_path):
 # ---- rollback x sink compact -------------------------------------------------------------------------------
 
 
-def _reset_sink_run(base: str) -> None:
+def _reset_sink_run(base: str, paired: bool = True) -> None:
+    """The pristine tree, its output aged; ``paired=False``: without the output's pairing record (a sink
+    nothing pairs with its checkpoint yet, which ``sink compact`` takes without ``--checkpoint``)."""
     shutil.rmtree(base)
     shutil.copytree(base + ".pristine", base, symlinks=True)
+    if not paired:
+        for name in (PAIRING_FILE, f".{PAIRING_FILE}.crc"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(base, "output", name))
     hour_ago = time.time() - 3600  # the query stopped an hour ago (a fresh sink log looks like a running query)
     for d, _, names in os.walk(os.path.join(base, "output")):
         for name in names:
@@ -305,11 +313,12 @@ def _sink_rows(spark, out: str) -> list:
 @pytest.mark.parametrize("with_checkpoint", [True, False], ids=["compact-with-checkpoint", "compact-sink-only"])
 def test_rollback_x_sink_compact_local(spark, sink_run, runners, with_checkpoint):  # noqa: F811
     """A rollback and an offline compaction of its sink. With ``--checkpoint`` both lease the checkpoint
-    first; without it the compaction leases only the sink output, and that lease alone serialises them."""
+    first; without it (an output no pairing record ties to the checkpoint yet: a paired one is refused
+    without it) the compaction leases only the sink output, and that lease alone serialises them."""
     base = sink_run
     ckpt, out, inp = f"{base}/checkpoint", f"{base}/output", f"{base}/input"
     roots = (ckpt, out)
-    _reset_sink_run(base)
+    _reset_sink_run(base, paired=with_checkpoint)
     last = max(int(x) for x in os.listdir(f"{ckpt}/commits") if x.isdigit())
     n = (last + 1) // COMPACT_INTERVAL * COMPACT_INTERVAL - 3  # two batches before the last compaction
     rollback = ["rollback", ckpt, "--to-batch", n, "--sink", out, *INTERVALS, "--yes", "--json"]
@@ -318,7 +327,7 @@ def test_rollback_x_sink_compact_local(spark, sink_run, runners, with_checkpoint
     original = _spark_content(*roots)
     name = "rollback × sink compact" + (" --checkpoint" if with_checkpoint else " (sink lease only)")
     pair = Pair(RaceRow(name, "local"), [rollback, compact], ["rollback", "sink compact"],
-                lambda: _reset_sink_run(base), lambda: _spark_content(*roots), roots)
+                lambda: _reset_sink_run(base, paired=with_checkpoint), lambda: _spark_content(*roots), roots)
 
     def check(trial, winner):
         journaled = [entry for anchor in sorted({*anchors}) for entry in history(anchor)]

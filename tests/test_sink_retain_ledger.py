@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from benchmarks import synthetic
 from tests.helpers import cli, cli_json, tree_snapshot
@@ -98,3 +99,35 @@ def test_a_ledger_naming_a_live_file_for_a_retained_batch_is_refused(tmp_path):
     code, _, err = cli("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
     assert code == 2 and "disagrees with _spark_metadata/12" in err, err
     assert tree_snapshot(out, ckpt) == before
+
+
+def test_compacting_a_paired_output_without_its_checkpoint_is_refused_and_an_unpaired_one_warns(tmp_path):
+    """``sink compact OUT`` without ``--checkpoint`` records the batches whose log files go in a ledger beside
+    the output, where the checkpoint's rollback never looks: its window shrank for good, and `ledger sync` could
+    not bring it back (a hostile review). An output whose pairing record names its checkpoint is refused,
+    naming the flag and the checkpoint, with nothing changed; an output nothing pairs yet is compacted with a
+    warning that says so. With the checkpoint, the rollback still reaches every batch."""
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=24, partitions=1, retain_state=24)
+    write_sink(out, 24, compact_interval=5)
+    an_hour_ago = time.time() - 3600  # written long ago: no query looks active on the output
+    for d, _, names in os.walk(out):
+        for n in names:
+            os.utime(os.path.join(d, n), (an_hour_ago, an_hour_ago))
+    code, r = cli_json("sink", "compact", out, *SINK, "--dry-run")  # nothing pairs them yet
+    assert code == 0, r
+    (warning,) = [w for w in r["plan"]["warnings"] if w.startswith("no checkpoint given")]
+    assert "batches 0..18" in warning and "--checkpoint CHECKPOINT" in warning, warning
+
+    code, r = cli_json("ledger", "sync", ckpt, "--sink", out, *SINK)  # records the pairing on both sides
+    assert code == 0, r
+    before = tree_snapshot(ckpt, out)
+    code, r = cli_json("sink", "compact", out, *SINK, "--yes")
+    assert code == 1 and r["error"] == "RefusedError", r
+    assert f"file sink of checkpoint {ckpt}" in r["problem"] and f"--checkpoint {ckpt}" in r["fix"], r
+    assert tree_snapshot(ckpt, out) == before
+
+    code, r = cli_json("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
+    assert code == 0 and not [w for w in r["plan"]["warnings"] if w.startswith("no checkpoint given")], r
+    code, r = cli_json("rollback", ckpt, "--to-batch", "3", "--sink", out, *SINK, "--dry-run")
+    assert code == 0, r  # the checkpoint's ledger kept batches 0..18 in its reach
