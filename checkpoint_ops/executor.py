@@ -39,7 +39,7 @@ from typing import Callable
 
 from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .fence import Fence, fence_bytes, is_fence, parse_fence, resume_command
-from .journal import Journal, new_op_id, ops_dir, write_journal
+from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
 from .ledger import ledger_at
 from .model.listing import Listing, is_hidden_temp
 from .model.logfile import log_files
@@ -885,6 +885,7 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         **hooks.record(),
     }
     try:
+        settle_unstarted(anchor, storage_options)
         journal = write_journal(anchor.fm, anchor.ops, record)
     except StoreUnavailableError as e:  # its journal may or may not have been stored: nothing else was
         raise e.finish_with(f"nothing was changed yet; once the store answers, run "
@@ -939,6 +940,39 @@ def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None
                         storage_options=storage_options, guard=guard)
     except ValueError as e:
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
+
+
+def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor) -> bool:
+    """Drop a journaled operation that never changed anything (marked ``abandoned``: its plan may be stale now),
+    with the temp file of the write it was killed in and its ledger truncation. False (nothing done) when any of
+    its actions took effect."""
+    if ex.effects_on_disk() > 0:
+        return False
+    ex._drop_stray_temps(ex._listings())
+    # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
+    ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
+    journal.mark("abandoned")
+    return True
+
+
+_SETTLED = {"applied", "undone", "abandoned", "undoing"}  # markers of a journal that is no longer unfinished
+
+
+def settle_unstarted(anchor: Anchor, storage_options: dict | None = None) -> list[str]:
+    """Before a new operation is journaled at ``anchor`` (under its lease, the checkpoint not fenced): drop each
+    earlier one that stopped before it changed anything (killed between its journal and its fence, as a
+    re-run is the natural next step). Left unfinished under the new one, it could never be ended: ``resume`` and
+    ``undo`` act on the newest operation, ``prune`` keeps unfinished ones, and once the new one has changed the
+    files the old plan names, the old one looks started. Returns the op ids dropped; one that did change
+    something is left for ``resume`` or ``undo``."""
+    dropped = []
+    for path, markers in scan_journals(anchor.fm, anchor.ops).items():
+        if markers & _SETTLED:
+            continue
+        journal = load_journal(anchor.fm, path)
+        if abandon_if_unstarted(anchor, journal, reopen(anchor, journal, storage_options)):
+            dropped.append(journal.op_id)
+    return dropped
 
 
 STAGING_DIR = "staging"  # beside a root (``ops_dir``): rewrites a plan streamed there before it was applied

@@ -132,7 +132,9 @@ def load_journal(fm: CheckpointFileManager, path: str) -> Journal:
     try:
         record = json.loads(fm.read_bytes(join(path, "plan.json")))
     except FileNotFoundError:
-        raise BadInputError("journal has no plan.json", path=fm.url(path)) from None
+        raise BadInputError("journal has no plan.json: the operation it names is not journaled here", path=fm.url(path),
+                            fix="if this checkpoint was copied from where the operation ran, finish or undo it there "
+                            "and copy it again; otherwise restore the checkpoint from a backup") from None
     except ValueError:
         raise BadInputError("journal plan.json is not valid JSON", path=fm.url(path),
                             fix="the journal is damaged; restore the checkpoint from a backup") from None

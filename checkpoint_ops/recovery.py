@@ -32,6 +32,7 @@ from .executor import (
     AppliedOperation,
     Executor,
     UndoRecordLost,
+    abandon_if_unstarted,
     clear_staged_sources,
     ensure_ledger_truncation,
     interrupted,
@@ -39,7 +40,6 @@ from .executor import (
 )
 from .fence import is_fence, parse_fence
 from .journal import Journal, load_journal, op_id_time, scan_journals
-from .ledger import ledger_at
 from .model.checkpoint import Checkpoint
 from .model.sink import SINK_LOG_DIR
 from .operation import ApplyContext, Operation, Site
@@ -95,7 +95,8 @@ def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
                         "undone")
             return j, APPLIED
         return j, UNFINISHED
-    raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops))
+    raise RefusedError(f"nothing to {want}: no unfinished or undoable operation in the journal", path=fm.url(ops),
+                       fix="`checkpoint-ops history` lists what was journaled here and what became of it")
 
 
 def _utc(t: float) -> str:
@@ -286,15 +287,13 @@ class _JournalOperation(Operation):
         left in its trash or keep directory (a move on an object store stopped before its delete) is a change:
         ``effects_on_disk``."""
         ex = self._executor()
-        if ex.effects_on_disk() > 0:
-            return
         op, op_id = self.journal.record["operation"], self.journal.op_id
         if stage:
-            ex._drop_stray_temps(ex._listings())  # the temp file of the write it was killed in, if any
-            # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
-            ledger_at(self.anchor.fm, self.anchor.root).remove_truncation(op_id)
-            self.journal.mark("abandoned")
+            if not abandon_if_unstarted(self.anchor, self.journal, ex):
+                return
             done = "its plan may be stale now and was dropped"
+        elif ex.effects_on_disk() > 0:
+            return
         else:
             done = "its plan may be stale now: running this without --dry-run drops it"
         raise RefusedError(f"the interrupted {op} {op_id} stopped before changing anything, so there is nothing "

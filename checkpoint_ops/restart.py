@@ -351,7 +351,7 @@ class RestartSets:
                 continue
             url = listing.url(rel)
             if lowest is not None and b < lowest:
-                why = ("cannot be rebuilt (sink entries carry no batch id; a batch ledger would know)"
+                why = ("and cannot be rebuilt (sink entries carry no batch id; a batch ledger would know)"
                        if role == "sink log" else "and no later compact file holds its entries")
                 rs.damage.append(Damage(root, rel, url, role, PURGED, "purged", f"{rel} is gone {why}",
                                         "choose a later batch (see `checkpoint-ops inspect`); a batch ledger or an "

@@ -300,3 +300,44 @@ def test_a_resumed_rollback_never_replaces_what_its_undo_record_holds(tmp_path):
     code, r = cli_json("resume", ckpt)
     assert code == 1 and r["error"] == "RefusedError" and "undo record" in r["problem"] and rel in r["problem"], r
     assert _files(ckpt, str(tmp_path / ".checkpoint-ops")) == before
+
+
+def test_an_operation_killed_before_its_fence_is_dropped_when_the_command_runs_again(tmp_path):
+    """Killed between its journal and its fence (nothing changed; fsck shows at most a temp file), a rollback
+    is simply run again, as a user would. The first one is then dropped (``abandoned``), with the temp file
+    of the write it died in: left ``unfinished`` under the newer one, neither ``resume`` nor ``undo`` (they act
+    on the newest) nor ``prune`` (it keeps unfinished ones) could ever end it (a hostile review's dead end)."""
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    pristine = str(tmp_path / "pristine")
+    synthetic.write_local(pristine, batches=6, partitions=2, retain_state=5)
+    rollback = ["rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes"]
+    for kill_at in range(1, 40):  # the first count at which the killed rollback journaled and fenced nothing yet
+        for d in (ckpt, out, str(tmp_path / ".checkpoint-ops")):
+            shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(pristine, ckpt)
+        _synthetic_sink(out, 6)
+        clean = _files(ckpt, out)
+        killed = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *rollback], cwd=ROOT,
+                                env={**os.environ, "CHECKPOINT_OPS_KILL_AT": str(kill_at)}, capture_output=True)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        code, h = cli_json("history", ckpt)
+        if h["operations"] and not open(os.path.join(ckpt, "metadata"), "rb").read().startswith(FENCE):
+            break
+    else:
+        raise AssertionError("no killed rollback stopped between its journal and its fence")
+    code, h = cli_json("history", ckpt)
+    (first,) = h["operations"]
+    assert first["status"] == "unfinished", h
+    assert {p: d for p, d in _files(ckpt, out).items() if "/." not in p} == \
+        {p: d for p, d in clean.items() if "/." not in p}  # nothing changed but hidden temp files
+
+    code, r = cli_json(*rollback)  # run again
+    assert code == 0 and r["result"]["status"] == "applied", r
+    code, h = cli_json("history", ckpt)
+    assert [op["status"] for op in h["operations"]] == ["abandoned", "applied"], h
+    code, f = cli_json("fsck", ckpt, "--sink", out)
+    assert (code, f["findings"]) == (0, []), f  # the temp file of the killed write is gone with it
+    code, p = cli_json("prune", ckpt, "--keep-last", "0", "--dry-run")
+    assert code == 0 and "unfinished" not in json.dumps(p), p
+    code, u = cli_json("undo", ckpt, "--yes")  # undoes the second, the one that applied
+    assert code == 0, u
