@@ -67,6 +67,9 @@ from .storage import CheckpointFileManager, FileChangedError
 from .storage.paths import basename, dirname, join
 from .units import iso_ms
 
+# the temp files of a lease write: of the record and of its checksum sidecar (``.<name>.<uuid>.tmp``)
+_DEAD_TEMP_PREFIXES = tuple("." + prefix for prefix in OWN_FILE_PREFIXES)
+
 LEASE_NAME = ".checkpoint-ops.lease"
 TAKEOVER_PREFIX = LEASE_NAME + ".takeover-"
 # A holder goes on for this share of its time to live after a renewal starts, no longer (module docstring).
@@ -329,7 +332,7 @@ class Lease:
         if self.fm.strategy == "direct-put":
             return
         dead = [f.path for f in self.fm.list(self.root)
-                if not f.is_dir and f.name.startswith("." + OWN_FILE_PREFIXES[0]) and f.name.endswith(".tmp")
+                if not f.is_dir and f.name.startswith(_DEAD_TEMP_PREFIXES) and f.name.endswith(".tmp")
                 and f.mtime is not None and f.mtime * 1000 < self.holder.acquired_ms]
         if dead:
             self.fm.delete_many(dead)

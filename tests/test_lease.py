@@ -299,12 +299,14 @@ def test_release_removes_only_the_temp_files_of_lease_writes_that_died_before_th
     older than its lease, and keeps a newer one (a writer still racing) and every other file of the root."""
     fm, root = open_file_manager(str(tmp_path))
     dead = tmp_path / f".{LEASE_NAME}.0b7e6a52-1c2d-4e5f-8a9b-0c1d2e3f4a5b.tmp"
+    # the temp of its checksum sidecar (``..checkpoint-ops.lease.crc``), left by a kill between the two renames
+    dead_crc = tmp_path / f"..{LEASE_NAME}.crc.1c2d3e4f-5a6b-4c7d-8e9f-0a1b2c3d4e5f.tmp"
     racing = tmp_path / f".{LEASE_NAME}.9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a.tmp"
     spark_temp = tmp_path / ".12.3c2d1e0f-aaaa-4bbb-8ccc-dddddddddddd.tmp"
-    for path in (dead, racing, spark_temp, tmp_path / "part-00000.parquet"):
+    for path in (dead, dead_crc, racing, spark_temp, tmp_path / "part-00000.parquet"):
         path.write_bytes(b"{")
     an_hour_ago, in_an_hour = time.time() - 3600, time.time() + 3600
-    for path in (dead, spark_temp):
+    for path in (dead, dead_crc, spark_temp):
         os.utime(path, (an_hour_ago, an_hour_ago))
     os.utime(racing, (in_an_hour, in_an_hour))
     lease = acquire(fm, root, "A", ttl_s=30, heartbeat=False)
