@@ -191,12 +191,20 @@ def _no_sink_given(ckpt: Checkpoint, target: int) -> list[str]:
     except (OSError, ValueError, KeyError, TypeError, CheckpointOpsError):  # damaged, or the store failing: a hint
         record = None
     sink = record.profile.sink if record is not None else None
+    latest = ckpt.latest_commit
+    again = f"batches {target + 1}..{latest}" if latest is not None and latest > target else None
+    redelivered = (f"{again} run again and hand their rows to it a second time: foreachBatch gets the same batch ids, "
+                   "Kafka and other sinks get duplicates unless their writes are idempotent per batch id (or what those "
+                   "batches wrote is removed from it first)") if again else None
     if sink is not None and sink.kind not in ("file", "unknown"):
-        return []
+        return [f"the query's recorded profile says it writes a {sink.kind} sink, which a rollback does not change: "
+                f"{redelivered}"] if redelivered else []
     sink_opt = param("sink") or "the sink"
     where = (f"the query's recorded profile says it writes a file sink at {sink.path}: pass {sink_opt} {sink.path}"
              if sink is not None and sink.kind == "file" and sink.path else
              f"if the query writes a file sink, pass its output directory ({sink_opt} OUTPUT_PATH)")
+    other = (f"; if it writes another sink (foreachBatch, Kafka), a rollback does not change it: {redelivered}"
+             if redelivered and (sink is None or sink.kind == "unknown") else "")
     return [f"no file sink given, and the batch ledger records none for this checkpoint: {where}. Without it, the "
             f"output keeps its sink log of batches after {target}, and Spark's file sink skips those batch ids when "
-            "they run again, so their new rows never reach it"]
+            f"they run again, so their new rows never reach it{other}"]

@@ -21,6 +21,8 @@ def test_a_rollback_without_a_sink_warns_when_nothing_records_one(tmp_path):
     assert code == 0, doc
     (warning,) = [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)]
     assert "--sink OUTPUT_PATH" in warning and "batches after 12" in warning, warning
+    # nothing says it is a file sink: a foreachBatch or Kafka sink gets batches 13..19 again
+    assert "if it writes another sink (foreachBatch, Kafka)" in warning and "batches 13..19 run again" in warning
     code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--yes")
     assert code == 0 and [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc["plan"]["warnings"]
 
@@ -43,7 +45,7 @@ def _recorded(ckpt: str, sink) -> None:
     record_profile(fm, root, QueryProfile("append", sink, None, None, None, "4.3.0"), False, 19)
 
 
-def test_the_warning_names_the_sink_the_profile_records_and_is_silent_for_other_sinks(tmp_path):
+def test_the_warning_names_the_sink_the_profile_records_or_says_other_sinks_get_the_batches_again(tmp_path):
     from checkpoint_ops.query_profile import SinkProfile, profile_path
     from checkpoint_ops.storage import open_file_manager
 
@@ -53,10 +55,15 @@ def test_the_warning_names_the_sink_the_profile_records_and_is_silent_for_other_
     code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
     (warning,) = [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)]
     assert "writes a file sink at /data/tables/events: pass --sink /data/tables/events" in warning, warning
+    assert "foreachBatch, Kafka" not in warning  # the profile says file sink: nothing is handed out again
 
-    _recorded(ckpt, SinkProfile("kafka", "kafka", None))
-    code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
-    assert code == 0 and not [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc
+    for kind in ("kafka", "foreachBatch"):  # a sink a rollback cannot change: its batches are delivered again
+        _recorded(ckpt, SinkProfile(kind, kind, None))
+        code, doc = cli_json("rollback", ckpt, "--to-batch", "12", "--dry-run")
+        assert code == 0 and not [w for w in doc["plan"]["warnings"] if w.startswith(WARNING)], doc
+        (again,) = [w for w in doc["plan"]["warnings"] if "a second time" in w]
+        assert again.startswith(f"the query's recorded profile says it writes a {kind} sink"), again
+        assert "batches 13..19 run again" in again and "idempotent per batch id" in again, again
 
     fm, root = open_file_manager(ckpt)
     with open(profile_path(fm, root), "wb") as f:
