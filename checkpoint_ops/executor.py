@@ -969,8 +969,14 @@ def settle_unstarted(anchor: Anchor, storage_options: dict | None = None) -> lis
     for path, markers in scan_journals(anchor.fm, anchor.ops).items():
         if markers & _SETTLED:
             continue
-        journal = load_journal(anchor.fm, path)
-        if abandon_if_unstarted(anchor, journal, reopen(anchor, journal, storage_options)):
+        try:
+            journal = load_journal(anchor.fm, path)
+            ex = reopen(anchor, journal, storage_options)
+        except StoreUnavailableError:
+            raise
+        except BadInputError:  # a damaged journal stays as it is (resume and undo name it); the new one goes on
+            continue
+        if abandon_if_unstarted(anchor, journal, ex):
             dropped.append(journal.op_id)
     return dropped
 

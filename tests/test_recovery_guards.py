@@ -341,3 +341,17 @@ def test_an_operation_killed_before_its_fence_is_dropped_when_the_command_runs_a
     assert code == 0 and "unfinished" not in json.dumps(p), p
     code, u = cli_json("undo", ckpt, "--yes")  # undoes the second, the one that applied
     assert code == 0, u
+
+
+def test_a_damaged_earlier_journal_does_not_stop_a_new_operation(tmp_path):
+    """Before journaling, a new operation drops earlier ones that changed nothing; a journal it cannot read
+    (damaged by hand or by the disk) is left as it is for resume and undo to name, and the new one goes on."""
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    _synthetic_sink(out, 6)
+    damaged = tmp_path / ".checkpoint-ops" / "ck" / "journal" / "20200101T000000.000000Z-rollback-00000000"
+    damaged.mkdir(parents=True)
+    (damaged / "plan.json").write_bytes(b'{"format": 1, "op_')
+    code, r = cli_json("rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes")
+    assert code == 0 and r["result"]["status"] == "applied", r
+    assert (damaged / "plan.json").read_bytes() == b'{"format": 1, "op_' and os.listdir(damaged) == ["plan.json"]
