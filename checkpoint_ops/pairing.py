@@ -43,15 +43,18 @@ pairs, and records always win.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
+from .fence import is_fence, parse_fence
 from .journal import utc_stamp
 from .ledger import Ledger, PairingRecord
 from .model.checkpoint import Checkpoint
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
+from .storage import open_file_manager
 from .storage.paths import join, parse_url
 
 PAIRING_FILE = ".checkpoint-ops.pairing.json"
@@ -404,15 +407,32 @@ def record_pairing_after(ckpt: Checkpoint, sinks: list[SinkOutput], ledger: Ledg
                             "for this") from e.__cause__
 
 
-def paired_checkpoint(sink: SinkOutput, storage_options: dict | None = None) -> Checkpoint | None:
-    """The checkpoint the output's pairing record names, if it is still there with the same query id."""
+def paired_checkpoint_url(sink: SinkOutput, storage_options: dict | None = None) -> str | None:
+    """The location of the checkpoint the output's pairing record names, if its ``metadata`` is there with the
+    same query id: two reads (the record, ``metadata``), no listing of the checkpoint. None when there is no
+    such record, or the checkpoint or its metadata cannot be read."""
     rec = sink_record(sink)
     if rec is None or not any(same_location(s, sink.url) for s in rec.sinks):
         return None
     try:
-        ckpt = Checkpoint.open(rec.checkpoint, storage_options)
+        fm, root = open_file_manager(rec.checkpoint, storage_options)
+        raw = fm.read_bytes(join(root, "metadata"))
+        if is_fence(raw):  # an operation of ours is under way there: the query's own metadata is in the fence
+            raw = parse_fence(raw).original_metadata
+        query_id = json.loads(raw).get("id")
+    except (OSError, ValueError, AttributeError, CheckpointOpsError):
+        return None
+    return rec.checkpoint if _same_query(rec.query_id, query_id) else None
+
+
+def paired_checkpoint(sink: SinkOutput, storage_options: dict | None = None) -> Checkpoint | None:
+    """The checkpoint the output's pairing record names, if it is still there with the same query id
+    (``paired_checkpoint_url``), opened."""
+    url = paired_checkpoint_url(sink, storage_options)
+    if url is None:
+        return None
+    try:
+        ckpt = Checkpoint.open(url, storage_options)
     except BadInputError:
         return None
-    if ckpt.kind != "structured" or not _same_query(rec.query_id, query_id_of(ckpt)):
-        return None
-    return ckpt
+    return ckpt if ckpt.kind == "structured" else None

@@ -39,7 +39,7 @@ from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, unreadable
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
-from .pairing import PAIRING_FILE, paired_checkpoint, record_pairing_after, require_pairing
+from .pairing import PAIRING_FILE, paired_checkpoint, paired_checkpoint_url, record_pairing_after, require_pairing
 from .plan import SIDECAR_PREFIX, Plan
 from .rollback import sidecars
 from .storage import open_file_manager
@@ -771,15 +771,15 @@ class _SinkOperation(Operation):
         sink: without its checkpoint, the batches whose log files this removes would be recorded in a ledger
         beside the output, where the checkpoint's rollback never looks, and its rollback window would shrink for
         good (a hostile review: `ledger sync` could not bring it back). Refused before anything changes."""
-        ckpt = paired_checkpoint(self.ctx.sink, self.storage_options)
-        if ckpt is None:
+        url = paired_checkpoint_url(self.ctx.sink, self.storage_options)
+        if url is None:
             return
         flag = param("checkpoint") or "the checkpoint"
-        raise RefusedError(f"this is the file sink of checkpoint {ckpt.url} (its pairing record "
+        raise RefusedError(f"this is the file sink of checkpoint {url} (its pairing record "
                            f"{self.ctx.sink.fm.url(join(self.ctx.sink.root, PAIRING_FILE))} says so): without it, the "
                            f"{self.what} would record the batches whose log files go beside the output, where a "
                            "rollback of that checkpoint never looks, and the rollback could no longer reach them",
-                           path=self.ctx.sink.url, fix=f"run it again with {flag} {ckpt.url} (its batch ledger records "
+                           path=self.ctx.sink.url, fix=f"run it again with {flag} {url} (its batch ledger records "
                            "them, and its lease is held too)")
 
     def check_active(self, force: bool) -> list[str]:
