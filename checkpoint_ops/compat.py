@@ -645,7 +645,18 @@ def operator_differences(profile: QueryProfile, record: ProfileRecord | None, ba
     """Against the recorded query: operators Spark accepted (same state schema) that now compute otherwise,
     and a changed stateless part (projections, filters)."""
     if record is None:
-        return []
+        if not profile.operators:
+            return []
+        # Spark's restart judges the state schema only: what the old operators computed is known to nobody here
+        return [Difference(
+            "stateful-operators", CHECK, "unknown (no query profile recorded)",
+            "; ".join(op.describe() for op in profile.operators),
+            "no query profile is recorded for this checkpoint, so what its stateful operators computed is unknown; "
+            "Spark's restart checks only the state's schema (keys and values), not a join's type, condition or "
+            "time range, a watermark's delay or a grouping expression of the same type: if any of those changed, "
+            f"the rows from batch {batch + 1} on come out differently, with no error. Compare them with the query "
+            "that wrote the checkpoint by hand, or record that query first (`checkpoint-ops compat CKPT --query "
+            "OLD --record`) and judge the new one against it", RULES["stateful"])]
     old = record.profile
     out = []
     if old.operators is not None and profile.operators is not None:

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from checkpoint_ops.compat import CHECK, FAILS, SAFE, SILENT, check_compat
+from checkpoint_ops.compat import CHECK, FAILS, SAFE, SILENT, accept, check_compat
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.query_profile import profile_path
 from checkpoint_ops.storage import open_file_manager
@@ -532,6 +532,36 @@ def test_a_changed_udf_body_below_an_aggregation_is_to_check_by_hand(spark, comp
 
         use_session_conf(spark)
         sums_mix_old_and_new_values(spark, base, lambda s, b: udf_before_aggregation(s, b, changed=True))
+    finally:
+        use_session_conf(spark)
+        base.reset()
+
+
+def test_without_a_recorded_profile_a_stateful_query_is_checked_by_hand_until_the_old_one_is_recorded(
+        spark, compat_bases):
+    """A checkpoint written before checkpoint-ops was adopted has no query profile. Spark's restart judges only
+    the state's schema, so a join turned from inner to left outer restarts, and emits rows the old query never
+    did: without a profile that is "check by hand", never "compatible" (a hostile review). Once the query that
+    wrote it is recorded (`--record` with the old query), the same change is named as silently different."""
+    base = compat_bases("join")
+    base.reset()
+    use_session_conf(spark)
+    try:
+        fm, root = open_file_manager(base.checkpoint)
+        fm.delete(profile_path(fm, root))
+        report = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: join_type_changed(s, base))
+        assert report.spark_restarts is True and not report.compatible and report.exit_code == 1, report.render()
+        (diff,) = report.differences
+        assert (diff.aspect, diff.verdict) == ("stateful-operators", CHECK), report.render()
+        assert "no query profile is recorded" in diff.effect and "--record" in diff.effect
+
+        old = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: join_writer(s, base))
+        assert [(d.aspect, d.verdict) for d in old.differences] == [("stateful-operators", CHECK)]
+        assert accept(Checkpoint.open(base.checkpoint), old) is not None  # what `compat --record` does
+        report = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: join_type_changed(s, base))
+        assert [(d.aspect, d.verdict) for d in report.differences] == [("stateful-operators", SILENT)], report.render()
+        unchanged = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: join_writer(s, base))
+        assert unchanged.compatible and unchanged.differences == (), unchanged.render()
     finally:
         use_session_conf(spark)
         base.reset()
