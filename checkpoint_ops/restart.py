@@ -37,9 +37,11 @@ from .model.compactible import CompactibleLog, LogEntry, all_valid_batches, is_c
 from .model.listing import Listing
 from .model.logfile import LogFormatError, unreadable
 from .model.operators import METADATA as OPERATOR_METADATA
+from .model.operators import SCHEMA as OPERATOR_SCHEMA
 from .model.operators import FileProblem, OperatorFile
 from .model.sink import SinkOutput
 from .model.state import StateFile, Store
+from .model.state_schema import StateSchemaFile
 from .storage.checksums import hadoop_crc_matches, hadoop_crc_name, hadoop_crc_size, spark_checksum_matches
 
 CKPT = "checkpoint"
@@ -469,8 +471,20 @@ class RestartSets:
                        "restore the checkpoint from a backup taken before it went (checkpoint-ops backup list, then "
                        "backup restore into a new location, with its sinks) and run the query from there; a rollback "
                        "does not repair it: every batch loads this state")
-                for m in ck.state.missing_stores(shuffle, committed)]
+                for m in ck.state.missing_stores(shuffle, committed, self._keyed)]
         return self._missing[committed]
+
+    def _keyed(self, op) -> bool | None:
+        """Whether an operator's state has a key (so Spark writes every partition), from its state schema files
+        (read once: the restart set reads them anyway); None when none can be read. A streaming limit has none."""
+        if op.name == "globalLimit":
+            return False
+        catalog = self.ckpt.operator_files
+        schemas = [f for f in catalog.files(op) if f.role == OPERATOR_SCHEMA]
+        parsed = [p for p in catalog.read(schemas).values() if isinstance(p, StateSchemaFile)]
+        if not parsed:
+            return None
+        return any((cf.key_schema or {}).get("fields") for p in parsed for cf in p.column_families)
 
     def _state(self, batch: int, commit) -> list:
         ck = self.ckpt

@@ -320,15 +320,22 @@ class StateModel:
             else:
                 op.metadata_v2_doc = doc
 
-    def missing_stores(self, shuffle_partitions: int | None = None, committed_ops=()) -> list[MissingStore]:
-        """The stores a restart loads that have no directory: every partition of every store the operator
-        metadata declares (``Operator.declared``; without it, ``shuffle_partitions``, the value the offsets
-        log pins, or the partitions present, of the store names present), and every operator below the
-        highest id present or named in a commit (``committed_ops``: checkpoint format V2 lists each
-        operator's state ids). Spark numbers stateful operators from 0 and writes every partition of every
-        store at every version, so a directory missing here fails the load (CANNOT_LOAD_STATE_STORE).
-        Reads the operator metadata (``operator_metadata``). The last operator's whole directory deleted,
-        with no commit naming it, is not seen: nothing in the checkpoint says it existed."""
+    def missing_stores(self, shuffle_partitions: int | None = None, committed_ops=(),
+                       keyed: Callable[[Operator], bool | None] = lambda op: None) -> list[MissingStore]:
+        """The stores a restart loads that have no directory, and every operator below the highest id present or
+        named in a commit (``committed_ops``: checkpoint format V2 lists each operator's state ids): Spark numbers
+        stateful operators from 0.
+
+        Partitions: a keyed operator (a grouping key, join keys, a dedup key) writes every partition of every
+        store at every version, empty or not, so each one missing fails the load (CANNOT_LOAD_STATE_STORE).
+        One without a key (a global aggregation, a streaming limit) keeps all its state in partition 0 although
+        its metadata declares as many partitions as the others. So every partition the operator metadata
+        declares (``Operator.declared``; without it, ``shuffle_partitions``, the value the offsets log pins) is
+        expected only where the operator is known to be keyed: it has state beyond partition 0, or ``keyed(op)``
+        (its key schema) says so; otherwise partition 0 alone. Store names: the metadata's, else those present.
+        Reads the operator metadata (``operator_metadata``). Not seen: the last operator's whole directory
+        deleted with no commit naming it, and every partition but 0 of a keyed operator whose key schema cannot
+        be read."""
         self.operator_metadata()
         out: list[MissingStore] = []
         ids = set(self.operators) | {int(i) for i in committed_ops}
@@ -346,6 +353,14 @@ class StateModel:
                 parts = shuffle_partitions or (max(op.partitions) + 1 if op.partitions else 0)
                 evidence = (f"the offsets log pins spark.sql.shuffle.partitions={parts}" if shuffle_partitions
                             else f"partition {max(op.partitions)} has state")
+            if any(p > 0 for p in op.partitions):
+                evidence += ", and partitions besides 0 have state"
+            elif keyed(op):
+                evidence += ", and its state has a key (every partition holds state)"
+            else:  # no key, or none known: all of its state may be in partition 0
+                parts = 1
+                evidence = ("an operator without a key keeps its state in partition 0" if keyed(op) is False
+                            else "every stateful operator keeps state in partition 0")
             for part in range(parts):
                 gone = [name for name in names if (part, name) not in op.stores]
                 if len(gone) > 1 and len(gone) == len(names):  # the partition's whole directory
