@@ -44,6 +44,7 @@ pairs, and records always win.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -183,12 +184,15 @@ def _write_sink_record(sink: SinkOutput, record: PairingRecord, replace: bool) -
 
 
 def same_location(a: str, b: str) -> bool:
-    """Two URLs name the same place (``s3a://`` and ``s3://``, a path and its ``file://`` URL)."""
+    """Two URLs name the same place (``s3a://`` and ``s3://``, a path and its ``file://`` URL; on local disk,
+    two spellings of one directory through symbolic links)."""
     try:
         la, lb = parse_url(a), parse_url(b)
     except ValueError:
         return a == b
-    return (la.scheme, la.path.rstrip("/")) == (lb.scheme, lb.path.rstrip("/"))
+    if (la.scheme, la.path.rstrip("/")) == (lb.scheme, lb.path.rstrip("/")):
+        return True
+    return la.scheme == lb.scheme == "file" and os.path.realpath(la.path) == os.path.realpath(lb.path)
 
 
 def _same_query(a: str | None, b: str | None) -> bool:

@@ -127,6 +127,12 @@ def test_compacting_a_paired_output_without_its_checkpoint_is_refused_and_an_unp
     assert f"file sink of checkpoint {ckpt}" in r["problem"] and f"--checkpoint {ckpt}" in r["fix"], r
     assert tree_snapshot(ckpt, out) == before
 
+    link = str(tmp_path / "out-link")  # the same output through a symbolic link: still its checkpoint's
+    os.symlink(out, link)
+    code, r = cli_json("sink", "compact", link, *SINK, "--yes")
+    assert code == 1 and f"file sink of checkpoint {ckpt}" in r["problem"], r
+    assert tree_snapshot(ckpt, out) == before
+
     code, r = cli_json("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
     assert code == 0 and not [w for w in r["plan"]["warnings"] if w.startswith("no checkpoint given")], r
     code, r = cli_json("rollback", ckpt, "--to-batch", "3", "--sink", out, *SINK, "--dry-run")
