@@ -24,7 +24,9 @@ import time
 from dataclasses import dataclass
 
 from .errors import BadInputError, CheckpointOpsError
+from .activity import ENDED_RUN_FILE
 from .journal import ops_dir
+from .ledger import ledger_at
 from .model.listing import Listing
 from .model.sink import SINK_LOG_DIR, SinkOutput
 from .pairing import same_location
@@ -140,10 +142,11 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
     here = fm.url(root.rstrip("/"))
     found = claim(fm, root, name, "", write=False)
     ran = found.other.name if found.other is not None else name if found.recorded else None
-    if ran is not None:
+    if ran is not None and _left_a_trace(fm, root):
         return NotStarted(
             here, f"the checkpoint is gone: nothing is at this location, but {fm.url(found.path)} records that "
-            f"query {ran} ran it; a run now would start again from batch 0 and read all its input again",
+            f"query {ran} ran it, and its batch ledger or ended-run record is still beside it; a run now would start "
+            "again from batch 0 and read all its input again",
             f"restore the checkpoint (checkpoint-ops backup list, then backup restore), or, to start over on purpose, "
             f"move the query's outputs away and delete {fm.url(found.path)}", fm.url(found.path))
     for sink in sinks:
@@ -155,6 +158,15 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
                 f"give the query an empty output directory (or move {sink.url} away), or restore the checkpoint that "
                 "wrote it", sink.url)
     return NotStarted(here)
+
+
+def _left_a_trace(fm: CheckpointFileManager, root: str) -> bool:
+    """Whether a query run left a record beside the checkpoint besides the owner record: the batch ledger (the
+    pass after every run syncs it) or the record of a failed run (``activity.ENDED_RUN_FILE``). The owner record
+    alone is written just before the query starts, and a run refused before Spark writes anything leaves it."""
+    if fm.walk(ledger_at(fm, root).path):
+        return True
+    return fm.exists(join(ops_dir(fm, root), ENDED_RUN_FILE))
 
 
 __all__ = ["OWNER_FILE", "Owner", "Claim", "claim", "owner_path", "NotStarted", "not_started"]

@@ -3,6 +3,7 @@ workspace as the dagster CLI loads it (the reprocessing sensor: test_reprocess_s
 
 import datetime
 import os
+import shutil
 import subprocess
 import sys
 
@@ -90,12 +91,15 @@ def test_a_check_run_on_its_own_starts_neither_spark_nor_the_query(tmp_path):
 
 def test_a_missing_checkpoint_fails_the_health_check_once_the_query_ran_or_its_sink_has_a_log(tmp_path):
     """Nothing at the checkpoint's location is unsafe when the asset's query ran there before (its owner
-    record says so: a run now starts again from batch 0 and reads all its input again), or when a declared
-    sink already logs batches (a new query would skip those batch ids: their rows never reach the output).
-    Either fails the blocking health check, naming the file that shows it, and changes nothing."""
+    record, and the batch ledger its run's pass synced, say so: a run now starts again from batch 0 and reads
+    all its input again), or when a declared sink already logs batches (a new query would skip those batch ids:
+    their rows never reach the output). Either fails the blocking health check, naming the file that shows it,
+    and changes nothing. The owner record alone (written just before the query starts; a run refused before
+    Spark wrote anything leaves it) is no sign the query ran."""
+    from benchmarks import synthetic
     from checkpoint_ops.query_owner import claim
     from checkpoint_ops.storage.registry import open_file_manager
-    from tests.helpers import tree_snapshot
+    from tests.helpers import cli_json, tree_snapshot
 
     defs = make_defs(tmp_path, names=("alpha",), spark_config={"spark.master": "no-such-master"})
     ckpt = str(tmp_path / "ckpt" / "alpha")
@@ -117,7 +121,15 @@ def test_a_missing_checkpoint_fails_the_health_check_once_the_query_ran_or_its_s
     os.remove(tmp_path / "out" / "alpha" / "_spark_metadata" / "0")
     fm, root = open_file_manager(ckpt)
     os.makedirs(ckpt)
-    assert claim(fm, root, "alpha", "dagster run r1 (alpha)").recorded  # as its first run recorded it
+    assert claim(fm, root, "alpha", "dagster run r1 (alpha)").recorded  # as its first run records it
+    result, verdicts = run_checks_only(defs)  # a run refused before Spark wrote anything leaves just that
+    assert verdicts["checkpoint_health_check"].passed, verdicts["checkpoint_health_check"].description
+
+    synthetic.write_local(ckpt, batches=3, partitions=1, retain_state=3)  # the query ran: its pass synced the ledger
+    code, r = cli_json("ledger", "sync", ckpt)
+    assert code == 0, r
+    shutil.rmtree(ckpt)  # then the checkpoint went (by hand, a clean-up job)
+    os.makedirs(ckpt)
     before = tree_snapshot(str(tmp_path))
     result, verdicts = run_checks_only(defs)
     health = verdicts["checkpoint_health_check"]
