@@ -942,13 +942,21 @@ def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
 
 
-def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor) -> bool:
+def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, every_root: bool = True) -> bool:
     """Drop a journaled operation that never changed anything (marked ``abandoned``: its plan may be stale now),
     with the temp file of the write it was killed in and its ledger truncation. False (nothing done) when any of
-    its actions took effect."""
+    its actions took effect. ``every_root``: its stray temp files in every root of its plan (``resume`` holds
+    their leases); else only those of its fence, in the anchor (all a kill before the fence can leave there)."""
     if ex.effects_on_disk() > 0:
         return False
-    ex._drop_stray_temps(ex._listings())
+    if every_root:
+        ex._drop_stray_temps(ex._listings())
+    elif anchor.checkpoint:
+        fm = anchor.fm
+        fence_temps = [f.path for f in fm.list(anchor.root) if not f.is_dir and is_hidden_temp(f.name)
+                       and f.name.startswith((".metadata.", f".{hadoop_crc_name('metadata')}."))]
+        if fence_temps:
+            fm.delete_many(fence_temps)
     # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
     ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
     journal.mark("abandoned")
@@ -976,7 +984,8 @@ def settle_unstarted(anchor: Anchor, storage_options: dict | None = None) -> lis
             raise
         except BadInputError:  # a damaged journal stays as it is (resume and undo name it); the new one goes on
             continue
-        if abandon_if_unstarted(anchor, journal, ex):
+        # the new operation holds the anchor's lease, not necessarily those of the old plan's other roots
+        if abandon_if_unstarted(anchor, journal, ex, every_root=False):
             dropped.append(journal.op_id)
     return dropped
 
