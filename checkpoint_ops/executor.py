@@ -445,6 +445,8 @@ class Executor:
         for rid, rel in files:
             root = self.roots[rid]
             root.fm.ensure_checksum(root.abs(rel))
+        if self.fenced:  # and the temp file of the unfence's write the crash cut short, if any
+            drop_fence_temps(self.ckpt.fm, self.ckpt.path)
 
     def record_undone(self, by: str | None = None) -> None:
         """Finish an undo whose every change is on disk: its ledger truncation goes, then the marker."""
@@ -952,15 +954,21 @@ def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, every_r
     if every_root:
         ex._drop_stray_temps(ex._listings())
     elif anchor.checkpoint:
-        fm = anchor.fm
-        fence_temps = [f.path for f in fm.list(anchor.root) if not f.is_dir and is_hidden_temp(f.name)
-                       and f.name.startswith((".metadata.", f".{hadoop_crc_name('metadata')}."))]
-        if fence_temps:
-            fm.delete_many(fence_temps)
+        drop_fence_temps(anchor.fm, anchor.root)
     # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
     ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
     journal.mark("abandoned")
     return True
+
+
+def drop_fence_temps(fm: CheckpointFileManager, root: str) -> None:
+    """Remove the temp files a killed write of ``metadata`` or of its checksum sidecar left in the checkpoint
+    ``root`` (hidden ``.metadata.<uuid>.tmp``, ``..metadata.crc.<uuid>.tmp``): only a fence or an unfence writes
+    ``metadata`` once the checkpoint exists (Spark writes it when it creates one), so they are ours."""
+    temps = [f.path for f in fm.list(root) if not f.is_dir and is_hidden_temp(f.name)
+             and f.name.startswith((".metadata.", f".{hadoop_crc_name('metadata')}."))]
+    if temps:
+        fm.delete_many(temps)
 
 
 _SETTLED = {"applied", "undone", "abandoned", "undoing"}  # markers of a journal that is no longer unfinished
