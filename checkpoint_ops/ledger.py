@@ -782,7 +782,7 @@ def sync(ckpt: Checkpoint | None, sinks: list[SinkOutput] = (), ledger: "Ledger 
             raise RefusedError(f"an interrupted checkpoint-ops {ckpt.fence.operation} fenced this checkpoint: its "
                                "files are half-way through that operation, and recording them would keep batches it "
                                "removes", path=ckpt.url, fix=recovery_advice(ckpt.fence, ckpt.url)
-                               + ", then run the sync again")
+                               + ", then run the same command again")
         timeline = diverged_at(ckpt, ledger)
         if timeline is not None:
             check()

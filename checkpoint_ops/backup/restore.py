@@ -416,8 +416,9 @@ def _require_no_ledger(fm, ledger: str, target_url: str) -> None:
     if found:
         raise BadInputError(
             f"the target's batch ledger already holds {len(found)} file(s) ({', '.join(found[:3])}"
-            + (", ..." if len(found) > 3 else "") + f"): the record of another checkpoint that was at {target_url}, "
-            "which the restore would merge with the backup's", path=fm.url(ledger),
+            + (", ..." if len(found) > 3 else "") + f"): the record of a checkpoint that was at {target_url} (another "
+            "query's, or this query's own from after the backup), which the restore would merge with the backup's",
+            path=fm.url(ledger),
             fix=f"if that checkpoint is gone for good, remove its ledger (`rm -r {fm.url(ledger)}`, or the whole "
                 "hidden directory beside it with its journals and undo records), then restore again; else restore "
                 "into another location; nothing was written")
