@@ -780,7 +780,9 @@ class _SinkOperation(Operation):
                            f"{self.what} would record the batches whose log files go beside the output, where a "
                            "rollback of that checkpoint never looks, and the rollback could no longer reach them",
                            path=self.ctx.sink.url, fix=f"run it again with {flag} {url} (its batch ledger records "
-                           "them, and its lease is held too)")
+                           "them, and its lease is held too); if the query now runs from a copy of that checkpoint "
+                           f"(moved, or restored elsewhere), pass the copy with {flag} instead: the stale record is "
+                           "then named, with what to do")
 
     def check_active(self, force: bool) -> list[str]:
         if self.ctx.ckpt is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 
 from benchmarks import synthetic
@@ -131,6 +132,14 @@ def test_compacting_a_paired_output_without_its_checkpoint_is_refused_and_an_unp
     os.symlink(out, link)
     code, r = cli_json("sink", "compact", link, *SINK, "--yes")
     assert code == 1 and f"file sink of checkpoint {ckpt}" in r["problem"], r
+    assert tree_snapshot(ckpt, out) == before
+
+    # the query moved to a copy of its checkpoint: the fix says to pass the copy, which names the stale record
+    copy = str(tmp_path / "ckpt-copy")
+    shutil.copytree(ckpt, copy)
+    assert "pass the copy with --checkpoint" in r["fix"], r
+    code, r = cli_json("sink", "compact", out, "--checkpoint", copy, *SINK, "--yes")
+    assert code != 0 and "pairing.json" in r["fix"] and f"checkpoint {ckpt}" in r["problem"], r
     assert tree_snapshot(ckpt, out) == before
 
     code, r = cli_json("sink", "compact", out, "--checkpoint", ckpt, *SINK, "--yes")
