@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: test test-operators demo ui bench reliability check-java venv clean
+.PHONY: test test-operators demo ui bench reliability check-java check-rclone venv clean
 
 check-java:
 	@command -v java >/dev/null 2>&1 || { \
@@ -57,7 +57,12 @@ reliability: check-java $(STAMP)
 
 # All benchmarks, one after another in one run (about an hour on 2 cores; benchmarks/run_all.py lists them); each report is recorded
 # in docs/benchmarks.md, in the section run_all.py marks (the rest of the file is left as it is).
-bench: check-java $(STAMP)
+check-rclone:
+	@command -v rclone >/dev/null 2>&1 || { \
+	  echo "error: the backup benchmark compares with rclone, which is not on PATH." >&2; \
+	  echo "  Debian/Ubuntu: sudo apt-get install -y rclone    macOS: brew install rclone" >&2; exit 1; }
+
+bench: check-java check-rclone $(STAMP)
 	$(PY) benchmarks/run_all.py --out docs/benchmarks.md
 
 clean:
