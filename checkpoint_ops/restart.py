@@ -464,14 +464,20 @@ class RestartSets:
                 shuffle = int(ck.conf.get(SHUFFLE_PARTITIONS_KEY) or 0) or None
             except (TypeError, ValueError):
                 shuffle = None
+            missing = ck.state.missing_stores(shuffle, committed, self._keyed)
+            # an operator gone whole took its operator metadata along: where the others have theirs, Spark's check
+            # of the query against them refuses the restart before any state is loaded (tested with Spark)
+            checked = any(op.declared[2] is not None for op in ck.state.operators.values())
             self._missing[committed] = [
                 Damage(CKPT, m.rel_dir, ck.listing.url(m.rel_dir), "state", MISSING, "state-missing",
                        f"the state of {m.label} has no directory, and every restart loads it ({m.evidence}): Spark "
-                       "fails with CANNOT_LOAD_STATE_STORE",
+                       + ("refuses the restart with STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA (its "
+                          "operator metadata went with it)" if m.partition is None and checked
+                          else "fails with CANNOT_LOAD_STATE_STORE"),
                        "restore the checkpoint from a backup taken before it went (checkpoint-ops backup list, then "
                        "backup restore into a new location, with its sinks) and run the query from there; a rollback "
                        "does not repair it: every batch loads this state")
-                for m in ck.state.missing_stores(shuffle, committed, self._keyed)]
+                for m in missing]
         return self._missing[committed]
 
     def _keyed(self, op) -> bool | None:

@@ -290,11 +290,12 @@ def test_a_missing_file_of_each_join_store_is_named(join_run):
     assert tree_snapshot(run.checkpoint, run.output) == before
 
 
-def test_a_deleted_state_directory_of_each_operator_is_named(op_run):
+def test_a_deleted_state_directory_of_each_operator_is_named(spark, op_run):
     """Spark writes every partition of every store at every version, so a directory deleted whole (a
     partition, one store of a join partition, an operator below the last) fails every restart, and leaves no
     file to judge: fsck names it from the operator metadata and the operator ids, and every rollback is
-    refused, with nothing changed."""
+    refused, with nothing changed. Spark then fails to restart as fsck says it will: CANNOT_LOAD_STATE_STORE, or
+    for a whole operator STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA (its operator metadata is gone)."""
     run = op_run
     part = os.path.join(run.checkpoint, "state", "0", "1")
     stores = sorted(d for d in os.listdir(part) if os.path.isdir(os.path.join(part, d))
@@ -309,10 +310,16 @@ def test_a_deleted_state_directory_of_each_operator_is_named(op_run):
         code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
         named = [x for x in f["findings"] if x["code"] == "state-missing" and x["path"].endswith(gone)]
         assert code == 1 and len(named) == 1, (gone, f["findings"])
-        assert "CANNOT_LOAD_STATE_STORE" in named[0]["problem"]
+        # a whole operator takes its operator metadata along, which Spark checks the query against first
+        said = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" if gone == "state/0" else "CANNOT_LOAD_STATE_STORE"
+        assert said in named[0]["problem"], named[0]
         code, r = rollback(run, run.last_batch - 1, "--dry-run")
         assert code == 2 and r["path"].endswith(gone), r
         assert tree_snapshot(run.checkpoint, run.output) == before
+        run.write_flush_files()
+        with pytest.raises(Exception) as failed:  # what fsck said
+            run.run_query(spark)
+        assert said in str(failed.value), (gone, str(failed.value)[:3000])
 
 
 def test_a_copied_transform_with_state_checkpoint_is_flagged(tws_run, tmp_path):
