@@ -125,9 +125,16 @@ def test_policy_from_environment_and_storage_options(monkeypatch, s3_server, buc
     assert fm.retrier.policy == RetryPolicy(max_attempts=2, base_delay_s=0.0, max_delay_s=2.5)
     # botocore's and s3fs's own retries are off: ours is the only layer that retries
     assert fm.fs.retries == 1 and fm.fs.s3.meta.config.retries["total_max_attempts"] == 1
-    for bad in ({"retry": {"attempts": 2}}, {"retry": {"max_attempts": 0}}, {"retry": 3}):
+    # nan slept as a delay raised inside the first retry, after a rollback had fenced its checkpoint; 2.7 became 2
+    for bad in ({"retry": {"attempts": 2}}, {"retry": {"max_attempts": 0}}, {"retry": 3},
+                {"retry": {"max_delay_s": "nan"}}, {"retry": {"base_delay_s": float("inf")}},
+                {"retry": {"max_attempts": 2.7}}):
         with pytest.raises(StorageError, match="retry"):
             open_file_manager(f"s3://{bucket}/x", bad)
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_MAX_DELAY", "nan")
+    with pytest.raises(StorageError, match="CHECKPOINT_OPS_RETRY_MAX_DELAY"):
+        open_file_manager(f"s3://{bucket}/x")
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_MAX_DELAY", "2.5")
     monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "many")
     with pytest.raises(StorageError, match="CHECKPOINT_OPS_RETRY_ATTEMPTS"):
         open_file_manager(f"s3://{bucket}/x")
@@ -481,3 +488,19 @@ def test_a_copy_the_store_refuses_whole_is_copied_in_parts_each_retried_alone(fa
     assert fm.counter.retries() == {"HeadObject": 1, "CreateMultipartUpload": 1, "UploadPartCopy": 3,
                                     "CompleteMultipartUpload": 1}
     assert direct.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_an_endpoint_without_its_scheme_is_refused_naming_the_setting(monkeypatch, bucket):
+    """``AWS_ENDPOINT_URL=127.0.0.1:9000`` (no http://) was an internal error with a traceback, from deep in
+    botocore (a hostile review): now a bad-input error naming the variable or the option, before any request."""
+    url = f"s3://{bucket}/ckpt"
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "127.0.0.1:9000")
+    with pytest.raises(StorageError) as e:
+        open_file_manager(url)
+    assert "AWS_ENDPOINT_URL" in e.value.problem and e.value.path == url and "http://" in e.value.fix
+    monkeypatch.delenv("AWS_ENDPOINT_URL")
+    for options in ({"endpoint_url": "localhost:9000"}, {"client_kwargs": {"endpoint_url": "ftp://host"}}):
+        with pytest.raises(StorageError) as e:
+            open_file_manager(url, options)
+        assert "endpoint_url" in e.value.problem, e.value.problem

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import math
 import os
 import random
 import time
@@ -84,6 +85,13 @@ _TRANSIENT_TYPES = (
 _ANSWERS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
+def _whole(name: str, value: object) -> int:
+    """``value`` as a whole number: 2 or "2", not 2.7 (which ``int`` would quietly make 2)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how patiently one request is tried. The defaults ride out throttling and short
@@ -97,8 +105,10 @@ class RetryPolicy:
     def __post_init__(self):
         if self.max_attempts < 1:
             raise ValueError(f"retry max_attempts must be at least 1, not {self.max_attempts}")
-        if self.base_delay_s < 0 or self.max_delay_s < 0:
-            raise ValueError("retry delays must not be negative")
+        if not all(math.isfinite(d) and d >= 0 for d in (self.base_delay_s, self.max_delay_s)):
+            raise ValueError(f"retry delays must be finite and not negative: base_delay_s {self.base_delay_s}, "
+                             f"max_delay_s {self.max_delay_s} ({ENV_BASE_DELAY}, {ENV_MAX_DELAY}, or the storage "
+                             f"option {OPTION!r})")
 
     @classmethod
     def resolve(cls, option: object = None, environ: Mapping[str, str] | None = None) -> "RetryPolicy":
@@ -119,7 +129,7 @@ class RetryPolicy:
                                  f"and/or max_delay_s, not {option!r}")
             fields.update(option)
         try:
-            return cls(**{k: (int(v) if k == "max_attempts" else float(v)) for k, v in fields.items()})
+            return cls(**{k: (_whole(k, v) if k == "max_attempts" else float(v)) for k, v in fields.items()})
         except (TypeError, ValueError) as e:
             raise ValueError(f"retry policy: {e}") from None
 
