@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from typing import Callable, Iterable
+from urllib.parse import urlsplit
 
 from ..errors import StorageError
 from .direct_put import DirectPutFileManager
@@ -35,7 +36,21 @@ def storage_options_from_env(scheme: str, options: dict | None) -> dict:
         given = "endpoint_url" in opts or "endpoint_url" in opts.get("client_kwargs", {})
         if endpoint and not given:
             opts["endpoint_url"] = endpoint
+        _check_endpoint(opts, from_env=endpoint and not given)
     return opts
+
+
+def _check_endpoint(opts: dict, from_env: bool) -> None:
+    """An S3 endpoint must be an http(s) URL: without its scheme botocore fails deep inside (an internal error)."""
+    endpoint = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+    if endpoint is None:
+        return
+    parts = urlsplit(str(endpoint))
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        where = ("AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL") \
+            if from_env else "the storage option endpoint_url"
+        raise StorageError(f"the S3 endpoint {endpoint!r} ({where}) is not an http:// or https:// URL",
+                           fix=f"set {where} with its scheme, e.g. http://127.0.0.1:9000 or https://s3.example.com")
 
 
 def open_file_manager(
@@ -57,7 +72,10 @@ def open_file_manager(
             path=url,
             fix=f"use one of: {', '.join(sorted(_FACTORIES))}",
         )
-    opts = storage_options_from_env(loc.scheme, storage_options)
+    try:
+        opts = storage_options_from_env(loc.scheme, storage_options)
+    except StorageError as e:  # a misconfigured endpoint: named with the location it was to open
+        raise StorageError(e.problem, path=url, fix=e.fix) from None
     try:
         return _FACTORIES[name](loc, opts), loc.path
     except (ImportError, ValueError, TypeError) as e:
