@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol
 
-from .errors import BadInputError, RefusedError
+from .errors import BadInputError, CheckpointOpsError, RefusedError
 from .lease import LeaseSet, acquire_all
 from .plan import Plan
 from .storage import CheckpointFileManager
@@ -210,6 +210,14 @@ _LEFT = ("it goes stale once this process ends (at once for the next command on 
          "heartbeat lapses")
 
 
+def _why(e: Exception) -> str:
+    """What went wrong with a lease's release, without the error's own advice (a store failure's "nothing
+    was changed; run the same command again" is wrong beside an operation that did change things)."""
+    if isinstance(e, CheckpointOpsError):
+        return f"{e.path}: {e.problem}" if e.path else e.problem
+    return str(e)
+
+
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     """The one sequence (module docstring). The leases are released whatever happened; a release that
     fails (the store does not answer) never hides the error that stopped the operation, and never turns
@@ -221,13 +229,13 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
         try:
             leases.release()
         except Exception as e:  # noqa: BLE001 - the error that stopped the operation is the one to report
-            if options.warn is not None:
-                options.warn(f"its lease could not be released ({e}); {_LEFT}")
+            if options.warn is not None:  # what to do is that error's fix, not this one's
+                options.warn(f"its lease could not be released ({_why(e)}); {_LEFT}")
         raise
     try:
         leases.release()
     except Exception as e:  # noqa: BLE001 - done and journaled: only the lease is left behind
-        note = f"the {op.name} completed, but its lease could not be released ({e}); {_LEFT}"
+        note = f"the {op.name} completed, but its lease could not be released ({_why(e)}); {_LEFT}"
         if options.warn is not None:
             options.warn(note)
         result = dataclasses.replace(result, notes=(*result.notes, note))

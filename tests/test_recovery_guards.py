@@ -97,6 +97,25 @@ def test_a_rollback_stopped_after_its_unfence_says_spark_can_start_and_resume_on
     assert len(journal) == 1 and {k: v for k, v in after.items() if k not in journal} == before  # only the marker
 
 
+def test_the_lease_warning_of_an_operation_stopped_by_the_store_gives_no_advice_of_its_own(
+        faulty_s3, s3_server, bucket, monkeypatch):
+    """The store fails right after the rollback put ``metadata`` back, and still fails when its lease is released:
+    the release's warning said "nothing was changed; run the same command again" (the store failure's default
+    advice) beside the error saying every change was made (a hostile review). It names the failure only."""
+    url = _upload_checkpoint(s3_server, bucket)
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "3")
+    faulty_s3.outage(3, after_requests=2, of_kind="PUT")
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    p = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", url, "--to-batch", "8", "--yes",
+                        "--storage-options", json.dumps({"endpoint_url": faulty_s3.endpoint})],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    faulty_s3.wait_outage_over()
+    assert p.returncode == 2 and "checkpoint-ops resume" in p.stderr, p.stderr
+    assert p.stderr.count("lease could not be released") == 1, p.stderr
+    warning = p.stderr.split("lease could not be released", 1)[1].split("\ncheckpoint-ops:", 1)[0]  # its lines
+    assert "nothing was changed" not in warning and "run the same command again" not in warning, warning
+
+
 def test_resume_and_undo_refuse_once_the_query_ran_after_the_unfence(faulty_s3, s3_server, bucket, monkeypatch):
     url, _ = _rollback_stopped_after_unfencing(faulty_s3, s3_server, bucket, monkeypatch)
     s3 = _s3(s3_server)
