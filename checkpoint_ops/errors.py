@@ -65,6 +65,15 @@ class StoreUnavailableError(StorageError):
         return {**super().to_dict(), "retries": self.retries}
 
 
+def is_storage_failure(e: BaseException) -> bool:
+    """A failure of the storage below us that is not one of our errors: the OS's (permission denied, disk
+    full) or an object-store client's (no credentials, access denied, no such bucket, endpoint unreachable)."""
+    if isinstance(e, CheckpointOpsError):
+        return False
+    return isinstance(e, OSError) or type(e).__module__.split(".")[0] in (
+        "botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
+
+
 class RefusedError(CheckpointOpsError):
     """The operation is possible in principle but refused for safety (exit 1)."""
 

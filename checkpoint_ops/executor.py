@@ -37,7 +37,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StorageError, StoreUnavailableError, is_storage_failure
 from .fence import Fence, fence_bytes, is_fence, parse_fence, resume_command
 from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
 from .ledger import ledger_at
@@ -905,14 +905,27 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
             ex.close()
     except StoreUnavailableError as e:
         raise interrupted(e, anchor, journal, ex=ex) from e.__cause__
+    except Exception as e:  # the store refused (access denied, no such bucket, disk full): not retried, not ours
+        if not is_storage_failure(e):
+            raise
+        failure = StorageError(f"the store refused a request: {e}", path=anchor.url,
+                               fix="fix what it refused (credentials, permissions, space)")
+        raise interrupted(failure, anchor, journal, ex=ex) from e
     return AppliedOperation.of(journal, "applied", roots, ex)
 
 
-def interrupted(e: StoreUnavailableError, anchor: Anchor, journal: Journal, undoing: bool = False,
-                ex: Executor | None = None) -> StoreUnavailableError:
-    """A journaled operation stopped part-way because the store kept failing: say how to finish it, and
+def interrupted(e: StorageError, anchor: Anchor, journal: Journal, undoing: bool = False,
+                ex: Executor | None = None) -> StorageError:
+    """A journaled operation stopped part-way because the store kept failing (``StoreUnavailableError``), or
+    refused a request (a ``StorageError`` whose fix says what to mend first): say how to finish it, and
     whether Spark can start on the checkpoint now (from what ``ex``, the executor that stopped, did: an
     operation that had put ``metadata`` back only lacks its marker)."""
+    if not isinstance(e, StoreUnavailableError):  # mend what it refused, then the same advice as an outage
+        first = e.fix
+        told = interrupted(StoreUnavailableError(e.problem, path=e.path), anchor, journal, undoing, ex)
+        then = told.fix.replace("once the store answers, and before", "then, before", 1).replace(
+            "once the store answers, ", "then ", 1)
+        return StorageError(e.problem, path=e.path, fix=f"{first}; {then}")
     operation = journal.record["operation"]
     command = f"checkpoint-ops undo {anchor.url}" if undoing else resume_command(operation, anchor.url)
     what = f"{'undo of ' if undoing else ''}{operation} {journal.op_id}"

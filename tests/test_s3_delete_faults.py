@@ -96,6 +96,28 @@ def test_a_rollback_whose_deletes_keep_failing_per_key_stops_with_how_to_finish(
                                                                                                      "ckpt/")
 
 
+def test_a_rollback_whose_deletes_are_denied_names_the_operation_and_how_to_finish(faulty_s3, s3_server, bucket):
+    """A bucket policy without s3:DeleteObject: the fenced rollback stopped with a bare "storage error" that named
+    no operation, did not say the checkpoint was fenced, and whose --json had no path or fix (a hostile review).
+    Now it says what to mend, then how to finish; once deletes are allowed, the resume it names finishes it."""
+    direct = _direct(s3_server)
+    for rel, data in synthetic.files(batches=12, partitions=2, retain_state=13):
+        direct.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)
+    url, options = f"s3://{bucket}/ckpt", json.dumps({"endpoint_url": faulty_s3.endpoint})
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("key-denied",), requests=frozenset({"DELETE-MULTI"})))
+    code, r = cli_json("rollback", url, "--to-batch", "8", "--yes", "--storage-options", options)
+    assert (code, r["error"], r["path"]) == (2, "StorageError", url), r
+    assert "AccessDenied" in r["problem"] and "credentials, permissions" in r["fix"], r
+    assert "stays fenced" in r["fix"] and f"checkpoint-ops resume {url}" in r["fix"], r
+    faulty_s3.calm()
+    code, r = cli_json("resume", url, "--storage-options", options)
+    assert code == 0, r
+    assert "ckpt/commits/11" not in _keys(s3_server, bucket, "ckpt/") and "ckpt/commits/8" in _keys(s3_server, bucket,
+                                                                                                     "ckpt/")
+    code, f = cli_json("fsck", url, "--storage-options", options)
+    assert code == 0, f
+
+
 # ---- versioned buckets: undelete ------------------------------------------------------------------------
 
 
