@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from .collector import fewer_collections
-from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError
+from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, is_storage_failure
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .operation import Operation, OperationResult, RunOptions, run
@@ -176,9 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _is_storage_client_error(e: Exception) -> bool:
-    """Errors of the object-store clients (no credentials, endpoint unreachable, access denied)."""
-    return type(e).__module__.split(".")[0] in ("botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
+def _location(args) -> str | None:
+    """The location a command was given, for an error that names none."""
+    for name in ("checkpoint", "output", "url", "target", "dest"):
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -206,13 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK
     except Exception as e:  # a bug, or a storage failure we did not anticipate
-        if isinstance(e, OSError) or _is_storage_client_error(e):
-            print(f"checkpoint-ops: storage error: {e}", file=sys.stderr)
-            print("  fix: check the location, credentials (AWS_* / --storage-options) and the endpoint; an "
-                  "operation that stopped part-way is finished by `checkpoint-ops resume` or reverted by "
-                  "`checkpoint-ops undo`", file=sys.stderr)
+        if is_storage_failure(e):
+            fix = ("check the location, credentials (AWS_* / --storage-options) and the endpoint; an operation that "
+                   "stopped part-way is finished by `checkpoint-ops resume` or reverted by `checkpoint-ops undo` "
+                   "(`checkpoint-ops history` lists what is unfinished)")
+            error = StorageError(f"storage error: {e}", path=_location(args), fix=fix)
             if as_json:
-                print_json({"error": "StorageError", "problem": str(e)})
+                print_json(error.to_dict())
+            print(f"checkpoint-ops: {error.render()}", file=sys.stderr)
             return EXIT_BAD_INPUT
         traceback.print_exc()
         print(f"checkpoint-ops: internal error ({type(e).__name__}): please report it with the traceback above",

@@ -504,3 +504,18 @@ def test_an_endpoint_without_its_scheme_is_refused_naming_the_setting(monkeypatc
         with pytest.raises(StorageError) as e:
             open_file_manager(url, options)
         assert "endpoint_url" in e.value.problem, e.value.problem
+
+
+def test_a_client_failure_outside_an_operation_names_the_location_and_a_fix_in_json(monkeypatch, bucket):
+    """An error of the object-store client that none of ours wraps (here: no credentials at all) printed a bare
+    "storage error" and --json without the documented path and fix (a hostile review)."""
+    from tests.helpers import cli_json
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent/config")
+    url = f"s3://{bucket}/no-credentials"
+    code, r = cli_json("inspect", url, "--storage-options", '{"endpoint_url": "http://127.0.0.1:9"}')
+    assert code == 2 and set(r) >= {"error", "path", "problem", "fix"}, r
+    assert r["path"] == url and "credentials" in r["problem"] and "credentials" in r["fix"], r
