@@ -266,7 +266,34 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
              sink_interval: int) -> _Cut:
     """Open and validate the source, and fix the cut (module docstring). Raises before anything is
     written anywhere: exit 2 for a missing, unreadable or damaged source, 1 when there is nothing to
-    back up yet or an operation of ours is in progress there."""
+    back up yet or an operation of ours is in progress there. A file the restart set reads that was listed
+    and is gone when read is no damage: the checkpoint changed meanwhile (our own rollback fencing it, the
+    query's clean-up), so it is looked at again, as the copy does."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            return _prepare_once(checkpoint_url, sink_urls, storage_options, source_interval, sink_interval)
+        except _Vanished as v:
+            if attempt == _ATTEMPTS - 1:
+                raise RefusedError(f"{v.rel} was listed, then gone when read, {_ATTEMPTS} times: the checkpoint keeps "
+                                   "changing while the backup looks at it (the query, or an operation of ours)",
+                                   path=checkpoint_url, fix="let it finish (`checkpoint-ops history` lists operations "
+                                   "of ours), or stop the query for the backup; then run it again") from None
+    raise AssertionError("unreachable")
+
+
+def _vanished(ckpt: Checkpoint, sinks: list, damage) -> str | None:
+    """The rel of a damaged file that the listing holds and that is not there now (None if none)."""
+    roots = {"checkpoint": ckpt, **{f"sink{i}": sink for i, sink in enumerate(sinks)}}
+    for d in damage:
+        root = roots.get(d.root)
+        info = root.listing.get(d.rel) if root is not None else None
+        if info is not None and not root.fm.exists(info.path):
+            return d.rel
+    return None
+
+
+def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, source_interval: int,
+                  sink_interval: int) -> _Cut:
     listed_at = time.time()
     ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
     _require_readable(ckpt.listing)
@@ -293,6 +320,9 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
         for s in sinks:
             _require_readable(s.listing)
         rs = RestartSets(ckpt, sinks).of(batch)
+        gone = _vanished(ckpt, sinks, rs.damage)
+        if gone is not None:
+            raise _Vanished(gone)
         if rs.damage:
             d = rs.damage[0]
             raise BadInputError(f"Spark's restart after batch {batch} (the last commit, where the backup cuts) reads "
