@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Callable, NamedTuple, TypeVar
 
 from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
 from ..executor import per_file_manager
@@ -93,6 +93,7 @@ _RECORD_SKEW_S = 60.0
 SPARK_TOP = frozenset({"metadata", "offsets", "commits", "sources", "state"})
 _LOCK_WAIT_S = 600
 _ATTEMPTS = 3
+T = TypeVar("T")
 # What a backup reads (and checks) before the destination is touched, at most this many bytes; the copy
 # stores it from memory instead of reading it again
 PREFETCH_BYTES = 64 * 2**20
@@ -230,17 +231,15 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
         intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
         try:
             _wait_for_prune(repo)
-            for attempt in range(_ATTEMPTS):
-                try:
-                    return _copy(repo, backup_id, cut, intent, progress)
-                except _Vanished as v:
-                    if attempt == _ATTEMPTS - 1:
-                        raise RefusedError(f"{v.rel} vanished during the backup {_ATTEMPTS} times: the query deletes "
-                                           "files a restart needs faster than they can be copied",
-                                           path=checkpoint_url, fix="stop the query for the backup, or back up more "
-                                           "often") from None
-                    cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval,
-                                   sink_compact_interval)
+            cuts = [cut]
+
+            def copy(attempt: int) -> dict:
+                if attempt > 0:  # a file the cut needs vanished: fix a new cut
+                    cuts.append(_prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval,
+                                         sink_compact_interval))
+                return _copy(repo, backup_id, cuts[-1], intent, progress)
+
+            return _while_vanishing(copy, checkpoint_url)
         finally:
             # the store may be down: the error that stopped the backup matters, not this cleanup (an
             # intent left behind goes stale without its heartbeat and is cleared by the next prune)
@@ -269,16 +268,24 @@ def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_
     back up yet or an operation of ours is in progress there. A file the restart set reads that was listed
     and is gone when read is no damage: the checkpoint changed meanwhile (our own rollback fencing it, the
     query's clean-up), so it is looked at again, as the copy does."""
-    for attempt in range(_ATTEMPTS):
+    return _while_vanishing(lambda attempt: _prepare_once(checkpoint_url, sink_urls, storage_options, source_interval,
+                                                          sink_interval), checkpoint_url)
+
+
+def _while_vanishing(step: Callable[[int], T], checkpoint_url: str) -> T:
+    """``step(attempt)``, again while a file it needs vanishes (``_Vanished``), up to ``_ATTEMPTS`` times."""
+    for attempt in range(_ATTEMPTS - 1):
         try:
-            return _prepare_once(checkpoint_url, sink_urls, storage_options, source_interval, sink_interval)
-        except _Vanished as v:
-            if attempt == _ATTEMPTS - 1:
-                raise RefusedError(f"{v.rel} was listed, then gone when read, {_ATTEMPTS} times: the checkpoint keeps "
-                                   "changing while the backup looks at it (the query, or an operation of ours)",
-                                   path=checkpoint_url, fix="let it finish (`checkpoint-ops history` lists operations "
-                                   "of ours), or stop the query for the backup; then run it again") from None
-    raise AssertionError("unreachable")
+            return step(attempt)
+        except _Vanished:
+            pass
+    try:
+        return step(_ATTEMPTS - 1)
+    except _Vanished as v:
+        raise RefusedError(f"{v.rel} vanished while the backup read it, {_ATTEMPTS} times: the checkpoint keeps changing "
+                           "(the query deleting files a restart needs, or an operation of ours)", path=checkpoint_url,
+                           fix="let it finish (`checkpoint-ops history` lists operations of ours), or stop the query "
+                           "for the backup, or back up more often; then run it again") from None
 
 
 def _vanished(ckpt: Checkpoint, sinks: list, damage) -> str | None:
