@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import time
 from calendar import timegm
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .errors import BadInputError
 from .fence import is_fence, parse_fence
-from .executor import Anchor
+from .executor import Anchor, per_file_manager
 from .journal import Journal, load_journal, scan_journals
 from .lease import guard_saying
 from .operation import ApplyContext, Operation, Site
@@ -101,6 +101,10 @@ class _TrashDirs:
             self._fms[url] = open_file_manager(url, self.storage_options)[0]
         return self._fms[url]
 
+    def file_managers(self) -> dict[str, CheckpointFileManager]:
+        """The file managers opened for other roots than the checkpoint, by URL."""
+        return dict(self._fms)
+
     def files(self, j: Journal, rid: str) -> tuple[CheckpointFileManager, str, list[FileInfo]]:
         """The file manager, the trash path, and the files left in the trash of ``j`` beside ``rid``."""
         fm = self.fm(j, rid)
@@ -173,10 +177,12 @@ class PruneResult:
     files_deleted: int
     bytes_deleted: int
     plan_hash: str
+    requests: dict = field(default_factory=dict)  # store (checkpoint, or the URL of a sink) -> requests by kind
+    retries: dict = field(default_factory=dict)  # store -> of them, retries by kind
 
     def to_dict(self) -> dict:
         return {"pruned": self.pruned, "files_deleted": self.files_deleted, "bytes_deleted": self.bytes_deleted,
-                "plan_hash": self.plan_hash}
+                "plan_hash": self.plan_hash, "requests": self.requests, "retries": self.retries}
 
 
 # deletes per request between two lease checks (an object store's DeleteObjects takes 1,000 keys)
@@ -213,7 +219,10 @@ def apply_prune(plan: Plan, anchor: Anchor, storage_options: dict | None = None,
                 check()
                 fm.delete_many([f"{base}/{r}" for r in rels[start:start + _DELETE_CHUNK]])
             fm.remove_empty_dirs(base)
-    return PruneResult(chosen, len(plan.actions), plan.counts()["bytes_deleted"], plan.hash)
+    counters = per_file_manager({"checkpoint": anchor.fm, **trash_dirs.file_managers()})
+    return PruneResult(chosen, len(plan.actions), plan.counts()["bytes_deleted"], plan.hash,
+                       {store: c.snapshot() for store, c in counters.items()},
+                       {store: c.retries() for store, c in counters.items()})
 
 
 class PruneOperation(Operation):

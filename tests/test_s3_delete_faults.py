@@ -118,6 +118,34 @@ def test_a_rollback_whose_deletes_are_denied_names_the_operation_and_how_to_fini
     assert code == 0, f
 
 
+def test_prune_reports_the_requests_and_retries_its_deletes_took(faulty_s3, s3_server, bucket):
+    """Every mutating command reports ``requests`` and ``retries`` (docs/cli.md); ``prune`` reported neither, so a
+    user could not see how hard the store was to reach (a hostile review)."""
+    direct = _direct(s3_server)
+    for rel, data in synthetic.files(batches=12, partitions=2, retain_state=13):
+        direct.put_object(Bucket=bucket, Key=f"ckpt/{rel}", Body=data)
+    url, options = f"s3://{bucket}/ckpt", json.dumps({"endpoint_url": faulty_s3.endpoint})
+    code, r = cli_json("rollback", url, "--to-batch", "8", "--yes", "--storage-options", options)
+    assert code == 0, r
+    faulty_s3.set_plan(FaultPlan(faults=("500",), **ONCE_PER_DELETE))  # each batched delete fails once
+    code, r = cli_json("prune", url, "--keep-last", "0", "--yes", "--storage-options", options)
+    assert code == 0 and r["result"]["files_deleted"] > 0, r
+    assert r["result"]["retries"]["checkpoint"].get("DeleteObjects", 0) >= 1, r["result"]
+    assert r["result"]["requests"]["checkpoint"].get("DeleteObjects", 0) >= 2, r["result"]
+
+
+def test_backup_verify_reports_the_requests_and_retries_its_reads_took(faulty_s3, bucket, tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    dest, options = f"s3://{bucket}/backups", json.dumps({"endpoint_url": faulty_s3.endpoint})
+    code, r = cli_json("backup", "create", ckpt, dest, "--storage-options", options)
+    assert code == 0, r
+    faulty_s3.set_plan(FaultPlan(rate=1.0, limit=1, faults=("503",), requests=frozenset({"GET"})))
+    code, r = cli_json("backup", "verify", dest, "--storage-options", options)
+    assert code == 0 and r["ok"], r
+    assert r["retries"].get("GetObject", 0) >= 1 and r["requests"].get("GetObject", 0) > r["retries"]["GetObject"], r
+
+
 # ---- versioned buckets: undelete ------------------------------------------------------------------------
 
 

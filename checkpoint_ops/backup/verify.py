@@ -100,4 +100,5 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
         reports.append({"backup_id": m.id, **doc})
     return {"destination": repo.url, "ok": not bad_objects and not damaged, "objects_checked": len(hashes),
             "bad_objects": [repo.object_url(h) for h in sorted(bad_objects)], "backups": reports,
-            "damaged": [d.to_dict() for d in damaged]}
+            "damaged": [d.to_dict() for d in damaged],
+            "requests": repo.fm.counter.snapshot(), "retries": repo.fm.counter.retries()}
