@@ -380,3 +380,17 @@ def test_lease_show_of_a_missing_path_or_a_file_is_unusable_input(tmp_path):
     code, out, err = cli("lease", "show", str(afile))
     assert code == 2 and "this is a file, not a directory" in err, (out, err)
     assert not os.path.exists(str(afile) + "/.checkpoint-ops.lease")
+
+
+def test_lease_show_of_a_missing_prefix_or_bucket_on_s3_is_unusable_input(s3_server, bucket):
+    """On an object store nothing says a prefix exists: ``lease show s3://no-such-bucket/ckpt`` said "lease free"
+    with exit 0 (a hostile review). An empty prefix or a missing bucket is exit 2 now; a checkpoint is free."""
+    import boto3
+
+    options = json.dumps({"endpoint_url": s3_server})
+    for url in (f"s3://{bucket}/no-such-checkpoint", "s3://no-such-bucket-of-ours/ckpt"):
+        code, out, err = cli("lease", "show", url, "--storage-options", options)
+        assert code == 2 and "nothing at this location" in err and "lease free" not in out, (url, out, err)
+    boto3.client("s3", endpoint_url=s3_server).put_object(Bucket=bucket, Key="ckpt/metadata", Body=b'{"id":"x"}')
+    code, out, err = cli("lease", "show", f"s3://{bucket}/ckpt", "--storage-options", options)
+    assert code == 0 and "lease free" in out, (out, err)

@@ -4,7 +4,7 @@ a lease by hand."""
 from __future__ import annotations
 
 from ..cli import Parents, emit, run_operation, storage_options
-from ..errors import EXIT_OK
+from ..errors import EXIT_OK, BadInputError
 
 
 def cmd_lease_show(args) -> int:
@@ -15,8 +15,19 @@ def cmd_lease_show(args) -> int:
     fm, root = open_file_manager(args.url, storage_options(args))
     require_directory(Site(fm, root, args.url))  # a typo is not "lease free"; a file has no lease
     state = read_lease(fm, root)
+    if not state.present and fm.strategy == "direct-put" and not _anything_under(fm, root):
+        # an object store has no directories to check first: a typo (a prefix, a bucket) is not "lease free"
+        raise BadInputError("nothing at this location (no object under this prefix, or no such bucket)",
+                            path=args.url, fix="check the URL (and --storage-options: the endpoint and credentials)")
     emit(args, state.to_dict(), f"{fm.url(root)}: lease {state.describe()}")
     return EXIT_OK
+
+
+def _anything_under(fm, root: str) -> bool:
+    try:
+        return bool(fm.list(root))
+    except FileNotFoundError:  # no such bucket
+        return False
 
 
 def cmd_lease_break(args) -> int:
