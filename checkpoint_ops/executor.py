@@ -905,13 +905,18 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
             ex.close()
     except StoreUnavailableError as e:
         raise interrupted(e, anchor, journal, ex=ex) from e.__cause__
-    except Exception as e:  # the store refused (access denied, no such bucket, disk full): not retried, not ours
-        if not is_storage_failure(e):
-            raise
-        failure = StorageError(f"the store refused a request: {e}", path=anchor.url,
-                               fix="fix what it refused (credentials, permissions, space)")
-        raise interrupted(failure, anchor, journal, ex=ex) from e
+    except Exception as e:
+        raise interrupted(refused_by_store(e, anchor), anchor, journal, ex=ex) from e
     return AppliedOperation.of(journal, "applied", roots, ex)
+
+
+def refused_by_store(e: Exception, anchor: Anchor) -> StorageError:
+    """``e`` as the store's refusal of a request (access denied, no such bucket, disk full: an answer, not
+    retried) for ``interrupted`` to say how to finish; raises ``e`` itself when it is no storage failure (a bug)."""
+    if not is_storage_failure(e):
+        raise e
+    return StorageError(f"the store refused a request: {e}", path=anchor.url,
+                        fix="fix what it refused (credentials, permissions, space)")
 
 
 def interrupted(e: StorageError, anchor: Anchor, journal: Journal, undoing: bool = False,

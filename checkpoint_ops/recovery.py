@@ -36,6 +36,7 @@ from .executor import (
     clear_staged_sources,
     ensure_ledger_truncation,
     interrupted,
+    refused_by_store,
     reopen,
 )
 from .fence import is_fence, parse_fence
@@ -342,6 +343,8 @@ class ResumeOperation(_JournalOperation):
                 self.journal.unmark(UNDOING)  # rolled forward: it stands applied, undoable again
         except StoreUnavailableError as e:  # every step is idempotent: the same resume finishes it
             raise interrupted(e, self.anchor, self.journal, ex=ex) from e.__cause__
+        except Exception as e:  # refused (access denied...): the same resume finishes it once that is mended
+            raise interrupted(refused_by_store(e, self.anchor), self.anchor, self.journal, ex=ex) from e
         # finished: the rewrites it staged beside its roots are not needed any more (as after an apply)
         clear_staged_sources(ex.plan, {rid: (root.fm, root.path) for rid, root in ex.roots.items()})
         return AppliedOperation.of(self.journal, "applied", ex.roots, ex)
@@ -399,6 +402,8 @@ class UndoOperation(_JournalOperation):
                 ex.close()
         except StoreUnavailableError as e:  # undo starts with its "undoing" marker: running it again finishes it
             raise interrupted(e, self.anchor, self.journal, undoing=True, ex=ex) from e.__cause__
+        except Exception as e:  # refused: the same undo finishes it once that is mended
+            raise interrupted(refused_by_store(e, self.anchor), self.anchor, self.journal, undoing=True, ex=ex) from e
         return AppliedOperation.of(self.journal, "undone", ex.roots, ex)
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:

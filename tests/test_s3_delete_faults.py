@@ -109,6 +109,11 @@ def test_a_rollback_whose_deletes_are_denied_names_the_operation_and_how_to_fini
     assert (code, r["error"], r["path"]) == (2, "StorageError", url), r
     assert "AccessDenied" in r["problem"] and "credentials, permissions" in r["fix"], r
     assert "stays fenced" in r["fix"] and f"checkpoint-ops resume {url}" in r["fix"], r
+    for command in ("resume", "undo"):  # still denied: each says what to mend and how it ends (review of 73d2715)
+        code, r = cli_json(command, url, "--yes", "--storage-options", options)
+        assert (code, r["error"], r["path"]) == (2, "StorageError", url), r
+        assert "AccessDenied" in r["problem"] and "credentials, permissions" in r["fix"], r
+        assert f"checkpoint-ops {command} {url}" in r["fix"] or f"checkpoint-ops resume {url}" in r["fix"], r
     faulty_s3.calm()
     code, r = cli_json("resume", url, "--storage-options", options)
     assert code == 0, r
@@ -144,6 +149,21 @@ def test_backup_verify_reports_the_requests_and_retries_its_reads_took(faulty_s3
     code, r = cli_json("backup", "verify", dest, "--storage-options", options)
     assert code == 0 and r["ok"], r
     assert r["retries"].get("GetObject", 0) >= 1 and r["requests"].get("GetObject", 0) > r["retries"]["GetObject"], r
+
+
+def test_a_backup_whose_intent_cannot_be_deleted_is_still_reported_published(faulty_s3, bucket, tmp_path):
+    """A destination that refuses deletes (a policy without s3:DeleteObject): the backup was published, then the
+    refused delete of its intent replaced the result with a storage error (exit 2; a hostile review). The intent
+    left behind goes stale and the next prune clears it, as after an outage."""
+    ckpt = str(tmp_path / "ckpt")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    dest, options = f"s3://{bucket}/backups", json.dumps({"endpoint_url": faulty_s3.endpoint})
+    faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("key-denied",), requests=frozenset({"DELETE-MULTI"})))
+    code, r = cli_json("backup", "create", ckpt, dest, "--storage-options", options)
+    faulty_s3.calm()
+    assert code == 0 and r["batch"] == 5, r
+    code, listed = cli_json("backup", "list", dest, "--storage-options", options)
+    assert [b["id"] for b in listed["backups"]] == [r["backup_id"]], listed
 
 
 # ---- versioned buckets: undelete ------------------------------------------------------------------------
