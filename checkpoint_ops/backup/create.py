@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import calendar
 import concurrent.futures
-import contextlib
 import hashlib
 import os
 import sys
@@ -59,7 +58,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, TypeVar
 
-from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, is_storage_failure
 from ..executor import per_file_manager
 from ..fence import is_fence, parse_fence
 from ..ledger import PAIRING_DIR, ledger_or_none
@@ -241,10 +240,14 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
 
             return _while_vanishing(copy, checkpoint_url)
         finally:
-            # the store may be down: the error that stopped the backup matters, not this cleanup (an
-            # intent left behind goes stale without its heartbeat and is cleared by the next prune)
-            with contextlib.suppress(StoreUnavailableError):
+            # the store may be down, or refuse deletes: the error that stopped the backup (or the backup it
+            # published) matters, not this cleanup (an intent left behind goes stale without its heartbeat and is
+            # cleared by the next prune)
+            try:
                 intent.release()
+            except Exception as e:  # noqa: BLE001 - only storage failures; a bug is raised
+                if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+                    raise
     except StoreUnavailableError as e:
         raise e.finish_with(f"backup {backup_id} was not completed: a backup exists only once its manifest is stored "
                             "(`backup list` shows it), so nothing half-made is visible; once the store answers, run "
