@@ -177,12 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _location(args) -> str | None:
-    """The location a command was given, for an error that names none."""
-    for name in ("checkpoint", "output", "url", "target", "dest"):
-        value = getattr(args, name, None)
-        if isinstance(value, str):
-            return value
-    return None
+    """The location a command was given, for an error that names none; None when it was given several (a
+    backup's source and destination, a checkpoint and its sinks): which one failed is not known here."""
+    given = [getattr(args, name) for name in ("checkpoint", "output", "url", "target", "dest")
+             if isinstance(getattr(args, name, None), str)]
+    given += [v for v in (getattr(args, "sink", None) or []) if isinstance(v, str)]
+    given += [v for v in (getattr(args, "sink_target", None) or []) if isinstance(v, str)]
+    return given[0] if len(given) == 1 else None
 
 
 def main(argv: list[str] | None = None) -> int:

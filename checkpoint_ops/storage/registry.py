@@ -45,8 +45,13 @@ def _check_endpoint(opts: dict, from_env: bool) -> None:
     endpoint = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
     if endpoint is None:
         return
-    parts = urlsplit(str(endpoint))
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    try:
+        parts = urlsplit(str(endpoint))
+        _ = parts.port  # raises for a port that is not a number
+        valid = parts.scheme.lower() in ("http", "https") and bool(parts.netloc)
+    except ValueError:  # an unclosed IPv6 bracket, a port that is not a number
+        valid = False
+    if not valid:
         where = ("AWS_ENDPOINT_URL_S3" if os.environ.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL") \
             if from_env else "the storage option endpoint_url"
         raise StorageError(f"the S3 endpoint {endpoint!r} ({where}) is not an http:// or https:// URL",

@@ -86,10 +86,22 @@ _ANSWERS = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryErr
 
 
 def _whole(name: str, value: object) -> int:
-    """``value`` as a whole number: 2 or "2", not 2.7 (which ``int`` would quietly make 2)."""
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    """``value`` as a whole number: 2, 2.0 or "2", not 2.7 or "2.7" (which ``int`` would quietly make 2)."""
+    if isinstance(value, bool):
         raise ValueError(f"{name} must be a whole number, not {value!r}")
-    return int(value)
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"{name} must be a whole number, not {value!r}")
+    return int(number)
+
+
+# A delay longer than this is a mistake (an hour per retry; time.sleep overflows near 9e18 s)
+MAX_DELAY_ALLOWED_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -105,10 +117,10 @@ class RetryPolicy:
     def __post_init__(self):
         if self.max_attempts < 1:
             raise ValueError(f"retry max_attempts must be at least 1, not {self.max_attempts}")
-        if not all(math.isfinite(d) and d >= 0 for d in (self.base_delay_s, self.max_delay_s)):
-            raise ValueError(f"retry delays must be finite and not negative: base_delay_s {self.base_delay_s}, "
-                             f"max_delay_s {self.max_delay_s} ({ENV_BASE_DELAY}, {ENV_MAX_DELAY}, or the storage "
-                             f"option {OPTION!r})")
+        if not all(0 <= d <= MAX_DELAY_ALLOWED_S for d in (self.base_delay_s, self.max_delay_s)):  # nan fails too
+            raise ValueError(f"retry delays must be between 0 and {MAX_DELAY_ALLOWED_S:g} s: base_delay_s "
+                             f"{self.base_delay_s}, max_delay_s {self.max_delay_s} ({ENV_BASE_DELAY}, {ENV_MAX_DELAY}, "
+                             f"or the storage option {OPTION!r})")
 
     @classmethod
     def resolve(cls, option: object = None, environ: Mapping[str, str] | None = None) -> "RetryPolicy":
