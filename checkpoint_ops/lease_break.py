@@ -25,7 +25,7 @@ from .errors import RefusedError
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseState, is_lease_file, read_lease
 from .liveness import OPERATION, RUN, Holder
-from .operation import ApplyContext, Operation, Site
+from .operation import ApplyContext, Operation, Site, require_objects_under
 from .plan import Plan
 from .storage import open_file_manager
 
@@ -46,6 +46,8 @@ class LeaseBreakOperation(Operation):
 
     def open(self) -> None:
         self.state = read_lease(self.fm, self.root)
+        if not self.state.present and self.fm.strategy == "direct-put":
+            require_objects_under(self.fm, self.root, self.url)  # a typo is not "free: nothing to break"
 
     def plan(self, stage: bool) -> Plan:
         holder = self.state.holder

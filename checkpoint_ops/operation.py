@@ -183,6 +183,20 @@ def require_directory(site: Site) -> None:
                             "commits/; a sink: the one holding _spark_metadata/)")
 
 
+def require_objects_under(fm: CheckpointFileManager, root: str, url: str) -> None:
+    """On an object store, which has no directories to check (``require_directory``): something is under ``root``
+    (one short listing), else ``root`` is a typo (a prefix, a bucket) or names an object, not a prefix."""
+    if fm.any_under(root):
+        return
+    info = fm.info(root)
+    if info is not None and not info.is_dir:
+        raise BadInputError("this is an object, not a prefix", path=url,
+                            fix="point at the prefix itself (a checkpoint: the one holding offsets/ and commits/; a "
+                            "sink: the one holding _spark_metadata/)")
+    raise BadInputError("nothing at this location (no object under this prefix, or no such bucket)", path=url,
+                        fix="check the URL (and --storage-options: the endpoint and credentials)")
+
+
 def check_plan_hash(plan: Plan, expected: str, where: str) -> None:
     if len(expected) < MIN_PLAN_HASH:
         raise BadInputError(f"--plan-hash {expected!r} is too short to name one plan",

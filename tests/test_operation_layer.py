@@ -391,6 +391,10 @@ def test_lease_show_of_a_missing_prefix_or_bucket_on_s3_is_unusable_input(s3_ser
     for url in (f"s3://{bucket}/no-such-checkpoint", "s3://no-such-bucket-of-ours/ckpt"):
         code, out, err = cli("lease", "show", url, "--storage-options", options)
         assert code == 2 and "nothing at this location" in err and "lease free" not in out, (url, out, err)
+        code, out, err = cli("lease", "break", url, "--yes", "--storage-options", options)  # nor "nothing to break"
+        assert code == 2 and "nothing at this location" in err, (url, out, err)
     boto3.client("s3", endpoint_url=s3_server).put_object(Bucket=bucket, Key="ckpt/metadata", Body=b'{"id":"x"}')
     code, out, err = cli("lease", "show", f"s3://{bucket}/ckpt", "--storage-options", options)
     assert code == 0 and "lease free" in out, (out, err)
+    code, out, err = cli("lease", "show", f"s3://{bucket}/ckpt/metadata", "--storage-options", options)
+    assert code == 2 and "this is an object, not a prefix" in err, (out, err)

@@ -4,30 +4,21 @@ a lease by hand."""
 from __future__ import annotations
 
 from ..cli import Parents, emit, run_operation, storage_options
-from ..errors import EXIT_OK, BadInputError
+from ..errors import EXIT_OK
 
 
 def cmd_lease_show(args) -> int:
     from ..lease import read_lease
-    from ..operation import Site, require_directory
+    from ..operation import Site, require_directory, require_objects_under
     from ..storage import open_file_manager
 
     fm, root = open_file_manager(args.url, storage_options(args))
     require_directory(Site(fm, root, args.url))  # a typo is not "lease free"; a file has no lease
     state = read_lease(fm, root)
-    if not state.present and fm.strategy == "direct-put" and not _anything_under(fm, root):
-        # an object store has no directories to check first: a typo (a prefix, a bucket) is not "lease free"
-        raise BadInputError("nothing at this location (no object under this prefix, or no such bucket)",
-                            path=args.url, fix="check the URL (and --storage-options: the endpoint and credentials)")
+    if not state.present and fm.strategy == "direct-put":
+        require_objects_under(fm, root, args.url)  # a typo (a prefix, a bucket) is not "lease free"
     emit(args, state.to_dict(), f"{fm.url(root)}: lease {state.describe()}")
     return EXIT_OK
-
-
-def _anything_under(fm, root: str) -> bool:
-    try:
-        return bool(fm.list(root))
-    except FileNotFoundError:  # no such bucket
-        return False
 
 
 def cmd_lease_break(args) -> int:

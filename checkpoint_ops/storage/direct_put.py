@@ -510,6 +510,19 @@ class DirectPutFileManager(CheckpointFileManager):
         except FileNotFoundError:
             return []
 
+    def any_under(self, path: str) -> bool:
+        if self.location.scheme != "s3":
+            return super().any_under(path)
+        bucket, _, key = path.strip("/").partition("/")
+        pages = self._s3_pages("list_objects_v2", self.url(path),
+                               {"Bucket": bucket, "Prefix": f"{key}/" if key else "", "MaxKeys": 1})
+        try:
+            return bool(next(pages).get("KeyCount", 0))  # one page of at most one key
+        except FileNotFoundError:  # no such bucket
+            return False
+        finally:
+            pages.close()
+
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         if self.location.scheme == "s3":
             return self._s3_walk(path)

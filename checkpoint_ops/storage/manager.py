@@ -348,6 +348,11 @@ class CheckpointFileManager(abc.ABC):
     def list(self, path: str) -> list[FileInfo]:
         """Direct children (files and directories); empty if ``path`` does not exist."""
 
+    def any_under(self, path: str) -> bool:
+        """Whether anything is below ``path`` (False for a path, or an object store bucket, that is not there).
+        Object stores answer from one short listing page instead of every page."""
+        return bool(self.list(path))
+
     @abc.abstractmethod
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         """Every file below ``path`` (recursively), in as few requests as the backend allows.
