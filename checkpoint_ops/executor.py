@@ -925,24 +925,22 @@ def interrupted(e: StorageError, anchor: Anchor, journal: Journal, undoing: bool
     refused a request (a ``StorageError`` whose fix says what to mend first): say how to finish it, and
     whether Spark can start on the checkpoint now (from what ``ex``, the executor that stopped, did: an
     operation that had put ``metadata`` back only lacks its marker)."""
-    if not isinstance(e, StoreUnavailableError):  # mend what it refused, then the same advice as an outage
-        first = e.fix
-        told = interrupted(StoreUnavailableError(e.problem, path=e.path), anchor, journal, undoing, ex)
-        then = told.fix.replace("once the store answers, and before", "then, before", 1).replace(
-            "once the store answers, ", "then ", 1)
-        return StorageError(e.problem, path=e.path, fix=f"{first}; {then}")
+    outage = isinstance(e, StoreUnavailableError)
+    when = "once the store answers" if outage else f"{e.fix}; then"  # a refusal: mend it first
     operation = journal.record["operation"]
     command = f"checkpoint-ops undo {anchor.url}" if undoing else resume_command(operation, anchor.url)
     what = f"{'undo of ' if undoing else ''}{operation} {journal.op_id}"
     if ex is not None and ex.unfenced:
         before = f"as it was before the {operation}" if undoing else f"from the {operation}'s result"
         done = "undone" if undoing else "finished"
-        return e.finish_with(f"the {what} made every change and put `metadata` back (Spark can start {before}), "
-                             f"but the store failed before the journal recorded it as {done}: once the store "
-                             f"answers, and before the query starts, record it with `{command}`")
-    fenced = " and the checkpoint stays fenced (Spark cannot start on it)" if ex is not None and ex.fenced_now else ""
-    return e.finish_with(f"the {what} stopped part-way; it is journaled{fenced}: once the store answers, finish it "
-                         f"with `{command}`")
+        fix = (f"the {what} made every change and put `metadata` back (Spark can start {before}), but the store "
+               f"failed before the journal recorded it as {done}: {when}{', and' if outage else ','} before the query "
+               f"starts, record it with `{command}`")
+    else:
+        fenced = (" and the checkpoint stays fenced (Spark cannot start on it)" if ex is not None and ex.fenced_now
+                  else "")
+        fix = f"the {what} stopped part-way; it is journaled{fenced}: {when}, finish it with `{command}`"
+    return e.finish_with(fix) if outage else StorageError(e.problem, path=e.path, fix=fix)
 
 
 def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,
