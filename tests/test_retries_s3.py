@@ -430,11 +430,15 @@ def _by_counted_kind(counts) -> dict[str, int]:
 def test_a_copy_is_one_request_per_attempt_and_completes_under_heavy_faults(faulty_s3, s3_server, bucket):
     """A copy is one CopyObject, retried on its own: no LIST or HEAD in the same attempt (s3fs's ``copy``
     sent four requests per attempt, and at 50% faults 8 of 40 copies ran out of attempts). What ``sink
-    retain`` and compaction copy to their undo record must not stop at a fault rate one request rides out."""
+    retain`` and compaction copy to their undo record must not stop at a fault rate one request rides out.
+
+    20 attempts, not the default 10: the plan's draws depend on the bucket's name, which is new each run,
+    and at 50% one of 40 copies fails 10 times in a row in about 1 run in 26 (CI hit it); 20 make that
+    1 in 26,000, and 4 requests per attempt would still run out."""
     direct = _direct(s3_server)
     for i in range(40):
         direct.put_object(Bucket=bucket, Key=f"root/log/{i}", Body=f"entry {i}".encode())
-    fm, root = _fm(faulty_s3, bucket)
+    fm, root = _fm(faulty_s3, bucket, max_attempts=20, max_delay_s=0.2)
     faulty_s3.set_plan(FaultPlan(rate=0.5, faults=FAILING, seed=3))
     for i in range(40):
         fm.copy(f"{root}/log/{i}", f"{root}/trash/log/{i}")
