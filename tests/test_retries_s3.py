@@ -446,7 +446,7 @@ def test_a_copy_is_one_request_per_attempt_and_completes_under_heavy_faults(faul
     for i in range(40):
         assert direct.get_object(Bucket=bucket, Key=f"root/trash/log/{i}")["Body"].read() == f"entry {i}".encode()
     assert dict(stats.requests) == {"COPY": 40 + stats.total_faults}, stats.to_dict()
-    assert stats.total_faults >= 20  # the plan did break many of them
+    assert stats.total_faults >= 10  # the plan did break many of them (fewer than 10 of 40+: 1 run in 200,000)
     assert fm.counter.snapshot() == {"CopyObject": 40 + stats.total_faults}
     assert fm.counter.retries() == {"CopyObject": stats.total_faults}
 
