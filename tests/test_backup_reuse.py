@@ -341,3 +341,39 @@ def test_backup_create_reports_each_file_manager_once(faulty_s3, s3_server, buck
     assert set(r["retries"]) == {"destination", "checkpoint"}, r["retries"]
     injected = faulty_s3.stats.total_faults
     assert injected > 0 and sum(r["retries"]["checkpoint"].values()) == injected, (r["retries"], injected)
+
+
+def test_a_backup_run_again_after_a_stop_counts_what_the_stopped_run_stored_as_already_there(
+        faulty_s3, s3_server, bucket, tmp_path):
+    """A backup the store stopped part-way is run again, as its error says. The re-run finds the objects the
+    stopped run stored (a conditional PUT answered 412 on its first attempt: there before): it neither
+    reads them back nor reports them as new, so ``new_objects`` is what the re-run created (a hostile
+    review: every object was read back and counted new again). Restored, the backup is the checkpoint."""
+    ckpt = checkpoint(str(tmp_path / "ckpt"))
+    dest = f"s3://{bucket}/dest"
+    options = ["--storage-options", f'{{"endpoint_url": "{faulty_s3.endpoint}", "retry": {{"max_attempts": 2}}}}']
+    faulty_s3.outage(60, after_requests=10, of_kind="PUT-IF-NONE-MATCH")
+    try:
+        code, r = cli_json("backup", "create", ckpt, dest, *options)
+    finally:
+        faulty_s3.calm()
+    assert code != 0 and "run the same command again" in r["fix"], r
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+
+    def objects() -> set[str]:
+        pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="dest/objects/")
+        return {o["Key"] for page in pages for o in page.get("Contents", [])}
+
+    before = objects()
+    assert len(before) >= 5, before  # the objects the stopped run stored (its intent was one of the 10 PUTs)
+    code, r = cli_json("backup", "create", ckpt, dest, *options)
+    assert code == 0, r
+    created = objects() - before
+    assert r["new_objects"] == len(created) > 0, (r["new_objects"], len(created))
+    assert r["new_bytes"] == sum(s3.head_object(Bucket=bucket, Key=k)["ContentLength"] for k in created)
+    assert r["requests"]["GetObject"] == 1, r["requests"]  # the repository's marker; no object read back
+    restored(dest, r["backup_id"], str(tmp_path / "back"))
+    for d, _, names in os.walk(ckpt):
+        for n in names:
+            rel = os.path.relpath(os.path.join(d, n), ckpt)
+            assert read(os.path.join(tmp_path, "back", rel)) == read(os.path.join(d, n)), rel

@@ -186,6 +186,19 @@ def test_every_request_kind_survives_each_fault(faulty_s3, s3_server, bucket, fa
                                          "DeleteObjects", "GetBucketVersioning"}
 
 
+def test_a_conditional_put_answered_412_at_its_first_attempt_found_an_object_there_before(faulty_s3, s3_server,
+                                                                                           bucket):
+    """Each attempt is one send (botocore's attempts and aiohttp's resend off), so a 412 to the first one
+    is someone else's object, even one holding the same bytes (a stopped backup's object, met by its re-run):
+    ``FileExistsError`` at once, nothing read back. Local disk answers the same."""
+    _direct(s3_server).put_object(Bucket=bucket, Key="root/objects/ab", Body=b"same bytes")
+    fm, root = _fm(faulty_s3, bucket)
+    with pytest.raises(FileExistsError):
+        fm.write_bytes(f"{root}/objects/ab", b"same bytes", overwrite=False)
+    assert fm.write_many([(f"{root}/objects/ab", b"same bytes"), (f"{root}/objects/cd", b"new")]) == [False, True]
+    assert fm.counter.snapshot() == {"PutObject": 3}
+
+
 def test_a_conditional_put_whose_reply_was_lost_is_our_own_write(faulty_s3, s3_server, bucket):
     fm, root = _fm(faulty_s3, bucket)
     faulty_s3.set_plan(FaultPlan(rate=1.0, faults=("lost-reply",), limit=1, requests=frozenset({"PUT-IF-NONE-MATCH"})))

@@ -17,8 +17,12 @@ copy): a copy is one CopyObject (not s3fs's ``copy``, which LISTs and HEADs firs
 exception left is a multipart upload (over 64 MiB), retried whole. What a retry means here:
 
 * a conditional PUT whose reply was lost may have been stored: its retry (ours, or aiohttp's
-  resend on a dead reused connection, which nothing above it sees) gets 412. On any 412 the
-  object is read back: if it holds exactly our bytes the write is done, else the race was lost;
+  resend on a dead reused connection, which nothing above it sees) gets 412. A 412 to a retry is
+  read back: if the object holds exactly our bytes the write is done, else the race was lost. A 412
+  to the first attempt, where each attempt is one send (``_sends_once``: botocore's attempts and
+  aiohttp's resend off), means the object was there before: ``FileExistsError``, nothing read (a
+  backup run again after a stop then counts what the stopped run stored as already there, not new,
+  and reads none of it back);
 * a retried delete (one key or a batch) of keys already gone succeeds: S3 deletes are idempotent.
   A multi-object delete answered ``200 OK`` may still name keys it failed (a per-key ``<Error>``):
   those with a transient code (``InternalError``, ``SlowDown``...) are sent again, alone, through the
@@ -137,6 +141,7 @@ class _DirectPutWriter(AtomicWriter):
     def _publish(self) -> None:
         fm = self._fm
         url = fm.url(self.path)
+        attempts = 0
         try:
             if self._size <= _SINGLE_PUT_MAX:
                 self._buf.seek(0)
@@ -144,17 +149,25 @@ class _DirectPutWriter(AtomicWriter):
                 mode = "overwrite" if self.overwrite else "create"
 
                 def put():
+                    nonlocal attempts
+                    attempts += 1
                     fm._count("put")
                     fm.fs.pipe_file(self.path, data, mode=mode)
 
                 fm.retrier.call("PutObject", url, put)
             else:
-                fm.retrier.call("MultipartUpload", url, self._multipart)
+                def upload():
+                    nonlocal attempts
+                    attempts += 1
+                    self._multipart()
+
+                fm.retrier.call("MultipartUpload", url, upload)
         except Exception as e:
             if self.overwrite or not _is_precondition_failed(e):
                 raise
-            # 412: someone's object is there. Ours, if an earlier attempt was stored after all.
-            if not fm._holds(self.path, self._buf, self._size):
+            # 412: an object is there. Ours only if an earlier send of this write was stored after all: never
+            # on the first attempt where each attempt is one send; after a retry, if it holds our bytes.
+            if (attempts == 1 and fm._sends_once) or not fm._holds(self.path, self._buf, self._size):
                 raise FileExistsError(errno.EEXIST, "file exists (conditional put lost)", self.path) from e
         finally:
             fm.fs.invalidate_cache(self.path)
@@ -312,6 +325,11 @@ class DirectPutFileManager(CheckpointFileManager):
             if session_cls is not None:
                 config.setdefault("http_session_cls", session_cls)
             opts["config_kwargs"] = config
+        # whether each attempt of a request is sent exactly once (neither botocore nor aiohttp sends it
+        # again): then a conditional PUT's first attempt answered 412 found someone else's object
+        self._sends_once = (location.scheme == "s3" and session_cls is not None
+                            and config.get("http_session_cls") is session_cls
+                            and config.get("retries") == {"mode": "standard", "total_max_attempts": 1})
         self.fs = fsspec.filesystem(location.scheme, **opts)
         if location.scheme == "s3":
             self.fs.retries = 1
