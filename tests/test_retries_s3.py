@@ -544,3 +544,94 @@ def test_a_client_failure_outside_an_operation_names_the_location_and_a_fix_in_j
     synthetic.write_local(ckpt, batches=3, partitions=1, retain_state=3)
     code, r = cli_json("fsck", ckpt, "--sink", url, "--storage-options", '{"endpoint_url": "http://127.0.0.1:9"}')
     assert code == 2 and r["path"] is None and "credentials" in r["problem"], r
+
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 that nobody signed, and its key (PEM files)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_file), str(key_file)
+
+
+def test_a_tls_handshake_no_retry_changes_is_refused_at_once_naming_the_endpoint(s3_server, bucket, tmp_path,
+                                                                                 monkeypatch):
+    """``https://`` to a server that speaks plain HTTP, or to one whose certificate nobody trusts, was retried
+    as an outage (10 attempts, about 10 s) and reported as "connection error" without naming the endpoint (a
+    hostile review). Now one attempt, a ``StorageError`` naming the endpoint and what to check; with the
+    certificate's authority in ``AWS_CA_BUNDLE``, as the fix says, the handshake passes. A refused connection
+    is still retried (a store restarting), and the error names the endpoint it tried."""
+    import socket
+    import ssl
+    import threading
+
+    url = f"s3://{bucket}/ckpt"
+    plain = s3_server.replace("http://", "https://")
+    fm, root = open_file_manager(url, {"endpoint_url": plain})
+    with pytest.raises(StorageError) as e:
+        fm.exists(f"{root}/metadata")
+    assert not isinstance(e.value, StoreUnavailableError)
+    assert f"at {plain}:" in e.value.problem and "does not speak TLS" in e.value.problem, e.value.problem
+    assert "http://" in e.value.fix and e.value.path == f"{url}/metadata"
+    assert fm.counter.snapshot() == {"HeadObject": 1} and fm.counter.retries() == {}
+
+    cert, key = _self_signed(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve():  # completes handshakes, then hangs up: enough to tell a trusted certificate from one that is not
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                context.wrap_socket(conn, server_side=True).close()
+            except (OSError, ssl.SSLError):
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    endpoint = f"https://127.0.0.1:{port}"
+    try:
+        fm, root = open_file_manager(url, {"endpoint_url": endpoint})
+        with pytest.raises(StorageError) as e:
+            fm.exists(f"{root}/metadata")
+        assert not isinstance(e.value, StoreUnavailableError)
+        assert f"at {endpoint}:" in e.value.problem and "certificate is not trusted" in e.value.problem, \
+            e.value.problem
+        assert "AWS_CA_BUNDLE" in e.value.fix
+        monkeypatch.setenv("AWS_CA_BUNDLE", cert)
+        fm, root = open_file_manager(url, {"endpoint_url": endpoint, "retry": {"max_attempts": 2}})
+        with pytest.raises(StoreUnavailableError) as e:  # trusted now: the server hanging up is an outage
+            fm.exists(f"{root}/metadata")
+        assert f"endpoint {endpoint})" in e.value.problem, e.value.problem
+    finally:
+        listener.close()
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    closed = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    listener.close()  # nothing listens there now
+    fm, root = open_file_manager(url, {"endpoint_url": closed, "retry": {"max_attempts": 2, "max_delay_s": 0.01}})
+    with pytest.raises(StoreUnavailableError) as e:
+        fm.exists(f"{root}/metadata")
+    assert f"(last: connection refused; endpoint {closed})" in e.value.problem, e.value.problem

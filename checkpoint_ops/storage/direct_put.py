@@ -335,7 +335,8 @@ class DirectPutFileManager(CheckpointFileManager):
             self.fs.retries = 1
         else:  # gcsfs and adlfs retry inside; ours on top would multiply: report their failures only
             policy = RetryPolicy(max_attempts=1)
-        self.retrier = Retrier(policy, self.counter)
+        endpoint = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url")
+        self.retrier = Retrier(policy, self.counter, endpoint=str(endpoint) if endpoint else None)
         self._http_counted = self._hook_s3_request_counter()
         # s3fs HEADs before a GET to decide on ranged reads; checkpoint files are small: one GET.
         self._cat_kwargs = {"max_concurrency": 1} if location.scheme == "s3" else {}

@@ -13,6 +13,8 @@ turns botocore's and s3fs's retries off and runs every request through a ``Retri
   and every other 4xx are answers, never retried. The same codes decide for the per-key errors of a
   ``200 OK`` multi-object delete (``transient_code``), which the file manager sends again, those keys
   only, through the same policy;
+* a TLS handshake that no retry changes (``tls_refusal``: an ``https://`` endpoint of a server that speaks
+  plain HTTP, a certificate not trusted) is a misconfiguration: ``StorageError`` at once, naming the endpoint;
 * attempts are bounded (``max_attempts``), spaced by capped exponential backoff with full jitter
   (``delay_s``), and counted by request kind (``OpCounter.retries``);
 * when they run out, ``StoreUnavailableError`` (not an ``OSError``: no caller mistakes a flaky store for
@@ -39,11 +41,12 @@ import errno
 import math
 import os
 import random
+import ssl
 import time
 from dataclasses import asdict, dataclass
 from typing import Awaitable, Callable, Mapping, TypeVar
 
-from ..errors import StoreUnavailableError
+from ..errors import StorageError, StoreUnavailableError
 
 T = TypeVar("T")
 
@@ -192,6 +195,29 @@ def transient_reason(e: BaseException) -> str | None:
     return None
 
 
+# What a TLS handshake answers when the other end speaks plain HTTP (or something else that is not TLS).
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "RECORD_LAYER_FAILURE",
+                      "PACKET_LENGTH_TOO_LONG"})
+
+
+def tls_refusal(e: BaseException) -> str | None:
+    """Why a connection's TLS handshake failed in a way no retry changes (the endpoint does not speak TLS,
+    or its certificate is not trusted), wherever the client libraries wrapped it; None otherwise (a
+    handshake cut short is a dropped connection, retried)."""
+    exc: BaseException | None = e
+    for _ in range(8):
+        if exc is None:
+            return None
+        # (aiohttp's own errors subclass these without their attributes: the socket's error is further down)
+        detail = getattr(exc, "verify_message", None) or getattr(exc, "reason", None)
+        if isinstance(exc, ssl.SSLCertVerificationError) and detail:
+            return f"its certificate is not trusted ({detail})"
+        if isinstance(exc, ssl.SSLError) and getattr(exc, "reason", None) in _NOT_TLS:
+            return f"it does not speak TLS there ({exc.reason})"
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 _ERRNO_REASONS = {errno.ECONNRESET: "connection reset", errno.ECONNREFUSED: "connection refused",
                   errno.EPIPE: "connection broken", errno.ECONNABORTED: "connection aborted",
                   errno.ETIMEDOUT: "timeout"}
@@ -215,20 +241,30 @@ class Retrier:
     """
 
     def __init__(self, policy: RetryPolicy, counter, sleep: Callable[[float], None] = time.sleep,
-                 rand: Callable[[], float] = random.random):
+                 rand: Callable[[], float] = random.random, endpoint: str | None = None):
         self.policy = policy
         self.counter = counter
         self._sleep = sleep
         self._rand = rand
+        self.endpoint = endpoint  # the store's endpoint URL where one was set: named when it cannot be reached
 
     def _give_up(self, kind: str, url: str, attempt: int, started: float, reason: str) -> StoreUnavailableError:
         took = time.monotonic() - started
+        # a failure below HTTP (refused, reset, timed out) may be the wrong endpoint: say which one was tried
+        where = f"; endpoint {self.endpoint}" if self.endpoint and not reason[:1].isdigit() else ""
         return StoreUnavailableError(
-            f"the object store kept failing: {kind} failed {attempt} time(s) over {took:.1f} s (last: {reason})",
-            path=url, retries=self.counter.retries())
+            f"the object store kept failing: {kind} failed {attempt} time(s) over {took:.1f} s "
+            f"(last: {reason}{where})", path=url, retries=self.counter.retries())
 
     def _judge(self, e: Exception, kind: str, url: str, attempt: int, started: float) -> float:
         """The wait before the next attempt; raises when ``e`` is an answer or attempts ran out."""
+        tls = tls_refusal(e)
+        if tls is not None:
+            raise StorageError(
+                f"no TLS connection to the object store{f' at {self.endpoint}' if self.endpoint else ''}: {tls}",
+                path=url, fix="check the endpoint's scheme (a server without TLS is reached with http://, one with "
+                "TLS with https://); for a certificate signed by your own authority, point AWS_CA_BUNDLE (or the "
+                "storage option client_kwargs.verify) at it") from e
         reason = transient_reason(e)
         if reason is None:
             raise e
