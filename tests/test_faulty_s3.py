@@ -96,7 +96,7 @@ def test_decisions_follow_the_seed(faulty_s3, s3_server, bucket):
         return out
 
     first = outcomes(7)
-    assert outcomes(7) == first and 5 < first.count(False) < 25
+    assert outcomes(7) == first and 2 < first.count(False) < 28  # (the bucket's name is new each run: 1 in 10^6)
     assert outcomes(8) != first
 
 

@@ -471,7 +471,7 @@ def test_retries_are_counted_by_the_request_that_failed(faulty_s3, s3_server, bu
     direct = _direct(s3_server)
     for i in range(12):
         direct.put_object(Bucket=bucket, Key=f"root/a/{i}", Body=str(i).encode())
-    fm, root = _fm(faulty_s3, bucket)
+    fm, root = _fm(faulty_s3, bucket, max_attempts=20)  # 31 requests at 30%: 10 attempts ran out 1 run in 5,600
     faulty_s3.set_plan(FaultPlan(rate=0.3, faults=FAILING, seed=1))
     for i in range(6):
         fm.rename(f"{root}/a/{i}", f"{root}/b/{i}")
