@@ -360,12 +360,14 @@ class Lease:
 
 
 def acquire(fm: CheckpointFileManager, root: str, owner: str, what: str | None = None,
-            ttl_s: float | None = None, heartbeat: bool = True, stepwise: bool = True) -> Lease:
+            ttl_s: float | None = None, heartbeat: bool = True, stepwise: bool = True,
+            operation: str | None = None) -> Lease:
     """Take the lease of ``root`` for ``owner`` (module docstring); ``LeaseHeld`` if another holds it.
-    ``stepwise``: see ``Lease.stepwise``."""
+    ``stepwise``: see ``Lease.stepwise``; ``operation``: the operation it is taken for (``Holder.operation``)."""
     what = what or fm.url(root)
     started = time.monotonic()  # no later than our record's heartbeat time: ``check`` counts from here
-    me = Holder.me(owner, ttl_s, kind=OPERATION if stepwise else RUN)  # what breaking it would do (lease_break)
+    # the kind says what breaking it would do (lease_break)
+    me = Holder.me(owner, ttl_s, kind=OPERATION if stepwise else RUN, operation=operation)
     with _HELD_LOCK:  # before the record can exist: a thread of this process must never judge it left behind
         _HELD_HERE.add(me.token)
     try:
@@ -530,7 +532,8 @@ class LeaseSet:
 
 
 def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: str,
-                held: LeaseSet | None = None, into: LeaseSet | None = None, stepwise: bool = True) -> LeaseSet:
+                held: LeaseSet | None = None, into: LeaseSet | None = None, stepwise: bool = True,
+                operation: str | None = None) -> LeaseSet:
     """Take the lease of each (file manager, root, what) not already ``held``, in URL order; on a
     refusal release what was taken and re-raise. Returns the set taken now (``into`` if given)."""
     taken = into if into is not None else LeaseSet()
@@ -541,7 +544,7 @@ def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: 
             continue
         seen.add(url)
         try:
-            taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise))
+            taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise, operation=operation))
         except BaseException:
             taken.release()
             raise

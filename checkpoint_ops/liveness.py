@@ -90,14 +90,17 @@ class Holder:
     # it), RUN (a streaming query or a Dagster run holding it across one run: losing it stops nothing), or
     # None (not said: a record written before 0.2, a backup intent, a prune lock)
     kind: str | None = None
+    # the operation an OPERATION holder runs ("rollback", "undo", ... ``Operation.name``); None: not said (a
+    # RUN, or a record written before 0.3). What ``undo`` weighs when a command died holding the lease.
+    operation: str | None = None
 
     @classmethod
     def me(cls, owner: str, ttl_s: float | None = None, now: float | None = None,
-           kind: str | None = None) -> "Holder":
+           kind: str | None = None, operation: str | None = None) -> "Holder":
         ms = _now_ms(now)
         pid = os.getpid()
         return cls(owner, socket.gethostname(), pid, process_start(pid), uuid.uuid4().hex, ms, ms,
-                   default_ttl() if ttl_s is None else float(ttl_s), kind)
+                   default_ttl() if ttl_s is None else float(ttl_s), kind, operation)
 
     def renewed(self, now: float | None = None) -> "Holder":
         return replace(self, heartbeat_ms=_now_ms(now))
@@ -132,7 +135,8 @@ class Holder:
             return cls(str(doc["owner"]), str(doc["host"]), int(doc["pid"]),
                        None if doc.get("pid_start") is None else str(doc["pid_start"]), str(doc["token"]),
                        int(doc["acquired_ms"]), int(doc["heartbeat_ms"]), float(doc["ttl_s"]),
-                       doc["kind"] if doc.get("kind") in (OPERATION, RUN) else None)
+                       doc["kind"] if doc.get("kind") in (OPERATION, RUN) else None,
+                       doc["operation"] if isinstance(doc.get("operation"), str) else None)
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -260,10 +260,12 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResul
     """``run`` without the release (its caller releases ``leases``, whatever happens)."""
     op.precheck()
     if op.takes_lease:
-        acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases)
+        acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases,
+                    operation=op.name)
     op.open()
     if op.takes_lease:
-        acquire_all([s.lease_target() for s in op.more_sites()], options.owner, options.held, into=leases)
+        acquire_all([s.lease_target() for s in op.more_sites()], options.owner, options.held, into=leases,
+                    operation=op.name)
     notes = tuple(leases.notes)
     if options.warn is not None:
         for note in notes:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 
 from .activity import refuse_if_active
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StoreUnavailableError, param
 from .executor import (
     Anchor,
     AppliedOperation,
@@ -41,6 +41,7 @@ from .executor import (
 )
 from .fence import is_fence, parse_fence
 from .journal import Journal, load_journal, op_id_time, scan_journals
+from .lease import read_lease
 from .model.checkpoint import Checkpoint
 from .model.sink import SINK_LOG_DIR
 from .operation import ApplyContext, Operation, Site
@@ -102,6 +103,15 @@ def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
 
 def _utc(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}Z"
+
+
+def _age(seconds: float) -> str:
+    """A duration as people say it: "40 s", "15 min", "3 h", "2 days"."""
+    seconds = max(0.0, seconds)
+    for unit, size in (("days", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
 
 
 def _describe(journal: Journal) -> str:
@@ -358,14 +368,55 @@ class ResumeOperation(_JournalOperation):
             f"; last committed batch is now {outcome.target_batch}" if outcome.operation == "rollback" else "")
 
 
+# Commands that act on the journaled operation itself: one that died holding the lease leaves that operation
+# the one to undo (an undo finished by undo, an operation finished by resume).
+_ON_THE_JOURNAL = ("undo", "resume")
+
+
 class UndoOperation(_JournalOperation):
-    """Revert the newest operation (or finish an interrupted undo), byte for byte."""
+    """Revert the newest operation (or finish an interrupted undo), byte for byte.
+
+    Asked for the newest (no ``op_id``), it refuses when the last command to hold the anchor's lease died
+    holding it after that operation was journaled (a rollback killed while it planned, say): what the user
+    means to undo is that command, which left nothing to undo, and the newest operation is an older one (a
+    restore, whose undo removes the whole checkpoint). The dead holder's lease stays as it was, so running
+    the same undo again refuses again; naming the operation (``op_id``) undoes it, and running the stopped
+    command again takes the lease over and ends this."""
 
     name = "undo"
     want = "undo"
 
     record_only = False  # the undo had put everything back: only its ``undone`` marker (and ledger) is left
     checked = False  # undo checks as for an applied operation (``Executor.preview_undo``)
+
+    def precheck(self) -> None:
+        super().precheck()
+        if self.op_id is None and self.target not in (None, NOTHING):
+            refusal = self._stopped_since(self.target)
+            if refusal is not None:
+                raise refusal
+
+    def _stopped_since(self, op_id: str) -> RefusedError | None:
+        """The refusal when a command other than an undo or resume died holding the anchor's lease, which it
+        took after ``op_id`` was journaled (class docstring), else None. Reads the lease only (nothing is
+        taken over: the next undo sees the same)."""
+        state = read_lease(self.fm, self.root)
+        holder = state.holder
+        journaled = op_id_time(op_id)
+        if (holder is None or state.stale_reason is None or journaled is None
+                or holder.operation in _ON_THE_JOURNAL or holder.acquired_ms / 1000 <= journaled):
+            return None
+        url = self.fm.url(self.root)
+        mine = load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id))
+        age = _age(time.time() - journaled)
+        return RefusedError(
+            f"the last command to take this location's lease, {holder.describe()}, was stopped ({state.stale_reason}) "
+            f"after the newest operation here was journaled, and has no journaled operation to undo: undo would "
+            f"revert {_describe(mine)}, journaled {age} ago, not the command that was stopped. Nothing was changed",
+            path=url,
+            fix=f"if you mean to revert {op_id}, name it ({param('op')} {op_id}); to finish what the stopped command "
+                "set out to do, run it again (it takes the stale lease over); `checkpoint-ops history` lists what was "
+                "journaled here")
 
     def plan(self, stage: bool) -> Plan:
         if self.state == UNFINISHED:

@@ -16,6 +16,7 @@ import boto3
 import pytest
 
 from benchmarks import synthetic
+from checkpoint_ops.liveness import Holder
 from tests.faulty_s3 import FaultPlan
 from tests.helpers import cli_json, is_lease_file
 
@@ -402,3 +403,70 @@ def test_resume_after_a_kill_inside_the_unfence_leaves_no_temp_file(tmp_path):
     assert not os.path.exists(temp) and os.path.exists(crc)
     code, f = cli_json("fsck", ckpt, "--sink", out)
     assert (code, f["findings"]) == (0, []), f
+
+
+def test_undo_after_a_command_killed_before_it_journaled_names_the_older_operation_and_changes_nothing(tmp_path):
+    """A rollback killed while it planned (its lease taken, nothing journaled) changed nothing. ``undo`` asked
+    for the newest operation then reverted the one before it (a hostile review: a restore, whose undo removed the
+    whole checkpoint and its output). It now refuses, naming that older operation and how to name it, changes
+    nothing (the dead command's lease included: the same undo refuses again); ``--op`` undoes it, and running the
+    stopped command again ends the refusal."""
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    pristine, before_first = str(tmp_path / "pristine"), None
+    synthetic.write_local(pristine, batches=6, partitions=2, retain_state=5)
+    second = ["rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes"]
+    for kill_at in range(1, 40):  # the first count at which the killed rollback holds its lease, journaled nothing
+        for d in (ckpt, out, str(tmp_path / ".checkpoint-ops")):
+            shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(pristine, ckpt)
+        _synthetic_sink(out, 6)
+        before_first = _files(ckpt, out)
+        code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--sink", out, "--yes")
+        assert code == 0 and first["result"]["status"] == "applied", first
+        killed = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *second], cwd=ROOT,
+                                env={**os.environ, "CHECKPOINT_OPS_KILL_AT": str(kill_at)}, capture_output=True)
+        assert killed.returncode == -9, killed.stderr[-2000:]
+        code, h = cli_json("history", ckpt)
+        if len(h["operations"]) > 1:
+            raise AssertionError(f"no kill between the second rollback's lease and its journal (k={kill_at}): {h}")
+        if os.path.exists(os.path.join(ckpt, ".checkpoint-ops.lease")):  # published (not only its temp file)
+            break
+    else:
+        raise AssertionError("no killed rollback left its lease")
+    first_id = first["result"]["op_id"]
+    after_kill = _files(ckpt, out)
+    lease = sorted(n for n in os.listdir(ckpt) if is_lease_file(n))
+
+    for _ in range(2):  # refused, and refused again: nothing, the dead command's lease included, was changed
+        code, u = cli_json("undo", ckpt, "--yes")
+        assert code == 1 and u["error"] == "RefusedError", u
+        assert "checkpoint-ops rollback" in u["problem"] and first_id in u["problem"], u
+        assert f"--op {first_id}" in u["fix"], u
+        assert _files(ckpt, out) == after_kill
+        assert sorted(n for n in os.listdir(ckpt) if is_lease_file(n)) == lease
+
+    code, u = cli_json("undo", ckpt, "--op", first_id, "--yes")  # named: undone, byte for byte
+    assert code == 0 and u["result"]["status"] == "undone", u
+    assert {p: d for p, d in _files(ckpt, out).items() if "/." not in p} == \
+        {p: d for p, d in before_first.items() if "/." not in p}
+
+
+def test_running_the_killed_command_again_ends_the_undo_refusal(tmp_path):
+    """After a command died holding the lease (here: a dead holder's record written as a killed rollback leaves
+    it), running that command again takes the lease over and journals; ``undo`` then reverts it, as asked."""
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    _synthetic_sink(out, 6)
+    code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--sink", out, "--yes")
+    assert code == 0, first
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = Holder(**{**Holder.me("checkpoint-ops rollback (user x)", kind="operation",
+                                   operation="rollback").to_dict(), "pid": int(dead.stdout), "pid_start": None})
+    with open(os.path.join(ckpt, ".checkpoint-ops.lease"), "w") as f:
+        json.dump(holder.to_dict(), f)
+    code, u = cli_json("undo", ckpt, "--dry-run")  # a dry run is refused alike: it would plan the older one
+    assert code == 1 and first["result"]["op_id"] in u["problem"], u
+    code, second = cli_json("rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes")
+    assert code == 0 and second["result"]["status"] == "applied", second
+    code, u = cli_json("undo", ckpt, "--yes")
+    assert code == 0 and u["result"]["op_id"] == second["result"]["op_id"], u
