@@ -492,6 +492,7 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
     dropped_paths = {e.path.encode() for b in drop_batches for e in known[b]}
     known_paths = {e.path.encode() for entries in known.values() for e in entries}
     unknown: list[bytes] = []
+    by_age: set[bytes] = set()  # entries no record attributes, dropped by their modification time
 
     def kept(path: bytes, mtime: int) -> bool | None:
         """Whether an entry stays; None: no record says which batch wrote it (refused below)."""
@@ -507,6 +508,8 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
         verdict = kept(path, mtime)
         if verdict is None:
             unknown.append(path)
+        elif verdict is False and path not in dropped_paths:
+            by_age.add(path)
         return verdict is not False
 
     try:
@@ -528,16 +531,28 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
                            "`retention` sink option does")
     files = 0
     if delete_files:
+        deleted: set[str] = set()
         for b in drop_batches:
             for e in known[b]:
                 rel = sink.rel_of(e)
-                if rel is not None and rel in sink.listing:
+                if rel is not None and rel in sink.listing and rel not in deleted:
                     _delete(plan, sink, rel, f"data files of {rule}", "sink-data", int(e.doc.get("size") or 0))
-                    files += 1
+                    deleted.add(rel)
+        for path in sorted(by_age):  # the log's own entries no record attributes, dropped by age: their files too
+            rel = sink.rel_of_path(path.decode())
+            if rel is not None and rel in sink.listing and rel not in deleted:
+                _delete(plan, sink, rel, f"data files of log entries older than the cutoff that no record attributes "
+                        "to a batch (their modificationTime)", "sink-data", sink.listing.get(rel).size)
+                deleted.add(rel)
+        files = len(deleted)
+    entries = len(dropped_paths) + len(by_age)  # each once, however many log files hold it
     plan.summary["retain"] = (f"{rule}: {len(drop_batches)} batches"
                               + (f" ({drop_batches[0]}..{drop_batches[-1]})" if drop_batches else "")
-                              + f", {len(dropped_paths)} entries" + (f", {files} data files deleted" if delete_files else
-                                                                     " (data files kept: `sink orphans` finds them)"))
+                              + f", {entries} entries"
+                              + (f" ({len(by_age)} of them attributed to no batch by any record, dropped by their "
+                                 "modificationTime)" if by_age else "")
+                              + (f", {files} data files deleted" if delete_files else
+                                 " (data files kept: `sink orphans` finds them)"))
     return plan
 
 

@@ -146,3 +146,36 @@ def test_compacting_a_paired_output_without_its_checkpoint_is_refused_and_an_unp
     assert code == 0 and not [w for w in r["plan"]["warnings"] if w.startswith("no checkpoint given")], r
     code, r = cli_json("rollback", ckpt, "--to-batch", "3", "--sink", out, *SINK, "--dry-run")
     assert code == 0, r  # the checkpoint's ledger kept batches 0..18 in its reach
+
+
+def test_retain_older_than_counts_and_deletes_what_no_record_attributes(tmp_path):
+    """Entries of a log Spark compacted before any ledger sync are attributed to no batch; ``--older-than``
+    judges them by their modificationTime. The plan dropped them from every log file but counted none of them
+    ("0 batches, 0 entries") and, with ``--delete-files``, left their data files behind for ``sink orphans``
+    (a hostile review). It now counts them, says how they were judged, and deletes their files."""
+    from checkpoint_ops.sinklog import apply, open_context, plan_orphans, plan_retain
+    from tests.synthetic_sink import FIRST_BATCH_MS
+
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=12, partitions=1, retain_state=12)
+    written = write_sink(out, 12, compact_interval=5)  # 4.compact, 9.compact; 10 and 11 plain
+    for name in os.listdir(f"{out}/_spark_metadata"):
+        if name != "9.compact" and int(name.split(".")[0]) < 10:
+            os.remove(f"{out}/_spark_metadata/{name}")  # Spark's cleanup: batches 0..9 only in 9.compact now
+    # batch b's entry was stamped FIRST_BATCH_MS + b s + 0.5 s: a cutoff at + 4.6 s drops the entries of 0..4
+    now = (FIRST_BATCH_MS + 4_600) / 1000 + 3600
+    ctx = open_context(out, ckpt, compact_interval=5, data=True)  # as `sink retain --delete-files` opens it
+    plan = plan_retain(ctx, older_than_s=3600, now=now, delete_files=True, stage=True)
+    summary = plan.summary["retain"]
+    assert "0 batches, 5 entries (5 of them attributed to no batch by any record, dropped by their " \
+           "modificationTime), 5 data files deleted" in summary, summary
+    deleted = {a.rel for a in plan.actions if a.kind == "delete"}
+    assert deleted == {os.path.relpath(written[b], out) for b in range(5)}, deleted
+    apply(ctx, plan)
+    assert not any(os.path.exists(written[b]) for b in range(5))
+    assert all(os.path.exists(written[b]) for b in range(5, 12))
+    with open(f"{out}/_spark_metadata/9.compact") as f:
+        assert [json.loads(line)["path"] for line in f.read().split("\n")[1:]] == \
+            [f"file://{written[b]}" for b in range(5, 10)]
+    orphans = plan_orphans(open_context(out, ckpt, compact_interval=5, data=True), min_age_s=0)
+    assert orphans.summary["orphans"].startswith("0 files"), orphans.summary
