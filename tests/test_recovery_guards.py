@@ -198,6 +198,28 @@ def test_undo_refuses_when_the_last_batch_the_rollback_left_is_gone(tmp_path):
     assert _files(ckpt) == before
 
 
+def test_undo_after_the_query_ran_past_the_rollback_and_spark_purged_its_target_says_the_query_ran(tmp_path):
+    """The query ran on after a rollback to batch 2 and Spark's cleanup (minBatchesToRetain) deleted batch 2's log
+    files. Undo is refused (it would mix two timelines), and says so: "something wrote here after it (did the query
+    run?)", not "the checkpoint is not the one the rollback left (emptied or replaced since?)" with the fix to
+    restore a backup (a hostile review)."""
+    ckpt = str(tmp_path / "ck")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    code, r = cli_json("rollback", ckpt, "--to-batch", "2", "--yes")
+    assert code == 0, r
+    for b in (3, 4, 5, 6):  # the query's batches after the rollback (as Spark writes them: each with its sidecar)
+        for d, body in (("offsets", SPARKS_BATCH_9["offsets/9"]), ("commits", SPARKS_BATCH_9["commits/9"])):
+            with open(os.path.join(ckpt, d, str(b)), "wb") as f:
+                f.write(body)
+    for rel in ("offsets/2", "offsets/.2.crc", "commits/2", "commits/.2.crc"):  # then its cleanup
+        os.remove(os.path.join(ckpt, rel))
+    before = _files(ckpt)
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 1 and "something wrote here after it (did the query run?)" in r["problem"], r
+    assert "emptied or replaced" not in r["problem"] and "roll back to the batch you want" in r["fix"], r
+    assert _files(ckpt) == before
+
+
 # ---- undo says "undone" only with every file back ------------------------------------------------------------
 
 
