@@ -317,8 +317,15 @@ class Fsck:
                      f"the latest commit ({C}) is more than one batch behind the latest offsets ({L}): Spark "
                      f"treats batches {C + 1}..{L - 1} as done without running them (unless the query used "
                      "asyncProgressTrackingEnabled)", f"roll back to batch {C}: {self.cmd} --to-batch {C}")
-        elif C is None and L is not None and L > 0:
-            pass  # nothing committed yet but several planned: covered by offsets-gap if any
+        elif C is None and ck.commits_lost is not None:  # every commit deleted: as commits-behind, from the first
+            lost = ck.commits_lost
+            self.add(ERROR, "commits-behind", url("commits"),
+                     f"commits/ holds no commit, but offsets/ plans batches {lost.start}..{lost.stop}: batches "
+                     f"{lost.start}..{lost.stop - 1} ran and their commits were deleted (unless the query used "
+                     f"asyncProgressTrackingEnabled); Spark runs batch {lost.stop} again on restart and treats the "
+                     "others as done, and no rollback or backup finds a committed batch",
+                     "restore the checkpoint from a backup taken before the commits were deleted; or start the query "
+                     f"as it is, if running batch {lost.stop} alone again is what you want")
         # v1 offsets name sources by position: every file must list the same number.
         counts = {b: len(o.offsets) for b, o in offsets.items() if o.version == 1}
         for b, detail in self._sound_offsets.items():  # what the cache kept of files not read again

@@ -490,7 +490,8 @@ def plan_rollback(
     target = resolve_target(ckpt, to_batch, to_time)
     C = ckpt.latest_commit
     if C is None:
-        raise RefusedError("no batch has been committed yet: there is nothing to roll back to", path=ckpt.url)
+        problem, fix = ckpt.nothing_committed("roll back to")
+        raise RefusedError(problem, path=ckpt.url, fix=fix)
     if target > C:
         raise RefusedError(f"batch {target} was never committed (the last committed batch is {C}"
                            f"{_last_operation(ckpt)})", path=ckpt.url, fix=f"choose a batch up to {C}")

@@ -320,7 +320,8 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         kind = "structured"
         batch = ckpt.latest_commit
         if batch is None:
-            raise RefusedError("no batch has been committed yet: there is nothing to back up", path=checkpoint_url)
+            problem, fix = ckpt.nothing_committed("back up")
+            raise RefusedError(problem, path=checkpoint_url, fix=fix)
         if ckpt.fence is not None:
             raise RefusedError(f"a checkpoint-ops {ckpt.fence.operation} is in progress or was interrupted here",
                                path=checkpoint_url, fix="finish or undo it first")

@@ -152,6 +152,31 @@ class Checkpoint:
     def latest_commit(self) -> int | None:
         return max(self.commit_files) if self.commit_files else None
 
+    @property
+    def commits_lost(self) -> range | None:
+        """Batches ``offsets/`` shows ran that no commit records, with no commit after them: Spark plans a batch
+        only once the one before it committed (unless the query set ``asyncProgressTrackingEnabled``), so every
+        planned batch below the newest one committed once. None when the commits log is where it should be
+        (its last commit is the newest planned batch, or the one before it)."""
+        L, C = self.latest_offset, self.latest_commit
+        if L is None or (C is not None and C >= L - 1):
+            return None
+        first = C + 1 if C is not None else min(self.offset_files)
+        return range(first, L) if first < L else None
+
+    def nothing_committed(self, doing: str) -> tuple[str, str | None]:
+        """Why there is no committed batch to ``doing`` ("roll back to"), and what to do: a commits log that
+        was deleted (``commits_lost``) is named as such, not as "nothing committed yet"."""
+        lost = self.commits_lost
+        if lost is None:
+            return f"no batch has been committed yet: there is nothing to {doing}", None
+        return (f"commits/ holds no commit, but offsets/ plans batches {lost.start}..{lost.stop}: batches "
+                f"{lost.start}..{lost.stop - 1} ran (Spark plans a batch only once the one before it committed), and "
+                f"their commits were deleted, so there is no committed batch to {doing}",
+                "restore the checkpoint from a backup taken before the commits were deleted (`checkpoint-ops backup "
+                f"list DEST`); or start the query as it is: Spark runs batch {lost.stop} again and goes on (batches "
+                f"{lost.start}..{lost.stop - 1} are not run again)")
+
     def _load(self, files: dict[int, LogFile], cache: dict, parse, batch_ids, errors: list | None, raw: dict | None):
         ids = list(files) if batch_ids is None else [b for b in batch_ids if b in files]
         kind = "commits" if cache is self._commits else "offsets"
