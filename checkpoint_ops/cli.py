@@ -20,6 +20,7 @@ import argparse
 import getpass
 import json
 import os
+import re
 import sys
 import traceback
 from dataclasses import dataclass
@@ -176,14 +177,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _location(args) -> str | None:
-    """The location a command was given, for an error that names none; None when it was given several (a
-    backup's source and destination, a checkpoint and its sinks): which one failed is not known here."""
+def _location(args, e: BaseException | None = None) -> str | None:
+    """The location a command was given, for an error that names none: the one given, or of several (a
+    backup's source and destination, a checkpoint and its sinks) the one in the bucket an S3 "no such bucket"
+    reply names; else None (which one failed is not known here)."""
     given = [getattr(args, name) for name in ("checkpoint", "output", "url", "target", "dest")
              if isinstance(getattr(args, name, None), str)]
     given += [v for v in (getattr(args, "sink", None) or []) if isinstance(v, str)]
     given += [v for v in (getattr(args, "sink_target", None) or []) if isinstance(v, str)]
+    bucket = _missing_bucket(e) if e is not None else None
+    if bucket is not None:
+        inside = [url for url in given if re.match(rf"[A-Za-z][A-Za-z0-9+.-]*://{re.escape(bucket)}(/|$)", url)]
+        if len(inside) == 1:
+            return inside[0]
     return given[0] if len(given) == 1 else None
+
+
+def _missing_bucket(e: BaseException) -> str | None:
+    from .storage.direct_put import missing_bucket
+
+    return missing_bucket(e)
+
+
+def _storage_error(args, e: BaseException) -> StorageError:
+    """A storage failure no operation wrapped, as an error that says where and what to do next: a backup
+    stopped part-way is finished by running it again (its docs), any other operation by resume or undo."""
+    bucket = _missing_bucket(e)
+    problem = f"no such bucket: {bucket!r}" if bucket else f"storage error: {e}"
+    check = ("check the bucket's name, the endpoint and the credentials (AWS_* / --storage-options)" if bucket else
+             "check the location, credentials (AWS_* / --storage-options) and the endpoint")
+    if getattr(args, "command", None) == "backup":
+        then = "a backup that stopped part-way is finished by running the same command again"
+    else:
+        then = ("an operation that stopped part-way is finished by `checkpoint-ops resume` or reverted by "
+                "`checkpoint-ops undo` (`checkpoint-ops history` lists what is unfinished)")
+    return StorageError(problem, path=_location(args, e), fix=f"{check}; {then}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     except Exception as e:  # a bug, or a storage failure we did not anticipate
         if is_storage_failure(e):
-            fix = ("check the location, credentials (AWS_* / --storage-options) and the endpoint; an operation that "
-                   "stopped part-way is finished by `checkpoint-ops resume` or reverted by `checkpoint-ops undo` "
-                   "(`checkpoint-ops history` lists what is unfinished)")
-            error = StorageError(f"storage error: {e}", path=_location(args), fix=fix)
+            error = _storage_error(args, e)
             if as_json:
                 print_json(error.to_dict())
             print(f"checkpoint-ops: {error.render()}", file=sys.stderr)

@@ -8,6 +8,7 @@ twice, none missing); not-found never retried; a truncated read retried, never p
 
 from __future__ import annotations
 
+import json
 import os
 
 import boto3
@@ -544,6 +545,22 @@ def test_a_client_failure_outside_an_operation_names_the_location_and_a_fix_in_j
     synthetic.write_local(ckpt, batches=3, partitions=1, retain_state=3)
     code, r = cli_json("fsck", ckpt, "--sink", url, "--storage-options", '{"endpoint_url": "http://127.0.0.1:9"}')
     assert code == 2 and r["path"] is None and "credentials" in r["problem"], r
+
+
+def test_a_missing_bucket_among_several_locations_is_named_with_the_fix_of_its_command(s3_server, tmp_path):
+    """``backup create CKPT s3://nosuchbucket/bk`` said "storage error: The specified bucket does not exist" with
+    no path, and a fix about resume and undo, which do not finish a backup (a hostile review). The bucket an S3
+    "no such bucket" reply names picks the location given in it; a backup's fix says to run it again."""
+    from benchmarks import synthetic
+    from tests.helpers import cli_json
+
+    ckpt = str(tmp_path / "ckpt")
+    synthetic.write_local(ckpt, batches=3, partitions=1, retain_state=3)
+    dest = "s3://no-such-bucket-here/backups"
+    code, r = cli_json("backup", "create", ckpt, dest, "--storage-options", json.dumps({"endpoint_url": s3_server}))
+    assert code == 2 and r["error"] == "StorageError", r
+    assert r["path"] == dest and r["problem"] == "no such bucket: 'no-such-bucket-here'", r
+    assert "running the same command again" in r["fix"] and "resume" not in r["fix"], r
 
 
 def _self_signed(tmp_path) -> tuple[str, str]:

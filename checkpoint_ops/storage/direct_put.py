@@ -102,6 +102,14 @@ def _s3_reply(e: BaseException) -> dict | None:
     return None
 
 
+def missing_bucket(e: BaseException) -> str | None:
+    """The bucket an S3 ``NoSuchBucket`` reply behind ``e`` names, or None."""
+    response = _s3_reply(e)
+    if response is None or response["Error"].get("Code") != "NoSuchBucket":
+        return None
+    return str(response["Error"].get("BucketName") or "") or None
+
+
 def _http_answer(e: BaseException) -> tuple[str, int | None] | None:
     """(error code, HTTP status) of the S3 reply behind ``e``, or None if no reply is behind it."""
     response = _s3_reply(e)
