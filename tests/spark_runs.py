@@ -96,8 +96,25 @@ class _Pristine:
     def reset(self) -> None:
         """Put the pristine generated tree back at the canonical location (mtimes included)."""
         if os.path.exists(self.base):
-            shutil.rmtree(self.base)
+            remove_tree(self.base)
         shutil.copytree(self.pristine, self.base, symlinks=True)
+
+
+def remove_tree(path: str, wait_s: float = 30.0) -> None:
+    """``shutil.rmtree``, tried again while something still writes into the tree: a query that failed (a test
+    that makes Spark refuse a restart) returns before its tasks on other partitions have stopped, and one of them
+    can create a state file in a directory being removed ("Directory not empty", seen on a loaded machine)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            shutil.rmtree(path)
+            return
+        except OSError:
+            if not os.path.lexists(path):
+                return
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @dataclass
