@@ -269,7 +269,8 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
         return CompatReport(ckpt.url, None, True, None, (), ("no checkpoint yet: Spark starts this query fresh",),
                             profile)
     profile = describe_query(spark, writer)
-    record = read_profile(ckpt.fm, ckpt.root) if recorded is _READ else recorded
+    # the query that wrote the last committed batch (after a rollback, not one that ran the batches it removed)
+    record = read_profile(ckpt.fm, ckpt.root, as_of=ckpt.latest_commit) if recorded is _READ else recorded
     notes: list[str] = []
     if profile.sources is None:
         notes.append("the query's sources and stateful operators could not be read (Spark Connect, or a plan this "

@@ -219,12 +219,12 @@ class QueryProfile:
 
 @dataclass(frozen=True)
 class ProfileRecord:
-    """The profile recorded beside a checkpoint: the last query accepted for it, and when."""
+    """A profile recorded beside a checkpoint: a query accepted for it, when, and from which batch on."""
 
     profile: QueryProfile
     recorded_at: str  # UTC, ISO 8601
     judged: bool  # Spark restarted this exact query (fingerprint) on a copy of the checkpoint and accepted it
-    batch: int | None = None  # the checkpoint's last committed batch when it was recorded
+    batch: int | None = None  # the checkpoint's last committed batch when it was first recorded (it ran those after)
 
     def proven(self, fingerprint: str | None, latest_commit: int | None) -> bool:
         """Whether Spark already accepted the query with ``fingerprint`` on this checkpoint: its own restart on
@@ -651,28 +651,66 @@ def profile_path(fm: CheckpointFileManager, root: str) -> str:
     return join(ops_dir(fm, root), PROFILE_FILE)
 
 
-def read_profile(fm: CheckpointFileManager, root: str) -> ProfileRecord | None:
+_NEWEST = object()  # ``read_profile``'s default: the newest record, whatever batch the checkpoint is at
+MAX_RECORDS = 50  # queries remembered beside a checkpoint (each change of its query is one)
+
+
+def read_profile(fm: CheckpointFileManager, root: str, as_of: int | None | object = _NEWEST) -> ProfileRecord | None:
     """The recorded profile of the checkpoint at ``root``, or None if none was recorded (or there is no
-    place beside it for one)."""
+    place beside it for one). ``as_of``: the checkpoint's last committed batch, to get the query that wrote it:
+    the newest recorded before that batch ran (its ``batch`` below ``as_of``, or unknown). One recorded at that
+    batch runs the batches after it: after a rollback to it, they are gone, and it did not write the state
+    rolled back to (``record_profile`` keeps the queries before it). Only where none was recorded before, one
+    recorded at that batch is the best known (accepted for it: a first record, or nothing committed since); one
+    recorded after it is of batches a rollback removed, never the answer (None then)."""
+    records = _records(fm, root)
+    if not records:
+        return None
+    if as_of is _NEWEST or as_of is None:
+        return records[0]
+    before = next((r for r in records if r.batch is None or r.batch < as_of), None)
+    return before or next((r for r in records if r.batch == as_of), None)
+
+
+def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
+    """Every record beside the checkpoint, newest first."""
     try:
         data = fm.read_bytes(profile_path(fm, root))
     except (FileNotFoundError, BadInputError):
-        return None
+        return []
     try:
         doc = json.loads(data)
         if doc.get("format", 0) > PROFILE_FORMAT:
-            return None  # written by a newer release: compare with Spark's files only
-        return ProfileRecord(QueryProfile.from_dict(doc["profile"]), doc["recorded_at"], bool(doc.get("judged")),
-                             doc.get("batch"))
+            return []  # written by a newer release: compare with Spark's files only
+        return [_record(d) for d in [doc, *doc.get("earlier", [])]]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise BadInputError("the recorded query profile is not readable", path=fm.url(profile_path(fm, root)),
                             fix="delete it: the next accepted run records it again") from None
 
 
+def _record(doc: dict) -> ProfileRecord:
+    return ProfileRecord(QueryProfile.from_dict(doc["profile"]), doc["recorded_at"], bool(doc.get("judged")),
+                         doc.get("batch"))
+
+
 def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, judged: bool,
                    batch: int | None) -> ProfileRecord:
-    """Record ``profile`` as the query accepted for the checkpoint at ``root`` (replacing any earlier one);
-    ``batch`` is the checkpoint's last committed batch now."""
-    record = ProfileRecord(profile, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), judged, batch)
-    fm.write_bytes(profile_path(fm, root), json.dumps(record.to_dict(), sort_keys=True).encode(), overwrite=True)
+    """Record ``profile`` as the query accepted for the checkpoint at ``root``; ``batch`` is the checkpoint's last
+    committed batch now (the query runs the batches after it). The queries recorded before it stay, newest first
+    (at most ``MAX_RECORDS``), so that after a rollback ``read_profile(as_of=...)`` finds the query that wrote the
+    batch rolled back to; those recorded at or after ``batch`` ran batches that are gone (rolled back), and are
+    dropped. The same query as the newest one goes on: that record stays, from the batch it started at."""
+    try:
+        earlier = _records(fm, root)
+    except BadInputError:
+        earlier = []  # unreadable: replaced (the error's own fix)
+    earlier = [] if batch is None else [r for r in earlier if r.batch is None or r.batch < batch]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if earlier and earlier[0].profile.to_dict() == profile.to_dict():
+        record = ProfileRecord(profile, now, judged or earlier[0].judged, earlier[0].batch)
+        earlier = earlier[1:]
+    else:
+        record = ProfileRecord(profile, now, judged, batch)
+    doc = {**record.to_dict(), "earlier": [r.to_dict() for r in earlier[: MAX_RECORDS - 1]]}
+    fm.write_bytes(profile_path(fm, root), json.dumps(doc, sort_keys=True).encode(), overwrite=True)
     return record
