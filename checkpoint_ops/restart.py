@@ -31,6 +31,7 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from .errors import BadInputError
 from .model.checkpoint import Checkpoint
 from .model.codecs import LZ4_MAGIC, CodecError, changelog_header, decompress_prefix
 from .model.compactible import CompactibleLog, LogEntry, all_valid_batches, is_compaction_batch
@@ -478,7 +479,36 @@ class RestartSets:
                        "backup restore into a new location, with its sinks) and run the query from there; a rollback "
                        "does not repair it: every batch loads this state")
                 for m in missing]
+            if not ck.state.operators and not committed:
+                self._missing[committed] += self._no_state_at_all()
         return self._missing[committed]
+
+    def _no_state_at_all(self) -> list[Damage]:
+        """Damage when the checkpoint has no state at all while the query recorded beside it as the one that wrote
+        its last committed batch is stateful (``query_profile``): ``state/`` was deleted whole, which leaves no
+        file to judge and no commit to name an operator (format V1). Spark numbers stateful operators from 0, and
+        its restart finds no state directory (STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY, a hostile
+        review). No record, or one of a stateless query or that cannot say (Spark Connect): nothing is known."""
+        from .query_profile import read_profile
+
+        ck = self.ckpt
+        if ck.latest_commit is None:
+            return []
+        try:
+            record = read_profile(ck.fm, ck.root, as_of=ck.latest_commit)
+        except (BadInputError, OSError):
+            return []  # an unreadable record is compat's to name; fsck judges what Spark reads
+        if record is None or not record.profile.operators:
+            return []
+        ops = "; ".join(op.describe() for op in record.profile.operators)
+        return [Damage(CKPT, "state", ck.listing.url("state"), "state", MISSING, "state-missing",
+                       f"the checkpoint has no state, but the query recorded as the one that wrote its last committed "
+                       f"batch ({ck.latest_commit}) is stateful ({ops}; query-profile.json beside the checkpoint, "
+                       f"recorded {record.recorded_at}): state/ was deleted, and Spark fails every restart with "
+                       "STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY",
+                       "restore the checkpoint from a backup taken before it went (checkpoint-ops backup list, then "
+                       "backup restore into a new location, with its sinks) and run the query from there; a rollback "
+                       "does not repair it: every batch loads this state")]
 
     def _keyed(self, op) -> bool | None:
         """Whether an operator's state has a key (so Spark writes every partition), from its state schema files

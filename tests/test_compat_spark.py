@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
 
 from checkpoint_ops.compat import CHECK, FAILS, SAFE, SILENT, accept, check_compat
+from checkpoint_ops.errors import BadInputError
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.query_profile import profile_path
 from checkpoint_ops.storage import open_file_manager
@@ -562,6 +564,82 @@ def test_without_a_recorded_profile_a_stateful_query_is_checked_by_hand_until_th
         assert [(d.aspect, d.verdict) for d in report.differences] == [("stateful-operators", SILENT)], report.render()
         unchanged = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: join_writer(s, base))
         assert unchanged.compatible and unchanged.differences == (), unchanged.render()
+    finally:
+        use_session_conf(spark)
+        base.reset()
+
+
+def test_after_a_rollback_the_query_is_judged_against_the_one_that_wrote_the_batch_rolled_back_to(spark, compat_bases):
+    """The window length changed at batch 3 (recorded, as a Dagster run records a change it ran), then the
+    checkpoint was rolled back to batch 2, which the original query wrote. The record of the changed query named
+    batches the rollback removed, yet compat judged against it (a hostile review): the changed query again was
+    "compatible, Spark already accepted it" with no word of the windows of both lengths it makes, and the
+    original query was warned about "windows already in the state" that the rollback removed. Both are now
+    judged against the query recorded before the change."""
+    import subprocess
+    import sys
+
+    from checkpoint_ops.query_profile import describe_query, read_profile, record_profile
+
+    base = compat_bases("agg")
+    base.reset()
+    use_session_conf(spark)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        before_change = base_batch(base)
+        changed = window_length_changed(spark, base)
+        profile = describe_query(spark, changed)
+        base.add_events(3, 4)
+        real = restart_for_real(spark, changed, base.checkpoint)
+        assert real.ok, real.error
+        fm, ckpt_root = open_file_manager(base.checkpoint)
+        record_profile(fm, ckpt_root, profile, judged=False, batch=before_change)  # accepted after it ran
+        assert read_profile(fm, ckpt_root).profile.to_dict() == profile.to_dict()
+        rolled = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", base.checkpoint, "--to-batch",
+                                 str(before_change), "--sink", base.output, "--yes", "--json"], cwd=root,
+                                capture_output=True, text=True, timeout=600)
+        assert rolled.returncode == 0, rolled.stderr
+
+        original = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: counts_writer(
+            s, base.dir("input"), base.output))
+        assert original.compatible and not original.differences, original.render()
+        again = check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: window_length_changed(s, base),
+                             reuse_judged=True)
+        assert ("stateful-operators", SILENT) in {(d.aspect, d.verdict) for d in again.differences}, again.render()
+        assert not again.compatible and again.spark_restarts is True, again.render()  # judged, not "already accepted"
+    finally:
+        use_session_conf(spark)
+        base.reset()
+
+
+def test_a_stateful_checkpoint_whose_state_directory_is_gone_is_named_before_spark_refuses_it(spark, compat_bases):
+    """``state/`` deleted whole leaves no file to judge and (format V1) no commit naming an operator: fsck said
+    "healthy", inspect "stateless", and the next run failed inside Spark (a hostile review). The query recorded
+    as the one that wrote the last batch is stateful: fsck names ``state``, a rollback is refused, compat refuses
+    to judge, and Spark fails to restart as fsck says."""
+    from tests.helpers import cli_json
+
+    base = compat_bases("agg")
+    base.reset()
+    use_session_conf(spark)
+    try:
+        shutil.rmtree(os.path.join(base.checkpoint, "state"))
+        before = tree_snapshot(base.root)
+        code, f = cli_json("fsck", base.checkpoint, "--sink", base.output)
+        named = [x for x in f["findings"] if x["code"] == "state-missing"]
+        assert code == 1 and len(named) == 1 and named[0]["path"].endswith("/checkpoint/state"), f["findings"]
+        assert "aggregation" in named[0]["problem"] and "query-profile.json" in named[0]["problem"], named[0]
+        code, r = cli_json("rollback", base.checkpoint, "--to-batch", str(base_batch(base) - 1), "--sink", base.output,
+                           "--dry-run")
+        assert code == 2 and r["path"].endswith("/checkpoint/state"), r
+        with pytest.raises(BadInputError) as refused:
+            check_compat(Checkpoint.open(base.checkpoint), spark, lambda s: counts_writer(s, base.dir("input"),
+                                                                                          base.output))
+        assert refused.value.path.endswith("/checkpoint/state"), refused.value.render()
+        assert tree_snapshot(base.root) == before
+        base.add_events(3, 4)
+        real = restart_for_real(spark, counts_writer(spark, base.dir("input"), base.output), base.checkpoint)
+        assert real.error is not None and "STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY" in real.error, real.error
     finally:
         use_session_conf(spark)
         base.reset()
