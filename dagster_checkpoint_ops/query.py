@@ -40,6 +40,17 @@ class StreamingQuery:
         if isinstance(self.sinks, str):
             raise ValueError(f"query {self.name}: sinks must be a list of output directories, not the string "
                              f"{self.sinks!r} (write sinks=[{self.sinks!r}])")
+        relative = [(what, url) for what, url in [("checkpoint", self.checkpoint), *(("sinks", u) for u in self.sinks),
+                                                   ("backup_url", self.backup_url)]
+                    if isinstance(url, str) and not _absolute(url)]
+        if relative:
+            what, url = relative[0]
+            raise ValueError(
+                f"query {self.name}: {what} {url!r} is a relative path, which each process resolves against its own "
+                "current directory: a run started from another directory would start a new checkpoint (and process "
+                "all of its input again) or write another output. Give an absolute path or a URL (s3://...), e.g. "
+                f"os.path.join(default_home(), {url!r}) for a place under the checkpoint-ops home, as a YAML "
+                "component's relative paths are")
         if self.schedule and self.automation_condition is not None:
             raise ValueError(f"query {self.name}: give a schedule or an automation_condition, not both")
         if self.build is None and (self.schedule or self.automation_condition is not None or self.spark_config):
@@ -50,6 +61,11 @@ class StreamingQuery:
     def external(self) -> bool:
         """The query runs elsewhere: these definitions observe and operate its checkpoint, never run it."""
         return self.build is None
+
+
+def _absolute(url: str) -> bool:
+    """An absolute local path, or a URL with a scheme (``s3://``, ``file:/``)."""
+    return url.startswith("/") or bool(re.match(r"[A-Za-z][A-Za-z0-9+.-]*:", url))
 
 
 def pool_name(query: str) -> str:

@@ -3,6 +3,7 @@ workspace as the dagster CLI loads it (the reprocessing sensor: test_reprocess_s
 
 import datetime
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,19 @@ def test_factory_refuses_bad_queries(tmp_path):
         StreamingQuery(name="my-stream", build=_build, checkpoint="/c")
     with pytest.raises(ValueError, match=r"not the string '/o' \(write sinks=\['/o'\]\)"):
         StreamingQuery(name="q", build=_build, checkpoint="/c", sinks="/o")
+
+
+@pytest.mark.parametrize("given", [{"checkpoint": "data/ckpt"}, {"checkpoint": "/c", "sinks": ["/o", "./out"]},
+                                   {"checkpoint": "/c", "backup_url": "backups"}])
+def test_a_relative_location_is_refused_when_the_query_is_defined(given):
+    """A relative checkpoint or sink in Python definitions was resolved against each process's current directory:
+    the same job run from two directories made two checkpoints, each processing all of the input (a hostile
+    review). A YAML component's relative paths go under the home; here they are refused, naming the fix."""
+    what, url = next((k, v if isinstance(v, str) else v[-1]) for k, v in reversed(list(given.items())))
+    with pytest.raises(ValueError, match=rf"{what} '{re.escape(url)}' is a relative path") as refused:
+        StreamingQuery(name="q", build=_build, **given)
+    assert "os.path.join(default_home()" in str(refused.value)
+    StreamingQuery(name="q", build=_build, checkpoint="s3://bucket/c", sinks=["file:///o", "/abs/o"])  # as they are
 
 
 @pytest.mark.parametrize("second", [
