@@ -122,6 +122,10 @@ def test_restore_job_into_an_empty_target_then_spark_resumes_there(spark, tmp_pa
     dry = execute(defs, "checkpoint_restore_job", instance, {"ops": {"checkpoint_restore": {"config": {
         **config, "dry_run": True}}}})
     assert dry.success and not os.path.exists(os.path.join(target, "offsets"))  # a dry run restores nothing
+    none = execute(defs, "checkpoint_restore_job", instance, {"ops": {"checkpoint_restore": {"config": {
+        **config, "sink_targets": []}}}})  # the job's key is named, not the command line's flag (a hostile review)
+    assert not none.success and "(sink_targets; got 0)" in failure_of(none), failure_of(none)
+    assert "--sink-target" not in failure_of(none)
     done = execute(defs, "checkpoint_restore_job", instance, {"ops": {"checkpoint_restore": {"config": config}}})
     assert done.success, failure_of(done)
     (md,) = observed(done)

@@ -39,7 +39,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, param
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..fence import is_fence, parse_fence, recovery_advice
 from ..journal import ops_dir, utc_stamp
@@ -147,11 +147,12 @@ class _Restore:
         self.target_url = self.t_fm.url(self.t_root)
         opened = [open_file_manager(url, storage_options) for url in sink_targets]
         refuse_overlapping([("the checkpoint target", self.t_fm, self.t_root)]
-                           + [(f"--sink-target {url}", fm, root) for url, (fm, root) in zip(sink_targets, opened)])
+                           + [(f"{param('sink_target')} {url}", fm, root) for url, (fm, root) in zip(sink_targets, opened)])
         if len(sink_targets) != len(self.sinks):
             raise BadInputError(f"the backup holds {len(self.sinks)} file sink(s) "
                                 f"({', '.join(m.roots[r]['url'] for r in self.sinks) or 'none'}); give one "
-                                f"--sink-target for each, in that order (got {len(sink_targets)})", path=m.url)
+                                f"target for each, in that order ({param('sink_target')}; got {len(sink_targets)})",
+                                path=m.url)
         _require_empty(self.t_fm, self.t_root, target_url)
         self.sink_fms = {}
         for rid, url, (fm, root) in zip(self.sinks, sink_targets, opened):
