@@ -132,8 +132,10 @@ def parse_request(data: bytes, default_id: str, names: set[str]) -> ReprocessReq
         raise RequestError(f"unknown field(s) {_quoted(unknown)} (allowed: {', '.join(FIELDS)})")
     asset = doc.get("asset")
     if not isinstance(asset, str) or asset not in names:
-        raise RequestError(f'unknown asset {_quoted(asset)} in "asset" (streaming assets here: '
-                           f'{", ".join(sorted(names))})')
+        raise RequestError(f'unknown asset {_quoted(asset)} in "asset" (request files serve the streaming assets of '
+                           f'streaming_definitions here: {", ".join(sorted(names))}; a StreamingQueryComponent\'s '
+                           'query is reprocessed from its job instead: launch <name>_job with the run config '
+                           'rollback_to_batch or rollback_to_time)')
     if ("to_batch" in doc) == ("to_time" in doc):
         raise RequestError('give exactly one of "to_batch" (a batch id) and "to_time" (an ISO 8601 time)')
     to_batch = to_time = None

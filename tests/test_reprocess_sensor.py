@@ -193,6 +193,7 @@ def test_a_run_asked_for_under_the_bare_id_still_counts(tmp_path, instance):
     (b'{"asset": "alpha", "to_batch": 3, "id": "\xff"}', "not UTF-8"),
     ('["alpha", 3]', "not a JSON object"),
     ({"asset": "gamma", "to_batch": 3}, "unknown asset 'gamma'"),
+    ({"asset": "gamma", "to_batch": 3}, "a StreamingQueryComponent's query is reprocessed from its job"),
     ({"asset": "alpha"}, "exactly one"),
     ({"asset": "alpha", "to_batch": 3, "to_time": "2026-11-21T06:30:00Z"}, "exactly one"),
     ({"asset": "alpha", "to_batch": -1}, "non-negative"),
@@ -206,7 +207,7 @@ def test_a_run_asked_for_under_the_bare_id_still_counts(tmp_path, instance):
     ({"asset": "alpha", "to_batch": 3, "id": "INC 12/a"}, '"id" must be at most 128 characters of A-Z a-z 0-9'),
     ({"asset": "alpha", "to_batch": 3, "id": 12}, '"id" must be'),
     ({"asset": "alpha", "to_batch": 3, "batch": 4}, "unknown field"),
-], ids=["json", "utf8", "array", "asset", "no-target", "two-targets", "negative", "bool", "huge-batch", "time",
+], ids=["json", "utf8", "array", "asset", "asset-of-a-component", "no-target", "two-targets", "negative", "bool", "huge-batch", "time",
         "time-type", "twice", "empty-id", "long-id", "id-chars", "id-type", "field"])
 def test_bad_requests_are_rejected_with_the_reason(tmp_path, instance, doc, reason):
     home = tmp_path
