@@ -12,12 +12,14 @@ from dagster_checkpoint_ops.maintenance import maintenance_job, query_op
 from dagster_checkpoint_ops.query import StreamingQuery
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 from dagster_checkpoint_ops.resources.settings import StreamingSettings
+from dagster_checkpoint_ops.runner import refuse_checkpoint_of_another_query
 
 
 def compact_sinks(context, query: StreamingQuery, settings: StreamingSettings,
                   files: CheckpointFileManagerResource) -> list[dict]:
     """Compact each of the query's file sinks, then drop batches older than the retention, if set: each
     through the operation runner (the checkpoint's and the sink's leases, journaled, undoable)."""
+    refuse_checkpoint_of_another_query(context, query, files, job="compaction")
     opts = files.options()
     options = RunOptions(yes=True, storage_options=opts, owner=f"dagster run {context.run.run_id} (compaction of "
                          f"{query.name})")

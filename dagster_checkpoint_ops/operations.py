@@ -16,7 +16,7 @@ from checkpoint_ops.recovery import UndoOperation
 from dagster_checkpoint_ops.query import StreamingQuery, pool_name, rollback_job_name
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 from dagster_checkpoint_ops.resources.settings import StreamingSettings
-from dagster_checkpoint_ops.runner import failure, plan_markdown, rollback
+from dagster_checkpoint_ops.runner import failure, plan_markdown, refuse_checkpoint_of_another_query, rollback
 
 UNDO_JOB = "checkpoint_undo_job"
 RESTORE_JOB = "checkpoint_restore_job"
@@ -86,6 +86,7 @@ def undo_job(queries: list[StreamingQuery], name: str = UNDO_JOB) -> dg.JobDefin
     def checkpoint_undo(context: dg.OpExecutionContext, config: UndoConfig,
                         checkpoint_files: CheckpointFileManagerResource) -> None:
         query = _query(queries, config.query)
+        refuse_checkpoint_of_another_query(context, query, checkpoint_files, job="undo")
         opts = checkpoint_files.options()
         with parameter_names(UNDO_NAMES):
             try:

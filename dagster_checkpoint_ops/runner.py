@@ -170,11 +170,14 @@ def refuse_sink_of_another_query(query, files) -> None:
                       "recorded_query_id": record.query_id or "", "checkpoint_query_id": query_id or ""})
 
 
-def refuse_checkpoint_of_another_query(context, query, files, write: bool = False) -> Claim:
+def refuse_checkpoint_of_another_query(context, query, files, write: bool = False,
+                                       job: Optional[str] = None) -> Claim:
     """The checkpoint is recorded as another asset's (``checkpoint_ops.query_owner``): two assets running one
     checkpoint take turns with its batches, each sending them to its own sinks. Refused before anything runs
     (nothing changed). ``write``: record the checkpoint as this asset's if it is not yet (``record_owner``,
-    once the query is about to start: a run that fails before claims nothing)."""
+    once the query is about to start: a run that fails before claims nothing). ``job``: a job that changes the
+    checkpoint without running the query (an undo, a compaction) is refused alike: it is the other asset's to
+    change (a hostile review: a copied component's undo job planned an undo of the first one's checkpoint)."""
     fm, root = files.file_manager(query.checkpoint)
     try:
         got = claim(fm, root, query.name, f"dagster run {context.run.run_id} ({query.name})", write=write)
@@ -185,6 +188,15 @@ def refuse_checkpoint_of_another_query(context, query, files, write: bool = Fals
     if got.other is None:
         return got
     where = fm.url(got.path)
+    if job is not None:
+        raise dg.Failure(
+            description=f"{job} of {query.name}: its checkpoint {query.checkpoint} is run by asset {got.other.name} "
+            f"(recorded in {where} by {got.other.by}), so {query.name} is a second definition on it (a copy, or a "
+            f"component and Python definitions naming one checkpoint) and its {job} would change asset "
+            f"{got.other.name}'s checkpoint. Refused: nothing changed. Fix: give {query.name} a checkpoint of its "
+            f"own, or use asset {got.other.name}'s {job}; if asset {got.other.name} was renamed to {query.name}, "
+            f"delete {where}.",
+            metadata={"checkpoint": query.checkpoint, "recorded_asset": got.other.name, "record": where})
     raise dg.Failure(
         description=f"asset {query.name}: its checkpoint {query.checkpoint} is run by asset {got.other.name} "
         f"(recorded in {where} by {got.other.by}): two assets running one checkpoint take turns with its batches, "

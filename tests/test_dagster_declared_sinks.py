@@ -169,6 +169,18 @@ def test_a_checkpoint_another_asset_runs_is_refused_before_anything_runs(spark, 
         assert description.startswith(f"asset owner_b: its checkpoint {ckpt} is run by asset owner_a"), description
         assert "nothing ran, nothing changed" in description and f"delete {record}" in description, description
         assert listing(ckpt, os.path.join(ckpt, "offsets"), os.path.join(ckpt, "commits"), out_a, out_b) == before
+    # the second definition's jobs that change the checkpoint without running the query are its owner's to run (a
+    # hostile review: a copied component's undo job planned an undo of the first one's checkpoint)
+    quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
+    for job, config in (("checkpoint_undo_job", {"ops": {"checkpoint_undo": {"config": {"query": "owner_b"}}}}),
+                        ("sink_compaction_job", {})):
+        result = defs_of("owner_b", out_b).resolve_job_def(job).execute_in_process(
+            instance=instance, run_config={**quiet, **config}, raise_on_error=False)
+        assert not result.success
+        description = failure_description(result)
+        assert f"its checkpoint {ckpt} is run by asset owner_a" in description, description
+        assert "Refused: nothing changed" in description and "use asset owner_a's" in description, description
+        assert listing(ckpt, os.path.join(ckpt, "offsets"), os.path.join(ckpt, "commits"), out_a, out_b) == before
 
     assert materialize(defs_of("owner_a", out_a), "owner_a", instance).success  # the owner runs on
     os.remove(record)  # asset owner_a was renamed owner_b: the fix the refusal gives
