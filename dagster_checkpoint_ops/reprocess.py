@@ -248,6 +248,10 @@ def outcome_note(name: str, request: ReprocessRequest, run: RunOutcome) -> str:
         if run.op_config != request.op_config:
             lines.append(f"this request asked for {json.dumps(request.op_config)}, the run had "
                          f"{json.dumps(run.op_config)}: to run it, drop it again with a new id")
+    if not run.succeeded and not lines[-1].endswith("with a new id"):
+        # dropped again under the same id, it would be filed here at once, with this run's failure
+        lines.append('to try again once the cause is mended, drop the request with a new "id" (one asset and id run '
+                     "once)")
     note = "\n".join(lines)
     return note if len(note) <= MAX_NOTE_BYTES else note[: MAX_NOTE_BYTES - 20] + "\n... (cut)"
 

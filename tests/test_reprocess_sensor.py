@@ -158,6 +158,8 @@ def test_a_failed_run_files_the_request_under_failed_with_its_reason(tmp_path, i
     assert text.startswith(f"failed: run {result.run_id} of stand_in_job (run_key alpha:req) ended FAILURE")
     assert "reason: rollback refused: batch 5 is not in the rollback window" in text
     assert 'run failure event: Execution of run for "stand_in_job" failed.' in text
+    # the same request dropped again is served by the same run (one asset and id run once): the note says so
+    assert 'to try again once the cause is mended, drop the request with a new "id"' in text, text
 
 
 def test_one_id_for_two_assets_runs_both(tmp_path, instance):
