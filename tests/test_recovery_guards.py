@@ -482,10 +482,17 @@ def test_running_the_killed_command_again_ends_the_undo_refusal(tmp_path):
     code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--sink", out, "--yes")
     assert code == 0, first
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    holder = Holder(**{**Holder.me("checkpoint-ops rollback (user x)", kind="operation",
-                                   operation="rollback").to_dict(), "pid": int(dead.stdout), "pid_start": None})
-    with open(os.path.join(ckpt, ".checkpoint-ops.lease"), "w") as f:
-        json.dump(holder.to_dict(), f)
+
+    def died_holding(operation: str) -> None:
+        holder = Holder(**{**Holder.me(f"checkpoint-ops {operation} (user x)", kind="operation",
+                                       operation=operation).to_dict(), "pid": int(dead.stdout), "pid_start": None})
+        with open(os.path.join(ckpt, ".checkpoint-ops.lease"), "w") as f:
+            json.dump(holder.to_dict(), f)
+
+    died_holding("prune")  # nothing of a prune is undone: undo means the rollback, as it says
+    code, u = cli_json("undo", ckpt, "--dry-run")
+    assert code == 0 and u["plan"]["summary"]["undo"].startswith(f"rollback {first['result']['op_id']}"), u
+    died_holding("rollback")
     code, u = cli_json("undo", ckpt, "--dry-run")  # a dry run is refused alike: it would plan the older one
     assert code == 1 and first["result"]["op_id"] in u["problem"], u
     code, second = cli_json("rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes")
