@@ -30,7 +30,7 @@ from .collector import fewer_collections
 from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, is_storage_failure
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
-from .operation import Operation, OperationResult, RunOptions, run
+from .operation import Operation, OperationResult, RunOptions, StoppedBeforeChanges, run
 
 EXIT_INTERNAL = 3
 
@@ -206,12 +206,15 @@ def _storage_error(args, e: BaseException) -> StorageError:
     problem = f"no such bucket: {bucket!r}" if bucket else f"storage error: {e}"
     check = ("check the bucket's name, the endpoint and the credentials (AWS_* / --storage-options)" if bucket else
              "check the location, credentials (AWS_* / --storage-options) and the endpoint")
-    if getattr(args, "command", None) == "backup":
-        then = "a backup that stopped part-way is finished by running the same command again"
+    action = getattr(args, "backup_command", None) if getattr(args, "command", None) == "backup" else None
+    if action in ("create", "prune"):
+        then = "; a backup (or prune) that stopped part-way is finished by running the same command again"
+    elif action in ("list", "verify", "drill"):
+        then = ""  # nothing changed: they read (a drill restores into scratch space of its own)
     else:
-        then = ("an operation that stopped part-way is finished by `checkpoint-ops resume` or reverted by "
+        then = ("; an operation that stopped part-way is finished by `checkpoint-ops resume` or reverted by "
                 "`checkpoint-ops undo` (`checkpoint-ops history` lists what is unfinished)")
-    return StorageError(problem, path=_location(args, e), fix=f"{check}; {then}")
+    return StorageError(problem, path=_location(args, e), fix=f"{check}{then}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
             print_json(e.to_dict())
         print(f"checkpoint-ops: {e.render()}", file=sys.stderr)
         return e.exit_code
+    except StoppedBeforeChanges as e:
+        print(f"checkpoint-ops: interrupted: the {e.operation} stopped before it changed anything (nothing was "
+              "journaled)", file=sys.stderr)
+        print(f"  fix: there is nothing of it to resume or undo (`undo` would revert the operation before it); run "
+              f"the {e.operation} again to apply it", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         print("checkpoint-ops: interrupted", file=sys.stderr)
         print("  fix: if it was changing something, `checkpoint-ops resume PATH` finishes the operation and "

@@ -232,13 +232,29 @@ def _why(e: Exception) -> str:
     return str(e)
 
 
+class StoppedBeforeChanges(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) that stopped an operation before its apply began: it changed nothing and journaled
+    nothing, so there is nothing of it to resume or undo (an undo would revert the operation before it)."""
+
+    def __init__(self, operation: str):
+        super().__init__(operation)
+        self.operation = operation
+
+
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     """The one sequence (module docstring). The leases are released whatever happened; a release that
     fails (the store does not answer) never hides the error that stopped the operation, and never turns
-    a completed one into a failure: it is a warning, and the lease left behind goes stale."""
+    a completed one into a failure: it is a warning, and the lease left behind goes stale. An interrupt before
+    the apply began is raised as ``StoppedBeforeChanges``."""
     leases = LeaseSet()
+    applying: list[bool] = []  # set once the apply begins (``_run``)
     try:
-        result = _run(op, options, leases)
+        try:
+            result = _run(op, options, leases, applying)
+        except KeyboardInterrupt as e:
+            if applying or isinstance(e, StoppedBeforeChanges):
+                raise
+            raise StoppedBeforeChanges(op.name) from e
     except BaseException:
         try:
             leases.release()
@@ -256,8 +272,9 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     return result
 
 
-def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResult:
-    """``run`` without the release (its caller releases ``leases``, whatever happens)."""
+def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[bool]) -> OperationResult:
+    """``run`` without the release (its caller releases ``leases``, whatever happens); ``applying`` gets an entry
+    as the apply begins."""
     op.precheck()
     if op.takes_lease:
         acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases,
@@ -288,5 +305,6 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet) -> OperationResul
     except BaseException:
         op.discard(plan)
         raise
+    applying.append(True)
     outcome = op.apply(plan, ctx)
     return OperationResult(op.name, plan, False, outcome, notes)

@@ -42,7 +42,7 @@ from .executor import (
 from .fence import is_fence, parse_fence
 from .journal import Journal, load_journal, op_id_time, scan_journals
 from .lease import read_lease
-from .liveness import RUN
+from .liveness import OPERATION
 from .model.checkpoint import Checkpoint
 from .model.sink import SINK_LOG_DIR
 from .operation import ApplyContext, Operation, Site
@@ -371,7 +371,8 @@ class ResumeOperation(_JournalOperation):
 
 # Operations a user undoes: one that died holding the lease before it journaled is what an undo run next is
 # meant for (``UndoOperation``). Not an undo or a resume (they act on the journaled operation itself), nor a prune
-# (nothing to undo of it); a Dagster run (a RUN holder) may have been rolling back first.
+# or a ledger sync (nothing to undo of them), nor a run (a Dagster materialization, a query holding the lease: run
+# again, it would process new input, and the operation before it could never be undone).
 _UNDOABLE = ("rollback", "restore", "sink-compact", "sink-retain", "sink-orphans")
 
 
@@ -399,15 +400,15 @@ class UndoOperation(_JournalOperation):
                 raise refusal
 
     def _stopped_since(self, op_id: str) -> RefusedError | None:
-        """The refusal when an undoable operation (``_UNDOABLE``) or a Dagster run died holding the anchor's
-        lease, which it took after ``op_id`` was journaled (class docstring), else None. Reads the lease only
-        (nothing is taken over: the next undo sees the same)."""
+        """The refusal when an undoable operation (``_UNDOABLE``) died holding the anchor's lease, which it took
+        after ``op_id`` was journaled (class docstring), else None. Reads the lease only (nothing is taken over:
+        the next undo sees the same)."""
         state = read_lease(self.fm, self.root)
         holder = state.holder
         journaled = op_id_time(op_id)
         if holder is None or state.stale_reason is None or journaled is None or holder.acquired_ms / 1000 <= journaled:
             return None
-        if holder.operation not in _UNDOABLE and not (holder.operation is None and holder.kind == RUN):
+        if holder.kind != OPERATION or holder.operation not in _UNDOABLE:
             return None
         url = self.fm.url(self.root)
         mine = load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id))

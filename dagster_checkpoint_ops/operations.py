@@ -22,7 +22,7 @@ UNDO_JOB = "checkpoint_undo_job"
 RESTORE_JOB = "checkpoint_restore_job"
 
 # How the library's messages name parameters in these jobs' run config.
-UNDO_NAMES = {"dry_run": "dry_run", "force": None, "checkpoint": "query"}
+UNDO_NAMES = {"dry_run": "dry_run", "force": None, "checkpoint": "query", "op": "op_id"}
 RESTORE_NAMES = {"dry_run": "dry_run", "force": None, "checkpoint": "target", "to_batch": "to_batch",
                  "relocate": "relocations", "sink_target": "sink_targets"}
 
@@ -150,6 +150,7 @@ def external_rollback_job(query: StreamingQuery) -> dg.JobDefinition:
             checkpoint_files: CheckpointFileManagerResource) -> None:
         if config.rollback_to_batch is None and not config.rollback_to_time:
             raise dg.Failure(description="rollback refused: give rollback_to_batch or rollback_to_time")
+        refuse_checkpoint_of_another_query(context, query, checkpoint_files, job="rollback")
         md = rollback(context, query, config, checkpoint_files, None)
         if config.dry_run:
             md["dry_run"] = dg.MetadataValue.bool(True)

@@ -172,9 +172,14 @@ def test_a_checkpoint_another_asset_runs_is_refused_before_anything_runs(spark, 
     # the second definition's jobs that change the checkpoint without running the query are its owner's to run (a
     # hostile review: a copied component's undo job planned an undo of the first one's checkpoint)
     quiet = {"loggers": {"console": {"config": {"log_level": "ERROR"}}}}
-    for job, config in (("checkpoint_undo_job", {"ops": {"checkpoint_undo": {"config": {"query": "owner_b"}}}}),
-                        ("sink_compaction_job", {})):
-        result = defs_of("owner_b", out_b).resolve_job_def(job).execute_in_process(
+    elsewhere = streaming_definitions([StreamingQuery(name="owner_b", build=None, checkpoint=ckpt, sinks=[out_b])],
+                                      home=str(tmp_path / "home"), spark_config=SESSION_CONF)  # a query run elsewhere
+    for defs, job, config in (
+            (defs_of("owner_b", out_b), "checkpoint_undo_job", {"ops": {"checkpoint_undo": {"config": {
+                "query": "owner_b"}}}}),
+            (defs_of("owner_b", out_b), "sink_compaction_job", {}),
+            (elsewhere, "owner_b_rollback_job", {"ops": {"rollback_owner_b": {"config": {"rollback_to_batch": 0}}}})):
+        result = defs.resolve_job_def(job).execute_in_process(
             instance=instance, run_config={**quiet, **config}, raise_on_error=False)
         assert not result.success
         description = failure_description(result)

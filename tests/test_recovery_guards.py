@@ -483,19 +483,74 @@ def test_running_the_killed_command_again_ends_the_undo_refusal(tmp_path):
     assert code == 0, first
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
 
-    def died_holding(operation: str) -> None:
-        holder = Holder(**{**Holder.me(f"checkpoint-ops {operation} (user x)", kind="operation",
+    def died_holding(operation: str | None, kind: str = "operation") -> None:
+        holder = Holder(**{**Holder.me(f"checkpoint-ops {operation} (user x)", kind=kind,
                                        operation=operation).to_dict(), "pid": int(dead.stdout), "pid_start": None})
         with open(os.path.join(ckpt, ".checkpoint-ops.lease"), "w") as f:
             json.dump(holder.to_dict(), f)
 
-    died_holding("prune")  # nothing of a prune is undone: undo means the rollback, as it says
-    code, u = cli_json("undo", ckpt, "--dry-run")
-    assert code == 0 and u["plan"]["summary"]["undo"].startswith(f"rollback {first['result']['op_id']}"), u
+    # nothing of a prune or a ledger sync is undone, and a dead Dagster run (run again, it would process new input)
+    # is not known to have been rolling back: undo means the rollback, as it says (a second review's false refusals)
+    for operation, kind in (("prune", "operation"), (None, "operation"), (None, "run")):
+        died_holding(operation, kind)
+        code, u = cli_json("undo", ckpt, "--dry-run")
+        assert code == 0 and u["plan"]["summary"]["undo"].startswith(f"rollback {first['result']['op_id']}"), u
     died_holding("rollback")
     code, u = cli_json("undo", ckpt, "--dry-run")  # a dry run is refused alike: it would plan the older one
     assert code == 1 and first["result"]["op_id"] in u["problem"], u
+    from checkpoint_ops.errors import RefusedError, parameter_names
+    from checkpoint_ops.operation import RunOptions, run
+    from checkpoint_ops.recovery import UndoOperation
+    from dagster_checkpoint_ops.operations import UNDO_NAMES
+
+    with parameter_names(UNDO_NAMES), pytest.raises(RefusedError) as refused:  # as the Dagster undo job runs it
+        run(UndoOperation(ckpt), RunOptions(dry_run=True))
+    assert f"(op_id {first['result']['op_id']})" in refused.value.fix, refused.value.fix  # its key, not --op
     code, second = cli_json("rollback", ckpt, "--to-batch", "2", "--sink", out, "--yes")
     assert code == 0 and second["result"]["status"] == "applied", second
     code, u = cli_json("undo", ckpt, "--yes")
     assert code == 0 and u["result"]["op_id"] == second["result"]["op_id"], u
+
+
+def test_a_rollback_stopped_with_ctrl_c_before_it_applied_says_there_is_nothing_to_undo(tmp_path):
+    """Ctrl-C at the confirmation prompt (or while planning) releases the lease, so nothing is left for undo to see,
+    and the message said "`checkpoint-ops undo PATH` reverts it": undo then reverted the operation before it (a
+    hostile review: a restore, which emptied the checkpoint). The message now says the rollback changed nothing and
+    that undo would revert the operation before it; nothing was changed."""
+    import pty
+    import select
+
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    _synthetic_sink(out, 6)
+    code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--sink", out, "--yes")
+    assert code == 0, first
+    before = _files(ckpt, out)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on a terminal, asking before it applies
+        os.chdir(ROOT)
+        os.execv(sys.executable, [sys.executable, "-m", "checkpoint_ops.cli", "rollback", ckpt, "--to-batch", "2",
+                                  "--sink", out])
+    said, deadline = b"", time.monotonic() + 120
+    while b"[y/N]" not in said and time.monotonic() < deadline:
+        if select.select([fd], [], [], 1)[0]:
+            said += os.read(fd, 65536)
+    assert b"[y/N]" in said, said[-2000:]
+    os.write(fd, b"\x03")  # Ctrl-C at the prompt
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        said += chunk
+    _, status = os.waitpid(pid, 0)
+    text = said.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
+    assert "the rollback stopped before it changed anything" in text and "nothing of it to resume or undo" in text, \
+        text[-2000:]
+    assert "`checkpoint-ops undo PATH` reverts it" not in text
+    assert _files(ckpt, out) == before
+    code, h = cli_json("history", ckpt)
+    assert [op["status"] for op in h["operations"]] == ["applied"], h
