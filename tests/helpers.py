@@ -92,3 +92,34 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def answer_at_prompt(args: list[str], keys: bytes, timeout_s: float = 120) -> tuple[int, str]:
+    """``checkpoint-ops ARGS`` on a terminal of its own (a pty): once it asks ``[y/N]``, type ``keys`` (b"\\x03" is
+    Ctrl-C, b"\\x04" Ctrl-D). Returns its exit code and everything it wrote."""
+    import pty
+    import select
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the CLI on a terminal
+        os.chdir(root)
+        os.execv(sys.executable, [sys.executable, "-m", "checkpoint_ops.cli", *map(str, args)])
+    said, deadline = b"", time.monotonic() + timeout_s
+    while b"[y/N]" not in said:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, said.decode(errors="replace")[-3000:]
+        said += os.read(fd, 65536)
+    os.write(fd, keys)
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        said += chunk
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), said.decode(errors="replace")

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import select
 import shutil
 import signal
 import socket
@@ -19,7 +17,7 @@ import pytest
 from checkpoint_ops.lease import LEASE_NAME, acquire
 from checkpoint_ops.liveness import Holder
 from checkpoint_ops.storage import open_file_manager
-from tests.helpers import cli, cli_json, is_lease_file, tree_snapshot
+from tests.helpers import answer_at_prompt, cli, cli_json, is_lease_file, tree_snapshot
 from tests.spark_runs import SESSION_CONF
 from tests.test_rollback_spark import (
     FENCED,
@@ -289,30 +287,10 @@ def test_undo_of_a_restore_empties_the_target_on_every_state_store(run, tmp_path
 
 @HDFS
 def test_ctrl_d_at_the_prompt_is_a_refusal(run):
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the CLI on a terminal
-        os.chdir(ROOT)
-        os.execv(sys.executable, [sys.executable, "-m", "checkpoint_ops.cli", "rollback", run.checkpoint,
-                                  "--to-batch", str(target_before_last_compaction(run)), "--sink", run.output,
-                                  *INTERVALS])
     before = without_leases(tree_snapshot(run.checkpoint, run.output))
-    out = b""
-    while b"[y/N]" not in out:
-        ready, _, _ = select.select([fd], [], [], 120)
-        assert ready, out.decode(errors="replace")
-        out += os.read(fd, 65536)
-    os.write(fd, b"\x04")  # Ctrl-D
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        out += chunk
-    _, status = os.waitpid(pid, 0)
-    text = out.decode(errors="replace")
-    assert os.WEXITSTATUS(status) == 1 and "declined" in text and "Traceback" not in text, text
+    code, text = answer_at_prompt(["rollback", run.checkpoint, "--to-batch", target_before_last_compaction(run),
+                                   "--sink", run.output, *INTERVALS], b"\x04")  # Ctrl-D
+    assert code == 1 and "declined" in text and "Traceback" not in text, text
     assert without_leases(tree_snapshot(run.checkpoint, run.output)) == before
 
 

@@ -18,7 +18,7 @@ import pytest
 from benchmarks import synthetic
 from checkpoint_ops.liveness import Holder
 from tests.faulty_s3 import FaultPlan
-from tests.helpers import cli_json, is_lease_file
+from tests.helpers import answer_at_prompt, cli_json, is_lease_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FENCE = b"CHECKPOINT-OPS-FENCE"
@@ -517,37 +517,14 @@ def test_a_rollback_stopped_with_ctrl_c_before_it_applied_says_there_is_nothing_
     and the message said "`checkpoint-ops undo PATH` reverts it": undo then reverted the operation before it (a
     hostile review: a restore, which emptied the checkpoint). The message now says the rollback changed nothing and
     that undo would revert the operation before it; nothing was changed."""
-    import pty
-    import select
-
     ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
     synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
     _synthetic_sink(out, 6)
     code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--sink", out, "--yes")
     assert code == 0, first
     before = _files(ckpt, out)
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the CLI on a terminal, asking before it applies
-        os.chdir(ROOT)
-        os.execv(sys.executable, [sys.executable, "-m", "checkpoint_ops.cli", "rollback", ckpt, "--to-batch", "2",
-                                  "--sink", out])
-    said, deadline = b"", time.monotonic() + 120
-    while b"[y/N]" not in said and time.monotonic() < deadline:
-        if select.select([fd], [], [], 1)[0]:
-            said += os.read(fd, 65536)
-    assert b"[y/N]" in said, said[-2000:]
-    os.write(fd, b"\x03")  # Ctrl-C at the prompt
-    while True:
-        try:
-            chunk = os.read(fd, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        said += chunk
-    _, status = os.waitpid(pid, 0)
-    text = said.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 130, text[-2000:]
+    code, text = answer_at_prompt(["rollback", ckpt, "--to-batch", "2", "--sink", out], b"\x03")  # Ctrl-C at it
+    assert code == 130, text[-2000:]
     assert "the rollback stopped before it changed anything" in text and "nothing of it to resume or undo" in text, \
         text[-2000:]
     assert "`checkpoint-ops undo PATH` reverts it" not in text
