@@ -270,7 +270,8 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
                             profile)
     profile = describe_query(spark, writer)
     # the query that wrote the last committed batch (after a rollback, not one that ran the batches it removed)
-    record = read_profile(ckpt.fm, ckpt.root, as_of=ckpt.latest_commit) if recorded is _READ else recorded
+    record = read_profile(ckpt.fm, ckpt.root, as_of=ckpt.latest_commit, query_id=ckpt.query_id) \
+        if recorded is _READ else recorded
     notes: list[str] = []
     if profile.sources is None:
         notes.append("the query's sources and stateful operators could not be read (Spark Connect, or a plan this "

@@ -225,6 +225,9 @@ class ProfileRecord:
     recorded_at: str  # UTC, ISO 8601
     judged: bool  # Spark restarted this exact query (fingerprint) on a copy of the checkpoint and accepted it
     batch: int | None = None  # the checkpoint's last committed batch when it was first recorded (it ran those after)
+    # the checkpoint's query id (its ``metadata``) when recorded: None when not known (recorded before Spark created
+    # the checkpoint, or by an earlier release). A record of another id is of a checkpoint that was at this place.
+    query_id: str | None = None
 
     def proven(self, fingerprint: str | None, latest_commit: int | None) -> bool:
         """Whether Spark already accepted the query with ``fingerprint`` on this checkpoint: its own restart on
@@ -235,7 +238,7 @@ class ProfileRecord:
 
     def to_dict(self) -> dict:
         return {"format": PROFILE_FORMAT, "recorded_at": self.recorded_at, "judged": self.judged,
-                "batch": self.batch, "profile": self.profile.to_dict()}
+                "batch": self.batch, "query_id": self.query_id, "profile": self.profile.to_dict()}
 
 
 def is_connect(spark) -> bool:
@@ -655,15 +658,19 @@ _NEWEST = object()  # ``read_profile``'s default: the newest record, whatever ba
 MAX_RECORDS = 50  # queries remembered beside a checkpoint (each change of its query is one)
 
 
-def read_profile(fm: CheckpointFileManager, root: str, as_of: int | None | object = _NEWEST) -> ProfileRecord | None:
+def read_profile(fm: CheckpointFileManager, root: str, as_of: int | None | object = _NEWEST,
+                 query_id: str | None | object = _NEWEST) -> ProfileRecord | None:
     """The recorded profile of the checkpoint at ``root``, or None if none was recorded (or there is no
     place beside it for one). ``as_of``: the checkpoint's last committed batch, to get the query that wrote it:
     the newest recorded before that batch ran (its ``batch`` below ``as_of``, or unknown). One recorded at that
     batch runs the batches after it: after a rollback to it, they are gone, and it did not write the state
     rolled back to (``record_profile`` keeps the queries before it). Only where none was recorded before, one
     recorded at that batch is the best known (accepted for it: a first record, or nothing committed since); one
-    recorded after it is of batches a rollback removed, never the answer (None then)."""
+    recorded after it is of batches a rollback removed, never the answer (None then). ``query_id``: the
+    checkpoint's; a record of another (a checkpoint deleted, and another started at this place) is left out."""
     records = _records(fm, root)
+    if query_id is not _NEWEST:
+        records = [r for r in records if r.query_id is None or r.query_id == query_id]
     if not records:
         return None
     if as_of is _NEWEST or as_of is None:
@@ -690,7 +697,23 @@ def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
 
 def _record(doc: dict) -> ProfileRecord:
     return ProfileRecord(QueryProfile.from_dict(doc["profile"]), doc["recorded_at"], bool(doc.get("judged")),
-                         doc.get("batch"))
+                         doc.get("batch"), doc.get("query_id"))
+
+
+def checkpoint_query_id(fm: CheckpointFileManager, root: str) -> str | None:
+    """The query id in the checkpoint's ``metadata`` (through a fence of ours), or None: no checkpoint yet, or one
+    whose ``metadata`` cannot be read (fsck's to name)."""
+    from .fence import is_fence, parse_fence
+
+    try:
+        data = fm.read_bytes(join(root, "metadata"))
+        if is_fence(data):
+            data = parse_fence(data).original_metadata
+        doc = json.loads(data)
+    except (OSError, ValueError):
+        return None
+    query_id = doc.get("id") if isinstance(doc, dict) else None
+    return query_id if isinstance(query_id, str) else None
 
 
 def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, judged: bool,
@@ -704,13 +727,16 @@ def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, 
         earlier = _records(fm, root)
     except BadInputError:
         earlier = []  # unreadable: replaced (the error's own fix)
-    earlier = [] if batch is None else [r for r in earlier if r.batch is None or r.batch < batch]
+    query_id = checkpoint_query_id(fm, root)
+    earlier = [] if batch is None else [r for r in earlier if (r.batch is None or r.batch < batch) and (
+        r.query_id is None or query_id is None or r.query_id == query_id)]  # another id: another checkpoint's
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if earlier and earlier[0].profile.to_dict() == profile.to_dict():
-        record = ProfileRecord(profile, now, judged or earlier[0].judged, earlier[0].batch)
+        first = earlier[0]
+        record = ProfileRecord(profile, now, judged or first.judged, first.batch, query_id or first.query_id)
         earlier = earlier[1:]
     else:
-        record = ProfileRecord(profile, now, judged, batch)
+        record = ProfileRecord(profile, now, judged, batch, query_id)
     doc = {**record.to_dict(), "earlier": [r.to_dict() for r in earlier[: MAX_RECORDS - 1]]}
     fm.write_bytes(profile_path(fm, root), json.dumps(doc, sort_keys=True).encode(), overwrite=True)
     return record

@@ -488,17 +488,21 @@ class RestartSets:
         its last committed batch is stateful (``query_profile``): ``state/`` was deleted whole, which leaves no
         file to judge and no commit to name an operator (format V1). Spark numbers stateful operators from 0, and
         its restart finds no state directory (STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY, a hostile
-        review). No record, or one of a stateless query or that cannot say (Spark Connect): nothing is known."""
+        review). No record made for this checkpoint (its query id), or one of a stateless query or that cannot say
+        (Spark Connect): nothing is known."""
         from .query_profile import read_profile
 
         ck = self.ckpt
         if ck.latest_commit is None:
             return []
         try:
-            record = read_profile(ck.fm, ck.root, as_of=ck.latest_commit)
-        except (BadInputError, OSError):
-            return []  # an unreadable record is compat's to name; fsck judges what Spark reads
-        if record is None or not record.profile.operators:
+            query_id = ck.query_id
+            record = read_profile(ck.fm, ck.root, as_of=ck.latest_commit, query_id=query_id)
+        except (BadInputError, OSError, LogFormatError):
+            return []  # an unreadable record or metadata is named elsewhere; this judges what Spark reads
+        # only a record made for this very checkpoint (its query id): the profile beside it outlives a checkpoint
+        # deleted by hand, and a stateless query started at the same place is not missing state (a second review)
+        if record is None or record.query_id is None or record.query_id != query_id or not record.profile.operators:
             return []
         ops = "; ".join(op.describe() for op in record.profile.operators)
         return [Damage(CKPT, "state", ck.listing.url("state"), "state", MISSING, "state-missing",

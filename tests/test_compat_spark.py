@@ -623,6 +623,11 @@ def test_a_stateful_checkpoint_whose_state_directory_is_gone_is_named_before_spa
     base.reset()
     use_session_conf(spark)
     try:
+        # the next run records the query again, now with the checkpoint's query id (the first record was made
+        # before Spark created the checkpoint): only a record made for this very checkpoint says it is stateful
+        same = check_compat(Checkpoint.open(base.checkpoint), spark,
+                            lambda s: counts_writer(s, base.dir("input"), base.output))
+        assert accept(Checkpoint.open(base.checkpoint), same) is not None
         shutil.rmtree(os.path.join(base.checkpoint, "state"))
         before = tree_snapshot(base.root)
         code, f = cli_json("fsck", base.checkpoint, "--sink", base.output)
