@@ -120,6 +120,29 @@ def test_a_recorded_sink_that_is_gone_is_a_warning_and_does_not_block_a_rollback
     assert tree_snapshot(run.ckpt) == before
 
 
+def test_a_backup_without_a_recorded_sink_is_refused_and_with_it_or_the_opt_out_it_runs(sink_run, tmp_path):
+    """Restored without its output, the copy's query writes an output whose log lacks every earlier batch (Spark
+    fails there, or their rows are missing): ``backup create`` refuses as a rollback does, before the destination
+    is touched."""
+    run = Run(sink_run)
+    dest = str(tmp_path / "backups")
+    before = tree_snapshot(run.base)
+    code, out, err = cli("backup", "create", run.ckpt, dest, *INTERVALS, "--json")
+    assert code == 1, (out, err)
+    assert f"records that this checkpoint's query writes the file sink {run.out}" in err, err
+    assert "not part of this backup" in err and f"batches up to {run.batches() - 1}" in err, err
+    assert f"--sink {run.out}`" in err and "--without-recorded-sinks" in err, err
+    assert not os.path.exists(dest), "a refused backup created its destination"
+    assert tree_snapshot(run.base) == before, "a refused backup changed something"
+
+    code, r = cli_json("backup", "create", run.ckpt, dest, "--sink", run.out, *INTERVALS)
+    assert code == 0, r
+    code, r = cli_json("backup", "create", run.ckpt, str(tmp_path / "alone"), "--without-recorded-sinks", *INTERVALS)
+    assert code == 0, r
+    code, m = cli_json("backup", "list", str(tmp_path / "alone"))
+    assert code == 0 and len(m["backups"]) == 1, m
+
+
 # ---- undo: the operation it was started for, or nothing ---------------------------------------------------------
 
 

@@ -68,6 +68,7 @@ from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing
+from ..recorded_sinks import left_out
 from ..restart import RestartSets, state_bytes_problem
 from ..rollback import no_data_next, no_data_note
 from .claims import HeldClaim
@@ -212,16 +213,23 @@ class _Cut:
 
 
 def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (), storage_options: dict | None = None,
-                  progress: bool = False, source_compact_interval: int = 10, sink_compact_interval: int = 10) -> dict:
+                  progress: bool = False, source_compact_interval: int = 10, sink_compact_interval: int = 10,
+                  without_recorded_sinks: bool = False) -> dict:
     """Back up a checkpoint (and its file sinks and ledger) to ``dest_url``; returns the summary.
 
     The source is validated before anything at the destination is created or written: a missing, not
     a checkpoint, unreadable or damaged source (its restart set at the cut; every file the copy reads,
     up to ``PREFETCH_BYTES``, read, and the state files among them checked) is exit 2 (1 if there is
     nothing to back up yet) and leaves no marker, object or intent. Then the intent is written (and kept
-    alive by a heartbeat) before any object is looked at."""
+    alive by a heartbeat) before any object is looked at.
+
+    A file sink the checkpoint's batch ledger records as its query's output (``recorded_sinks``) and not in
+    ``sink_urls`` is refused (exit 1): restored without it, the copy's query writes into an empty output whose
+    log lacks every earlier batch, and Spark fails there (or the earlier rows are simply not in it), unless
+    ``without_recorded_sinks`` (an output abandoned on purpose)."""
     sink_urls = list(sink_urls)
-    cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval, sink_compact_interval)
+    cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval, sink_compact_interval,
+                   without_recorded_sinks)
     repo = Repository.locate(dest_url, storage_options)  # a foreign location is refused here, unwritten
     _prefetch(cut, _parent(repo, cut.url) if repo.exists else None)
     repo.create()
@@ -235,7 +243,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
             def copy(attempt: int) -> dict:
                 if attempt > 0:  # a file the cut needs vanished: fix a new cut
                     cuts.append(_prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval,
-                                         sink_compact_interval))
+                                         sink_compact_interval, without_recorded_sinks))
                 return _copy(repo, backup_id, cuts[-1], intent, progress)
 
             return _while_vanishing(copy, checkpoint_url)
@@ -254,6 +262,28 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
                             "the same command again (what was already uploaded is reused)") from e.__cause__
 
 
+def _require_recorded_sinks(ckpt: Checkpoint, sinks: list, ledger, storage_options, sink_interval: int) -> None:
+    """Refuse a backup without an output the ledger records for this checkpoint's query that still has a sink
+    log (or cannot be read to tell): restored, the copy would lack it (``create_backup``)."""
+    missing = [m for m in left_out(ckpt, sinks, ledger, storage_options=storage_options,
+                                   compact_interval=sink_interval) if m.gone is None]
+    if not missing:
+        return
+    names = ", ".join(m.url for m in missing)
+    first = missing[0]
+    them = "them" if len(missing) > 1 else "it"
+    given = " ".join(f"--sink {url}" for url in [*(s.url for s in sinks), *(m.url for m in missing)])
+    effect = (f"it cannot be read to check it ({first.unreadable})" if first.unreadable is not None else
+              f"its sink log has batches up to {first.latest_batch}")
+    raise RefusedError(
+        f"the batch ledger records that this checkpoint's query writes the file sink {names} (recorded by "
+        f"{first.recorded.recorded_by}), and it is not part of this backup: {effect}; a restore of the checkpoint "
+        f"alone gives the query an output without those batches (Spark fails on its log there, or their rows are "
+        f"missing from it)", path=ckpt.url,
+        fix=f"back the sink up with the checkpoint: `checkpoint-ops backup create {ckpt.url} DEST {given}`; if the "
+            f"query no longer writes {them} (an output abandoned on purpose), add --without-recorded-sinks")
+
+
 def _wait_for_prune(repo: Repository) -> None:
     deadline = time.time() + _LOCK_WAIT_S
     while repo.prune_locks():
@@ -265,14 +295,14 @@ def _wait_for_prune(repo: Repository) -> None:
 
 
 def _prepare(checkpoint_url: str, sink_urls: list[str], storage_options, source_interval: int,
-             sink_interval: int) -> _Cut:
+             sink_interval: int, without_recorded_sinks: bool = False) -> _Cut:
     """Open and validate the source, and fix the cut (module docstring). Raises before anything is
     written anywhere: exit 2 for a missing, unreadable or damaged source, 1 when there is nothing to
     back up yet or an operation of ours is in progress there. A file the restart set reads that was listed
     and is gone when read is no damage: the checkpoint changed meanwhile (our own rollback fencing it, the
     query's clean-up), so it is looked at again, as the copy does."""
     return _while_vanishing(lambda attempt: _prepare_once(checkpoint_url, sink_urls, storage_options, source_interval,
-                                                          sink_interval), checkpoint_url)
+                                                          sink_interval, without_recorded_sinks), checkpoint_url)
 
 
 def _while_vanishing(step: Callable[[int], T], checkpoint_url: str) -> T:
@@ -303,7 +333,7 @@ def _vanished(ckpt: Checkpoint, sinks: list, damage) -> str | None:
 
 
 def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, source_interval: int,
-                  sink_interval: int) -> _Cut:
+                  sink_interval: int, without_recorded_sinks: bool = False) -> _Cut:
     listed_at = time.time()
     ckpt = Checkpoint.open(checkpoint_url, storage_options, source_compact_interval=source_interval)
     _require_readable(ckpt.listing)
@@ -330,6 +360,8 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         ledger = ledger_or_none(ckpt)
         for s in sinks:
             _require_readable(s.listing)
+        if not without_recorded_sinks:
+            _require_recorded_sinks(ckpt, sinks, ledger, storage_options, sink_interval)
         rs = RestartSets(ckpt, sinks).of(batch)
         gone = _vanished(ckpt, sinks, rs.damage)
         if gone is not None:

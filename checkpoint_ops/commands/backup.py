@@ -12,7 +12,8 @@ def cmd_backup_create(args) -> int:
 
     r = create_backup(args.checkpoint, args.dest, args.sink, storage_options(args), progress=not args.json,
                       source_compact_interval=args.source_compact_interval,
-                      sink_compact_interval=args.sink_compact_interval)
+                      sink_compact_interval=args.sink_compact_interval,
+                      without_recorded_sinks=args.without_recorded_sinks)
     at = f" at batch {r['batch']}" if r["batch"] is not None else ""
     emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
                   f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
@@ -96,6 +97,9 @@ def register(sub, parents: Parents) -> None:
                         help="back up a checkpoint (and its sinks) at its last commit")
     q.add_argument("checkpoint", metavar="CHECKPOINT")
     q.add_argument("dest", metavar="DEST_URL")
+    q.add_argument("--without-recorded-sinks", action="store_true",
+                   help="back up the checkpoint although the batch ledger records file sinks of its query not given "
+                   "with --sink (outputs abandoned on purpose)")
     q.set_defaults(func=cmd_backup_create)
 
     q = bsub.add_parser("list", parents=parents.reading, help="the backups at a destination")
