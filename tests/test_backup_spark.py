@@ -246,7 +246,8 @@ def test_bad_backup_input_is_refused_and_changes_nothing(run, tmp_path):
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
     refused("backup", "list", tmp_path / "foreign", says="not a backup destination")
-    refused("backup", "create", run.checkpoint, tmp_path / "foreign", says="not a backup destination")
+    refused("backup", "create", run.checkpoint, tmp_path / "foreign", "--sink", run.output,
+            says="not a backup destination")
     refused("backup", "verify", dest, "nope", says="no backup 'nope'")
     refused("backup", "restore", dest, "nope", target, says="no backup 'nope'")
     # a relocation that sends sink files out of the sink target
@@ -254,6 +255,14 @@ def test_bad_backup_input_is_refused_and_changes_nothing(run, tmp_path):
             "--relocate", f"{run.output}=/elsewhere", "--yes", says="outside the sink target")
     refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
             "--relocate", "relative=/x", "--yes", says="not an absolute path")
+    # a relocation whose OLD is not where the backup's paths are (a typing slip): the logs would keep the old paths
+    for extra in ((), ("--dry-run",)):
+        refused("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
+                "--relocate", f"{run.input}-typo={tmp_path / 'in'}", "--yes", *extra,
+                says=f"--relocate '{run.input}-typo={tmp_path / 'in'}' matches no path")
+    c, out, err = cli("backup", "restore", dest, b["backup_id"], target / "ckpt", "--sink-target", target / "out",
+                      "--relocate", f"{run.input}-typo={tmp_path / 'in'}", "--yes")
+    assert f"paths outside the checkpoint and its sinks are under: {run.input}" in err, err
     # a non-empty target
     (target / "ckpt").mkdir(parents=True)
     (target / "ckpt" / "keep-me").write_text("x")

@@ -161,7 +161,10 @@ class _Restore:
         self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
         _require_no_ledger(self.t_fm, self.ledger_path, self.target_url)
         # the backup's own locations go to the targets; the user's rules come first (more specific)
+        self.relocate = list(relocate)
         self.rules = parse_rules(relocate) + [Rule(parse_url(m.roots["checkpoint"]["url"]), parse_url(self.target_url))]
+        self.applied: set[int] = set()  # the user's rules (by index) that moved a path
+        self.unmoved: dict[str, None] = {}  # folders of paths no rule moved (for a rule that matched nothing)
         self.sink_rules = {rid: Rule(parse_url(m.roots[rid]["url"]), parse_url(fm.url(root)))
                            for rid, (fm, root) in self.sink_fms.items()}
         self.rules += list(self.sink_rules.values())
@@ -171,11 +174,26 @@ class _Restore:
     # -- relocating the paths inside logs -------------------------------------------------------------
     def _relocate(self, loc: Location) -> Location | None:
         """Where the first rule that applies moves ``loc`` (None if none does)."""
-        for rule in self.rules:
+        for i, rule in enumerate(self.rules):
             new = rule.apply(loc)
             if new is not None:
+                self.applied.add(i)
                 return new
+        if len(self.unmoved) < 5:
+            self.unmoved[loc.path.rpartition("/")[0] or "/"] = None
         return None
+
+    def _require_rules_used(self) -> None:
+        """A ``--relocate`` rule that moved no path is a typing slip (OLD is not where the backup's paths are):
+        restored without it, the logs keep the old paths and Spark fails there or reads the old place."""
+        for i, text in enumerate(self.relocate):
+            if i not in self.applied:
+                where = ", ".join(self.unmoved) if self.unmoved else "none: every path lies in the checkpoint or a sink"
+                raise BadInputError(
+                    f"--relocate {text!r} matches no path the backup's logs, ledger or schema files name: nothing of "
+                    f"backup {self.m.id} lies under {self.rules[i].old.path}", path=self.m.url,
+                    fix=f"correct OLD, or drop the rule; the paths outside the checkpoint and its sinks are under: {where} "
+                        "(nothing was changed)")
 
     def _move(self, path: str) -> str | None:
         new = self._relocate(spark_url_to_location(path))
@@ -314,6 +332,7 @@ class _Restore:
         for rid, rel, content, reason in rb_writes:
             new = self.relocated(rid, rel, None, content)
             self._write(plan, rid, rel, new if new is not None else content, reason)
+        self._require_rules_used()
         if to_batch is not None and to_batch < m.batch and "ledger" in m.roots:
             # records above the batch belong to the timeline the restore leaves behind
             name = f"{utc_stamp()}-truncate-restore-{m.id[-8:]}.json"
