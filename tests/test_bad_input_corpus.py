@@ -814,7 +814,35 @@ def _entry(i, value):
     return _edit(lambda d: d["roots"]["checkpoint"]["files"][0].__setitem__(i, value))
 
 
+def _compact(change):
+    """An edit that keeps the manifest's layout (compact, its digest last): a change by hand, or damage that still
+    parses, found only by the digest."""
+    def apply(doc):
+        change(doc)
+        return json.dumps(doc, separators=(",", ":")).encode()
+    return apply
+
+
+def _drop_entry(prefix: str):
+    def change(doc):
+        files = doc["roots"]["checkpoint"]["files"]
+        files.remove(max((f for f in files if f[0].startswith(prefix)), key=lambda f: int(f[0].split("/")[1])))
+    return change
+
+
+def _rename_entry(prefix: str, to: str):
+    def change(doc):
+        files = doc["roots"]["checkpoint"]["files"]
+        max((f for f in files if f[0].startswith(prefix)), key=lambda f: int(f[0].split("/")[1]))[0] = to
+    return change
+
+
 MANIFEST_CASES = [
+    ManifestCase("manifest_entry_dropped", _compact(_drop_entry("offsets/")), "does not match the digest it records"),
+    ManifestCase("manifest_entry_renamed", _compact(_rename_entry("commits/", "commits/99")),
+                 "does not match the digest it records"),
+    ManifestCase("manifest_pretty_printed_and_edited", lambda doc: json.dumps(
+        {**doc, "created": doc["created"].replace("20", "19", 1)}, indent=2).encode(), "does not match the digest"),
     ManifestCase("manifest_not_json", lambda doc: json.dumps(doc).encode()[:-20], "is not JSON"),
     ManifestCase("manifest_empty", lambda doc: b"", "is not JSON"),
     ManifestCase("manifest_not_an_object", lambda doc: b"[1, 2, 3]", "is not a JSON object"),

@@ -31,8 +31,13 @@ bad (``verified/<id>.json``) or that is not there at its size. Restore, verify a
 objects a manifest names; prune deletes the ones none names, part-written or not, while no backup is
 being taken.
 
+A manifest ends with the SHA-256 of the bytes before it (``,"digest":"<hex>"}``: ``seal_manifest``), so an
+entry lost, changed or added after it was written, in a manifest that still parses, is found when it is read
+(manifests written before the digest was added have none, and are read as before).
+
 A manifest is checked whole when it is read (``manifest_problem``). A damaged one (not JSON, the wrong
-shape, an unknown format, a path outside its root, a hash that is not one) is set aside with its reason
+shape, an unknown format, a path outside its root, a hash that is not one, content that does not match its
+digest) is set aside with its reason
 (``damaged_manifests``): every other backup stays usable, and asking for the damaged one by id is exit 2
 naming its file.
 """
@@ -117,6 +122,35 @@ def rel_problems(rels: list[str]) -> dict[str, str]:
     if joined.count("\n") == len(rels) + 1 and not any(u in joined for u in _UNSAFE):
         return {}
     return {rel: problem for rel in rels if (problem := rel_problem(rel))}
+
+
+_DIGEST = re.compile(rb',"digest":"([0-9a-f]{64})"\}\s*$')
+
+
+def seal_manifest(doc: dict) -> bytes:
+    """The bytes of a manifest: ``doc`` (without a digest) as compact JSON, then its own SHA-256 as the last
+    field, the hash of those bytes with ``}`` in place of the digest field."""
+    body = json.dumps({k: v for k, v in doc.items() if k != "digest"}, separators=(",", ":")).encode()
+    digest = hashlib.sha256(body).hexdigest()
+    return body[:-1] + f',"digest":"{digest}"}}'.encode()
+
+
+def digest_problem(blob: bytes, doc: dict) -> str | None:
+    """Why a manifest does not match the digest it records (None: it does, or it records none: written by a
+    release before the digest). Its bytes are hashed as they are; a manifest rewritten in another layout (pretty
+    printed) is judged by its content, written again as ``seal_manifest`` writes it."""
+    found = _DIGEST.search(blob)
+    if found is not None:
+        body, digest = blob[:found.start()] + b"}", found.group(1).decode()
+    elif "digest" in doc:
+        body = json.dumps({k: v for k, v in doc.items() if k != "digest"}, separators=(",", ":")).encode()
+        digest = doc["digest"]
+    else:
+        return None
+    if hashlib.sha256(body).hexdigest() != digest:
+        return ("does not match the digest it records: it was changed after it was written (an entry lost, "
+                "altered or added)")
+    return None
 
 
 def manifest_problem(backup_id: str, doc: object) -> str | None:
@@ -333,7 +367,8 @@ class Repository:
             except ValueError as e:
                 damaged.append(DamagedManifest(backup_id, url, f"is not JSON ({e})"))
                 continue
-            problem = manifest_problem(backup_id, doc)
+            problem = manifest_problem(backup_id, doc) or (digest_problem(blob, doc) if isinstance(doc, dict)
+                                                           else None)
             if problem:
                 damaged.append(DamagedManifest(backup_id, url, problem))
             else:
@@ -356,7 +391,7 @@ class Repository:
         """Publish a manifest, after every object it names is durable (and it is, before this returns)."""
         path = self.path(f"manifests/{backup_id}.json")
         self.fm.sync()
-        self.fm.write_bytes(path, json.dumps(doc, separators=(",", ":")).encode(), overwrite=False)
+        self.fm.write_bytes(path, seal_manifest(doc), overwrite=False)
         self.fm.sync()
         m = Manifest(backup_id, doc, self.fm.url(path))
         if self._manifests is not None:
