@@ -318,7 +318,7 @@ class _Builder:
             if b > t:
                 self.delete(rid, L, log.rel(b), f"sink log of batches after {t} (the sink would skip re-run batches)",
                             "sink-log")
-        self._check_readable(log, t, rid)
+        self._check_readable(log, t, rid, sink)
         removed, nbytes, outside = 0, 0, []
         if before is None:  # what the removed batches wrote is unknown: take it from the listing
             kept = {r for r in (sink.rel_of(e) for e in after_entries) if r is not None}
@@ -381,14 +381,33 @@ class _Builder:
         return [e for b in all_valid_batches(t, log.interval) for e in
                 (files[b] if b in missing else log.read([b])[b])]
 
-    def _check_readable(self, log: CompactibleLog, upto: int, root: str) -> None:
+    def _check_readable(self, log: CompactibleLog, upto: int, root: str, sink: SinkOutput | None = None) -> None:
         """After the change Spark derives the log's interval from the files left; with it, every
-        file a reader of batch ``upto`` needs must be there under the right name."""
-        gone, new = self.deleted[root], self.written[root]
-        prefix = log.rel_dir + "/"
-        names = {f.rel for f in log.files.values() if f.rel not in gone} | {r for r in new if r.startswith(prefix)}
-        compacts = sorted(int(r[len(prefix):-len(".compact")]) for r in names if r.endswith(".compact"))
+        file a reader of batch ``upto`` needs must be there under the right name. One compact file left
+        can derive another interval than the one the log was written with (``19.compact`` alone gives 20
+        with the default 10): the query's next compaction would then come at another batch, and a reader
+        that derives the interval again after Spark's cleanup misses a compact file that was never written
+        (readers and the restart fail). The compact file before it is then written too (``_keep_interval``),
+        so the two latest give the interval, or the rollback is refused."""
+        names, compacts = self._names_after(log, root)
         interval, how = infer_interval(compacts, log.default_interval)
+        if interval != log.interval and compacts and self._keep_interval(log, compacts[-1], root, sink):
+            names, compacts = self._names_after(log, root)
+            interval, how = infer_interval(compacts, log.default_interval)
+        if interval != log.interval and compacts:
+            earlier = compacts[-1] - log.interval
+            raise RefusedError(
+                f"after the rollback {log.rel_dir} would keep one compact file, {compacts[-1]}.compact, and Spark "
+                f"would derive compact interval {interval} from it ({how}), not {log.interval}, the interval the log "
+                f"was written with: its next compaction would come at another batch, and readers and the restart "
+                f"fail once Spark's cleanup leaves a compact file of one interval with the plain files of the other; "
+                f"{earlier}.compact, which would keep the interval, cannot be rebuilt "
+                + ("(Spark removed it, and the batch ledger does not cover it)" if sink is not None else
+                   "(Spark removed it, and its entries carry no batchId)"),
+                path=log.listing.url(log.rel_dir),
+                fix=f"roll back to a batch from {compacts[-1] + log.interval} on, or to one before {compacts[-1]} that "
+                    "is still reachable (`checkpoint-ops inspect` shows the rollback window); a batch ledger kept from "
+                    "now on (`checkpoint-ops ledger sync --sink`, or the Dagster asset) lets later rollbacks rebuild it")
         missing = [log.rel(b, interval) for b in all_valid_batches(upto, interval) if log.rel(b, interval) not in names]
         if missing:
             raise RefusedError(
@@ -399,6 +418,43 @@ class _Builder:
                 f"({param('source_compact_interval')} / {param('sink_compact_interval')}): Spark derives the "
                 "interval from it when one compact file is left",
             )
+
+    def _names_after(self, log: CompactibleLog, root: str) -> tuple[set[str], list[int]]:
+        """The log's file names after the plan (kept and written), and its compact ids, ascending."""
+        gone, new = self.deleted[root], self.written[root]
+        prefix = log.rel_dir + "/"
+        names = {f.rel for f in log.files.values() if f.rel not in gone} | {r for r in new if r.startswith(prefix)}
+        return names, sorted(int(r[len(prefix):-len(".compact")]) for r in names if r.endswith(".compact"))
+
+    def _keep_interval(self, log: CompactibleLog, last: int, root: str, sink: SinkOutput | None) -> bool:
+        """Write the compact file one interval before ``last`` (the only one left), as Spark wrote it: a source
+        log's from a later compact file on disk (its entries carry batchId), a sink log's from the batch ledger.
+        False when it cannot be rebuilt."""
+        earlier = last - log.interval
+        if earlier < 0 or not is_compaction_batch(earlier, log.interval):
+            return False
+        rel = log.rel(earlier, log.interval)
+        if sink is None:
+            donors = [c for c in log.compact_ids if c >= earlier and log.rel(c, log.interval) in log.listing]
+            if not donors:
+                return False
+            try:
+                keep = [e for e in log.read([min(donors)])[min(donors)] if _batch(e) <= earlier]
+            except (BadInputError, LogFormatError):
+                return False
+            why = f"rebuilt from {log.rel(min(donors))} (entries carry batchId)"
+        else:
+            if self.ledger is None:
+                return False
+            files = self.ledger.sink_log_files_at(sink, earlier)
+            if files is None or earlier not in files:
+                return False
+            keep, why = files[earlier], "rebuilt from the batch ledger"
+            self.from_ledger = True
+        self.write(root, log.listing, rel, CompactibleLog.serialize(keep),
+                   f"{why}: with {last}.compact alone Spark would derive another compact interval than "
+                   f"{log.interval}, the one the log was written with")
+        return True
 
 
 def _dirs_under(listing: Listing, rel_dir: str) -> Iterator[str]:
