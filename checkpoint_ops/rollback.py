@@ -489,29 +489,42 @@ def _batch(e: LogEntry) -> int:
     return b
 
 
-def resolve_target(ckpt: Checkpoint, to_batch: int | None, to_time: datetime | None) -> int:
+def resolve_target(ckpt: Checkpoint, to_batch: int | None, to_time: datetime | None, ledger=None) -> int:
+    """``to_batch``, or the last committed batch planned at or before ``to_time``: of those Spark keeps, and of
+    those the batch ledger recorded (its copies of ``offsets/N`` and ``commits/N``, up to the last commit), so a
+    time reaches as far back as a batch id does."""
     if (to_batch is None) == (to_time is None):
         raise BadInputError(f"give exactly one of {param('to_batch')} and {param('to_time')}")
     if to_batch is not None:
         return require_batch_number(to_batch, "to_batch")
     ms = int(to_time.timestamp() * 1000)
-    committed = sorted(b for b in ckpt.offset_files if b in ckpt.commit_files)
+    kept = {b for b in ckpt.offset_files if b in ckpt.commit_files}
+    last = ckpt.latest_commit
+    recorded = set()
+    if ledger is not None and last is not None:
+        recorded = {b for b in ledger.batches("offsets") if b <= last and b not in ckpt.offset_files
+                    and (b in ckpt.commit_files or ledger.has("commits", b))}
+    committed = sorted(kept | recorded)
     if not committed:
         raise RefusedError("no committed batch with offsets on disk to choose from", path=ckpt.url)
+
+    def planned_ms(batch: int) -> int:
+        seq = ledger.offsets(batch) if batch in recorded else ckpt.offsets(batch)
+        return seq.timestamp_ms or 0
+
     # batchTimestampMs grows with the batch id: binary search reads about log2(n) files.
     lo, hi, best = 0, len(committed) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        ts = ckpt.offsets(committed[mid]).timestamp_ms or 0
-        if ts <= ms:
+        if planned_ms(committed[mid]) <= ms:
             best, lo = committed[mid], mid + 1
         else:
             hi = mid - 1
     if best is None:
-        first = ckpt.offsets(committed[0])
         raise RefusedError(
-            f"no retained committed batch started at or before {iso_ms(ms)} (the earliest retained, "
-            f"batch {committed[0]}, started at {iso_ms(first.timestamp_ms)})",
+            f"no retained committed batch started at or before {iso_ms(ms)} (the earliest retained"
+            f"{' or recorded in the batch ledger' if recorded else ''}, batch {committed[0]}, started at "
+            f"{iso_ms(planned_ms(committed[0]))})",
             path=ckpt.url,
             fix=f"pick a later time, or a {param('to_batch')} within the rollback window (`checkpoint-ops inspect` "
                 "shows it)",
@@ -543,7 +556,7 @@ def plan_rollback(
             fix=recovery_advice(fence, ckpt.url) + " first",
         )
     sinks = list(sinks)
-    target = resolve_target(ckpt, to_batch, to_time)
+    target = resolve_target(ckpt, to_batch, to_time, ledger)
     C = ckpt.latest_commit
     if C is None:
         problem, fix = ckpt.nothing_committed("roll back to")

@@ -120,6 +120,19 @@ def test_a_recorded_sink_that_is_gone_is_a_warning_and_does_not_block_a_rollback
     assert tree_snapshot(run.ckpt) == before
 
 
+def test_to_time_reaches_the_batches_the_ledger_makes_reachable(sink_run):
+    """``--to-time`` picks among the batches a ``--to-batch`` reaches: those Spark keeps and those only the batch
+    ledger still has (it found only the first, and refused a time the window shows; hostile review)."""
+    run = Run(sink_run)
+    kept = sorted(int(n) for n in os.listdir(f"{run.ckpt}/offsets") if n.isdigit())
+    target = kept[0] - 5
+    code, o = cli_json("offsets", run.ckpt, "--batch", target)
+    assert code == 0 and o["recorded_in"] == "ledger", o
+    code, r = cli_json("rollback", run.ckpt, "--to-time", o["time"], "--sink", run.out, *INTERVALS, "--dry-run")
+    assert code == 0, r
+    assert r["plan"]["target_batch"] == target, r["plan"]
+
+
 def test_a_backup_without_a_recorded_sink_is_refused_and_with_it_or_the_opt_out_it_runs(sink_run, tmp_path):
     """Restored without its output, the copy's query writes an output whose log lacks every earlier batch (Spark
     fails there, or their rows are missing): ``backup create`` refuses as a rollback does, before the destination
