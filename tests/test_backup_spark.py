@@ -18,6 +18,9 @@ import boto3
 import pytest
 
 from checkpoint_ops.backup import Repository
+from checkpoint_ops.backup.restore import RestoreOperation
+from checkpoint_ops.operation import RunOptions
+from checkpoint_ops.operation import run as run_operation
 from pipelines.event_counts import build_query, expected_windows, flush_files, read_output, write_event_files
 from tests.helpers import cli, cli_json, tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
@@ -196,6 +199,34 @@ def test_prune_keeps_the_newest_verified_and_never_breaks_another(spark, run, tm
     assert code == 0 and [b["backup_id"] for b in v["backups"]] == [ids[2]]
     inp, out, ckpt = restore_elsewhere(run, dest, ids[2], tmp_path)
     assert cli_json("fsck", ckpt, "--sink", out, *INTERVALS)[0] == 0
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_a_prune_while_a_restore_runs_collects_none_of_its_objects(spark, run, tmp_path):
+    """A restore holds an intent at the destination from before it reads an object until its apply ends: a prune
+    that drops the backup being restored leaves its objects for the next prune (it deleted them, and the restore
+    failed part-way with its target fenced and nothing to resume from; hostile review)."""
+    dest = str(tmp_path / "dest")
+    first = backup(run, dest)["backup_id"]
+    write_event_files(run.input, run.files, run.files + 2)
+    run.run_query(spark)
+    backup(run, dest)
+    code, dry = cli_json("backup", "prune", dest, "--keep-last", "1", "--dry-run")
+    assert code == 0 and dry["plan"]["summary"]["delete"] == [first] and not dry["plan"]["summary"]["objects"].startswith("0 ")
+    target = tmp_path / "t"
+    pruned = []
+    op = RestoreOperation(dest, first, str(target / "ckpt"), [str(target / "out")])
+    result = run_operation(op, RunOptions(yes=True, show_plan=lambda plan: pruned.append(
+        cli_json("backup", "prune", dest, "--keep-last", "1", "--yes"))))  # between the restore's plan and apply
+    assert result.outcome is not None
+    code, r = pruned[0]
+    assert code == 0 and r["plan"]["summary"]["delete"] == [first], r
+    assert r["result"]["objects_deferred"] is True and r["result"]["objects_deleted"] == 0, r["result"]
+    assert f"restore of backup {first}" in r["result"]["note"], r["result"]
+    assert cli_json("fsck", str(target / "ckpt"), "--sink", str(target / "out"), *INTERVALS)[0] == 0
+    assert not os.listdir(os.path.join(dest, "intents"))  # released
+    code, r = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes")  # now the objects go
+    assert code == 0 and r["result"]["objects_deleted"] > 0, r
 
 
 @pytest.mark.parametrize("flavour", ["hdfs"])

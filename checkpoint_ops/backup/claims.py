@@ -56,11 +56,18 @@ class Claim:
         return self.stale is None
 
     @property
+    def restoring(self) -> bool:
+        """An intent of a restore (``restore_claim``), not of a backup being taken."""
+        return self.kind == INTENT and (self.backup_id or "").startswith(RESTORE_PREFIX)
+
+    @property
     def name(self) -> str:
         return self.rel.rsplit("/", 1)[-1]
 
     def describe(self) -> str:
-        what = f"backup {self.backup_id}" if self.kind == INTENT else f"prune lock {self.name[:-len('.json')]}"
+        what = (f"prune lock {self.name[:-len('.json')]}" if self.kind != INTENT else
+                f"restore of backup {self.backup_id[len(RESTORE_PREFIX):-9]}" if self.restoring else
+                f"backup {self.backup_id}")
         return f"{what}, by {self.holder.describe()}" if self.holder is not None else what
 
     def to_dict(self) -> dict:
@@ -188,10 +195,22 @@ def intent_claim(fm: CheckpointFileManager, root: str, backup_id: str, checkpoin
                      {"id": backup_id, "checkpoint": checkpoint_url, "hashes": sorted(hashes)})
 
 
+RESTORE_PREFIX = "restore-"  # an intent of a restore: ``restore-<backup id>-<token>.json``
+
+
+def restore_claim(fm: CheckpointFileManager, root: str, backup_id: str, target_url: str) -> HeldClaim:
+    """The intent of a restore of backup ``backup_id`` (not yet acquired): while it lives, a prune collects no
+    object (as while a backup is taken), so none the restore still has to read goes."""
+    return HeldClaim(fm, root, INTENT, f"{RESTORE_PREFIX}{backup_id}-{uuid.uuid4().hex[:8]}.json",
+                     f"checkpoint-ops backup restore {backup_id} into {target_url}",
+                     {"restores": backup_id, "target": target_url})
+
+
 def prune_lock_claim(fm: CheckpointFileManager, root: str) -> HeldClaim:
     """A new prune lock (not yet acquired)."""
     return HeldClaim(fm, root, PRUNE_LOCK, f"prune-{utc_stamp()}-{uuid.uuid4().hex[:8]}.json",
                      "checkpoint-ops backup prune")
 
 
-__all__ = ["Claim", "HeldClaim", "INTENT", "PRUNE_LOCK", "intent_claim", "judge", "prune_lock_claim", "read_claims"]
+__all__ = ["Claim", "HeldClaim", "INTENT", "PRUNE_LOCK", "intent_claim", "judge", "prune_lock_claim", "read_claims",
+           "restore_claim"]

@@ -237,7 +237,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     try:
         intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
         try:
-            _wait_for_prune(repo)
+            wait_for_prune(repo)
             cuts = [cut]
 
             def copy(attempt: int) -> dict:
@@ -284,7 +284,7 @@ def _require_recorded_sinks(ckpt: Checkpoint, sinks: list, ledger, storage_optio
             f"query no longer writes {them} (an output abandoned on purpose), add --without-recorded-sinks")
 
 
-def _wait_for_prune(repo: Repository) -> None:
+def wait_for_prune(repo: Repository) -> None:
     deadline = time.time() + _LOCK_WAIT_S
     while repo.prune_locks():
         if time.time() > deadline:

@@ -56,7 +56,7 @@ from ..errors import BadInputError
 from ..journal import utc_stamp
 from ..storage import CheckpointFileManager, FileInfo, open_file_manager
 from ..storage.paths import join
-from .claims import INTENT, PRUNE_LOCK, Claim, HeldClaim, intent_claim, prune_lock_claim, read_claims
+from .claims import INTENT, PRUNE_LOCK, Claim, HeldClaim, intent_claim, prune_lock_claim, read_claims, restore_claim
 
 MARKER = "checkpoint-ops-backups.json"
 FORMAT = 1
@@ -541,6 +541,11 @@ class Repository:
     def hold_intent(self, backup_id: str, checkpoint_url: str, hashes: set[str] = frozenset()) -> HeldClaim:
         """Write backup ``backup_id``'s intent and keep it alive until ``release()``."""
         return intent_claim(self.fm, self.root, backup_id, checkpoint_url, hashes).acquire()
+
+    def hold_restore_claim(self, backup_id: str, target_url: str) -> HeldClaim:
+        """Write the intent of a restore of ``backup_id`` and keep it alive until ``release()``: no prune
+        collects objects meanwhile (``claims.restore_claim``)."""
+        return restore_claim(self.fm, self.root, backup_id, target_url).acquire()
 
     def hold_prune_lock(self) -> HeldClaim:
         """Take a prune lock and keep it alive until ``release()``."""

@@ -39,7 +39,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, param
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, is_storage_failure, param
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..fence import is_fence, parse_fence, recovery_advice
 from ..journal import ops_dir, utc_stamp
@@ -61,6 +61,7 @@ from ..storage.paths import (
     spark_url_to_location,
     uri_path,
 )
+from .create import wait_for_prune
 from .repository import Manifest, Repository
 from .view import BackupView
 
@@ -546,6 +547,7 @@ class RestoreOperation(Operation):
         self.storage_options = storage_options
         self.repo: Repository | None = None
         self.rp: RestorePlan | None = None
+        self._claim = None  # the restore's intent at the destination, while it plans and applies
         fm, root = open_file_manager(target_url, storage_options)
         self._sites = [Site(fm, root, f"restore target {target_url}")] + [
             Site(*open_file_manager(url, storage_options), f"sink target {url}") for url in self.sink_targets]
@@ -564,16 +566,45 @@ class RestoreOperation(Operation):
         self._validate()
 
     def plan(self, stage: bool) -> Plan:
-        self.rp = plan_restore(self.repo, self.backup_id, self.target_url, self.sink_targets, self.relocate,
-                               self.to_batch, self.storage_options, stage=stage)
+        """The plan; for a real run (``stage``), under a restore's intent at the destination, taken before an
+        object is read and held until the apply ends: a prune collects no object meanwhile (one running now
+        is waited for), so none this restore reads goes from under it."""
+        if stage:
+            self._claim = self.repo.hold_restore_claim(self.backup_id, self.target_url)
+            try:
+                wait_for_prune(self.repo)
+            except BaseException:
+                self._release_claim()
+                raise
+        try:
+            self.rp = plan_restore(self.repo, self.backup_id, self.target_url, self.sink_targets, self.relocate,
+                                   self.to_batch, self.storage_options, stage=stage)
+        except BaseException:
+            self._release_claim()
+            raise
         return self.rp.plan
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
-        return restore_backup(self.rp, self.repo, ctx.storage_options, ctx.progress, guard=ctx.guard)
+        try:
+            if self._claim is not None:
+                self._claim.check()  # it held all along: no prune took it for stale and collected objects
+            return restore_backup(self.rp, self.repo, ctx.storage_options, ctx.progress, guard=ctx.guard)
+        finally:
+            self._release_claim()
 
     def discard(self, plan: Plan) -> None:
+        self._release_claim()
         if self.rp is not None:
             clear_staged(self.rp)
+
+    def _release_claim(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            try:
+                claim.release()
+            except Exception as e:  # noqa: BLE001 - the restore's own outcome matters; the intent goes stale
+                if not is_storage_failure(e):
+                    raise
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
         return (f"Restored backup {self.backup_id} into {self.target_url} ({outcome.op_id}); batch {plan.target_batch} "

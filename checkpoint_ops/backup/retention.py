@@ -60,7 +60,7 @@ class BackupPruneResult:
 
 
 def _running(live: list[Claim]) -> str:
-    return "a backup is being taken (" + "; ".join(c.describe() for c in live) + ")"
+    return "a backup is being taken or restored (" + "; ".join(c.describe() for c in live) + ")"
 
 
 def _damaged(repo: Repository) -> str:
@@ -116,7 +116,7 @@ def plan_backup_prune(repo: Repository, keep_last: int | None = None, keep_withi
     stale = [c for c in claims if not c.live]
     live = [c for c in claims if c.live and c.kind == INTENT]
     for c in stale:
-        plan.delete("dest", c.rel, f"{'intent of a backup' if c.kind == INTENT else 'lock of a prune'} that is "
+        plan.delete("dest", c.rel, f"{('intent of a restore' if c.restoring else 'intent of a backup') if c.kind == INTENT else 'lock of a prune'} that is "
                     f"gone ({c.stale})", "litter")
     if stale:
         plan.summary["stale claims"] = [f"{c.describe()}: {c.stale}" for c in stale]
