@@ -704,7 +704,7 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
     plan.summary["orphans"] = (f"{len(orphans)} files, {nbytes} bytes"
                                + (f"; {young} younger than the safety window left alone" if young else "")
                                + ("" if delete or quarantine else " (listed only: --delete or --quarantine DIR acts)"))
-    plan.summary["orphan files"] = orphans[:20] + ([f"... and {len(orphans) - 20} more"] if len(orphans) > 20 else [])
+    plan.summary["orphan files"] = orphans  # every one (the text shows the first few, --verbose and --json all)
     if lag.behind:
         plan.warnings.append(f"the sink is behind its checkpoint ({lag.describe()} committed without a sink log entry): "
                              "these files may be the rows it lost; do not remove them before rolling back and "

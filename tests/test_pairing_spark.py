@@ -107,6 +107,26 @@ def test_a_checkpoint_inside_its_output_is_never_an_orphan(spark, pairs):
     assert (code, f["findings"]) == (0, [])
 
 
+def test_every_orphan_is_listed_and_the_text_counts_the_rest_right(spark, pairs):
+    """``summary["orphan files"]`` lists every orphan, and the text says how many it does not show (it listed 20,
+    the last of them "... and 133 more", and the text said "and 13 more"; hostile review)."""
+    out = pairs["inside"].output
+    names = [ORPHAN.replace("dead", f"{i:04x}") for i in range(25)]
+    for name in names:
+        shutil.copy(a_part_file(out), os.path.join(out, name))
+    try:
+        args = ("sink", "orphans", out, "--min-age", "0s", *SINK)
+        code, o = cli_json(*args)
+        assert code == 0 and sorted(o["plan"]["summary"]["orphan files"]) == sorted(names), o["plan"]["summary"]
+        code, text, err = cli(*args)
+        assert code == 0 and "... and 17 more (--verbose or --json lists all)" in text, text
+        code, text, err = cli(*args, "--verbose")
+        assert code == 0 and all(n in text for n in names) and "more (--verbose" not in text, text
+    finally:
+        for name in names:
+            os.remove(os.path.join(out, name))
+
+
 # ---- restore targets --------------------------------------------------------------------------------------
 
 
