@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from . import __version__
 from .collector import fewer_collections
 from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, is_storage_failure
+from .fence import recovery_advice
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .operation import Operation, OperationResult, RunOptions, StoppedBeforeChanges, run
@@ -101,7 +102,16 @@ def open_checkpoint(args) -> tuple[Checkpoint, list]:
     """The checkpoint named by ``args.checkpoint`` and the sinks of ``--sink``, read only."""
     opts = storage_options(args)
     ckpt = Checkpoint.open(args.checkpoint, opts, source_compact_interval=args.source_compact_interval)
-    sinks = [open_sink(s, opts, args.sink_compact_interval) for s in getattr(args, "sink", [])]
+    try:
+        sinks = [open_sink(s, opts, args.sink_compact_interval) for s in getattr(args, "sink", [])]
+    except BadInputError as e:
+        fence = ckpt.fence if ckpt.kind == "structured" else None
+        if fence is None:
+            raise
+        # an interrupted operation of ours moves sink log files aside while it runs: say that first
+        raise BadInputError(f"{e.problem}; the checkpoint is fenced by an interrupted {fence.operation} "
+                            f"({fence.op_id}), which changes its sinks' logs too and may have left this one part-way",
+                            path=e.path, fix=recovery_advice(fence, ckpt.url) + ", then run this again") from None
     return ckpt, sinks
 
 

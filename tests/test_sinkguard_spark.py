@@ -222,6 +222,29 @@ def runner():
     r.close()
 
 
+def test_a_sink_log_moved_aside_by_an_interrupted_operation_is_named_with_it(sink_run, runner, tmp_path):
+    """An operation of ours killed while it had a sink's log moved aside (an undo does, file by file): fsck and
+    inspect with ``--sink`` said "not a file-sink output: pass the path given to start(path)" and nothing of the
+    interrupted operation (hostile review). They name it, and what finishes or reverts it."""
+    from checkpoint_ops.fence import is_fence
+
+    run = Run(sink_run)
+    k = 1
+    while True:  # the first call at which a kill leaves the checkpoint fenced
+        code, out, err = runner.run("rollback", run.ckpt, "--to-batch", run.batches() - 3, "--sink", run.out,
+                                    *INTERVALS, "--yes", kill_at=k)
+        assert code == -9, (k, out, err)
+        if is_fence(open(f"{run.ckpt}/metadata", "rb").read()):
+            break
+        run = Run(sink_run)
+        k += 1
+    shutil.move(run.log, str(tmp_path / "aside"))  # as the killed operation could have left it
+    for command in ("fsck", "inspect"):
+        code, out, err = cli(command, run.ckpt, "--sink", run.out, *INTERVALS)
+        assert code == 2 and "no _spark_metadata/ log here" in err, (command, err)
+        assert "fenced by an interrupted rollback" in err and f"checkpoint-ops resume {run.ckpt}" in err, (command, err)
+
+
 def test_undo_killed_at_every_call_leaves_the_ledger_whole(sink_run, runner, tmp_path):
     """A rollback's truncation of the batch ledger is undone inside the journaled undo, before the undo is
     marked done: killed at any mutating call (the ledger step and the mark included), `undo` run again leaves
