@@ -591,6 +591,14 @@ class Fsck:
         for m in self.recorded:
             if m.output is not None:
                 self.sinks.append(m.output)
+            elif m.gone is not None and self.ckpt.fence is not None:
+                # an interrupted operation of ours moves a sink's log aside while it works: not an output gone
+                self.add(WARNING, "recorded-sink-missing", m.url,
+                         f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "
+                         f"{m.recorded.recorded_by}), but {m.gone}: the interrupted {self.ckpt.fence.operation} "
+                         "(operation-interrupted) changes its log too and may have left it part-way",
+                         f"{recovery_advice(self.ckpt.fence, self.ckpt.url)}, then run fsck again; leave the batch "
+                         "ledger's pairing records as they are")
             elif m.gone is not None:
                 self.add(WARNING, "recorded-sink-missing", m.url,
                          f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "

@@ -243,6 +243,10 @@ def test_a_sink_log_moved_aside_by_an_interrupted_operation_is_named_with_it(sin
         code, out, err = cli(command, run.ckpt, "--sink", run.out, *INTERVALS)
         assert code == 2 and "no _spark_metadata/ log here" in err, (command, err)
         assert "fenced by an interrupted rollback" in err and f"checkpoint-ops resume {run.ckpt}" in err, (command, err)
+    code, f = cli_json("fsck", run.ckpt, *INTERVALS)  # the sink from the ledger's record: not "gone for good"
+    missing = [x for x in f["findings"] if x["code"] == "recorded-sink-missing"]
+    assert code == 1 and len(missing) == 1 and "operation-interrupted" in {x["code"] for x in f["findings"]}, f
+    assert "interrupted rollback" in missing[0]["problem"] and "pairing/" not in missing[0]["fix"], missing
 
 
 def test_undo_killed_at_every_call_leaves_the_ledger_whole(sink_run, runner, tmp_path):
