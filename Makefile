@@ -46,11 +46,11 @@ demo: check-java $(STAMP)
 ui: check-java $(STAMP)
 	DAGSTER_HOME=$(CURDIR)/dagster_home DAGSTER_DISABLE_TELEMETRY=1 $(VENV)/bin/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# The crash matrix, the bad-input corpus and the long fault matrix (25 % and 50 % failing requests, several
+# The crash matrix at every crash point (`make test` kills at a sample of them), the bad-input corpus and the long fault matrix (25 % and 50 % failing requests, several
 # seeds, a 30-second outage; `make test` runs a short one), recorded into docs/reliability.md.
 reliability: check-java $(STAMP)
 	rm -f .reliability.jsonl
-	CHECKPOINT_OPS_MATRIX_OUT=$(CURDIR)/.reliability.jsonl CHECKPOINT_OPS_FAULT_MATRIX=long \
+	CHECKPOINT_OPS_MATRIX_OUT=$(CURDIR)/.reliability.jsonl CHECKPOINT_OPS_FAULT_MATRIX=long CHECKPOINT_OPS_CRASH_MATRIX=full \
 	  $(PY) -m pytest tests/test_crash_matrix.py tests/test_races.py tests/test_bad_input_corpus.py tests/test_fault_matrix.py
 	$(PY) tests/reliability_report.py .reliability.jsonl docs/reliability.md
 	rm -f .reliability.jsonl

@@ -31,18 +31,25 @@ class ForkRunner:
         self.last: dict = {}  # the last command's child: pid, and when it was forked and reaped (epoch s)
 
     def run(self, *args, kill_at: int | None = None, env: dict | None = None) -> tuple[int, str, str]:
+        """Run one command; with ``kill_at`` the switch is armed, and ``self.mutations`` is then how many
+        mutating calls it counted (all of them, when the command finished unkilled)."""
         out, err = os.path.join(self.dir, "out"), os.path.join(self.dir, "err")
+        count = os.path.join(self.dir, "count")
+        if os.path.exists(count):
+            os.remove(count)
         env = {**{k: v for k, v in os.environ.items() if k.startswith("AWS_")}, **(env or {})}
         unset = []
         if kill_at is None:
             unset.append("CHECKPOINT_OPS_KILL_AT")
         else:
             env["CHECKPOINT_OPS_KILL_AT"] = str(kill_at)
-        req = {"args": [str(a) for a in args], "env": env, "unset": unset, "stdout": out, "stderr": err}
+        req = {"args": [str(a) for a in args], "env": env, "unset": unset, "stdout": out, "stderr": err,
+               "count_to": count if kill_at is not None else None}
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         answer = json.loads(self.proc.stdout.readline())
         self.last = answer
+        self.mutations = int(open(count).read()) if kill_at is not None and answer["code"] != -9 else None
         return answer["code"], open(out).read(), open(err).read()
 
     def close(self) -> None:
@@ -121,6 +128,24 @@ def tree_digest(*roots: str) -> dict[str, str]:
     return out
 
 
+FULL_MATRIX_ENV = "CHECKPOINT_OPS_CRASH_MATRIX"  # "full" (make reliability): every point; else a sample
+NEVER = 10 ** 9  # a kill point no command reaches: the switch armed (batches run file by file), counting
+EDGE, MIDDLE = 5, 8
+
+
+def kill_points(total: int) -> list[int]:
+    """The crash points to try for a command that makes ``total`` mutating calls: all of them under
+    ``make reliability``; in ``make test``, the first and last ``EDGE`` (leasing, journal, fence; the last
+    changes, unfence, release) and about ``MIDDLE`` spread evenly over the changes between. The sample is
+    the same every run, so a failure reproduces."""
+    if os.environ.get(FULL_MATRIX_ENV) == "full" or total <= 2 * EDGE + MIDDLE:
+        return list(range(1, total + 1))
+    inner = range(EDGE + 1, total - EDGE + 1)
+    step = len(inner) / MIDDLE
+    middle = {inner[int(i * step + step / 2)] for i in range(MIDDLE)}
+    return sorted(set(range(1, EDGE + 1)) | middle | set(range(total - EDGE + 1, total + 1)))
+
+
 @dataclass
 class MatrixRow:
     """One operation on one store: how many crash points, and whether each converged."""
@@ -131,9 +156,11 @@ class MatrixRow:
     converged: int = 0
     spark_checked: list[int] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    tried: list[int] = field(default_factory=list)  # the crash points killed at (all, or a sample of them)
+    total: int = 0  # the mutating calls of an uninterrupted run
 
     def to_dict(self) -> dict:
-        return {"operation": self.operation, "store": self.store, "points": self.points,
+        return {"operation": self.operation, "store": self.store, "points": self.points, "total": self.total,
                 "converged": self.converged, "spark_checked": self.spark_checked, "failures": self.failures}
 
 

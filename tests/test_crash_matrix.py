@@ -1,7 +1,10 @@
 """The crash matrix: every operation, killed at every mutating call, on local disk and on the S3 server.
 
-For each k the operation is started on a fresh copy and SIGKILLed just before its k-th mutating call
-through the file manager (``CHECKPOINT_OPS_KILL_AT``), until a run finishes unkilled. After each crash
+An uninterrupted run, with the switch armed, counts the operation's mutating calls through the file
+manager; then for each crash point k the operation is started on a fresh copy and SIGKILLed just before
+its k-th call (``CHECKPOINT_OPS_KILL_AT``). ``make reliability`` (``CHECKPOINT_OPS_CRASH_MATRIX=full``)
+tries every k; ``make test`` a fixed sample (``tests.crash.kill_points``: the first and last five, and
+eight spread between), which keeps the suite's time in bounds. After each crash
 the recovery a user would run (``rollback --resume`` or the same command again) must leave exactly
 the tree an uninterrupted run leaves. For rollback, Spark then resumes from sampled results with
 exact output. The rows go to docs/reliability.md.
@@ -20,7 +23,7 @@ import pytest
 import s3fs
 
 from pipelines.event_counts import event_rows, write_event_files
-from tests.crash import ForkRunner, MatrixRow, race, record, tree_digest
+from tests.crash import NEVER, ForkRunner, MatrixRow, kill_points, race, record, tree_digest
 from tests.helpers import content_snapshot
 from tests.spark_runs import COMPACT_INTERVAL, SparkRun, run_stateless
 from tests.test_sink_spark import sink_run  # noqa: F401  (a fixture)
@@ -48,16 +51,21 @@ def _recover_rollback(runner, ckpt, run, n) -> None:
 
 
 def matrix(row: MatrixRow, runner, reset, command, recover, snapshot, expected, after=None) -> MatrixRow:
-    """Kill ``command`` at k = 1, 2, ... until it completes; recover each time; compare the tree."""
-    k = 1
-    while True:
+    """Kill ``command`` at each of its crash points (``kill_points``: every mutating call under ``make
+    reliability``, a fixed sample in ``make test``); recover each time; compare the tree."""
+    reset()
+    code, out, err = runner.run(*command, kill_at=NEVER)  # armed, as in the killed runs: it counts the calls
+    row.total = runner.mutations
+    assert code == 0, (out, err)
+    assert snapshot() == expected, "the uninterrupted run does not give the expected tree"
+    for k in kill_points(row.total):
         reset()
         code, out, err = runner.run(*command, kill_at=k)
-        if code != -9:
-            assert code == 0, (k, out, err)
-            assert snapshot() == expected, "the uninterrupted run does not give the expected tree"
+        if code != -9:  # an uninterrupted run made fewer calls this time: the points after it are not reached
+            assert code == 0 and snapshot() == expected, (k, out, err)
             break
         row.points += 1
+        row.tried.append(k)
         try:
             recover()
         except AssertionError as e:
@@ -71,7 +79,6 @@ def matrix(row: MatrixRow, runner, reset, command, recover, snapshot, expected, 
             else:  # a snapshot that is not a tree (the backup row: newest manifest, verify's exit code)
                 diff = f"got {str(got)[-300:]}, expected {str(expected)[-300:]}"
             row.failures.append(f"k={k}: {diff}")
-        k += 1
     record(row)
     assert row.points > 0 and row.converged == row.points, row.failures
     return row
@@ -106,7 +113,7 @@ def test_rollback_undo_prune_crash_matrix_local(spark, run, runner, tmp_path):
     row = matrix(MatrixRow("rollback", "local"), runner, reset_original, _rollback_args(run.checkpoint, run, n),
                  lambda: _recover_rollback(runner, run.checkpoint, run, n), lambda: tree_digest(*roots), rolled)
     # Spark resumes exactly from recovered results at sampled crash points (first, middle, last)
-    for k in sorted({1, row.points // 2, row.points}):
+    for k in sorted({row.tried[0], row.tried[len(row.tried) // 2], row.tried[-1]}):
         reset_original()
         assert runner.run(*_rollback_args(run.checkpoint, run, n), kill_at=k)[0] == -9
         _recover_rollback(runner, run.checkpoint, run, n)
@@ -232,7 +239,7 @@ def test_rollback_undo_prune_crash_matrix_s3(spark, small_run, runner, bucket, s
                  snapshot, rolled)
     # Spark resumes exactly from a recovered result (copied down: Spark cannot write s3a:// here)
     reset_original()
-    k = max(1, row.points // 2)
+    k = row.tried[len(row.tried) // 2]
     assert runner.run(*args, kill_at=k)[0] == -9
     recover_rollback()
     shutil.rmtree(local_ckpt)
@@ -456,7 +463,7 @@ def test_restore_and_its_undo_crash_matrix_rocksdb_v2(spark, v2_small, runner, t
                  recover_by_resume, lambda: tree_digest(ckpt, out), restored)
     # the same crash points, recovered the other way: undo leaves nothing Spark would read in the target
     undone = MatrixRow("backup restore, then undo", "rocksdb v2")
-    for k in range(1, row.points + 1):
+    for k in row.tried:
         reset_empty()
         assert runner.run(*restore, kill_at=k)[0] == -9, k
         undone.points += 1
@@ -472,7 +479,7 @@ def test_restore_and_its_undo_crash_matrix_rocksdb_v2(spark, v2_small, runner, t
            lambda: _ok(runner.run(*undo)), spark_files, {})
 
     # Spark resumes exactly from a recovered restore, at its new location (the original moved away)
-    k = max(1, row.points // 2)
+    k = row.tried[len(row.tried) // 2]
     reset_empty()
     assert runner.run(*restore, kill_at=k)[0] == -9
     recover_by_resume()
