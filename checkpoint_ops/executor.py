@@ -31,6 +31,7 @@ What differs between operations is data in the journal, never a branch on the op
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import hashlib
 import sys
@@ -399,6 +400,22 @@ class Executor:
                         "aside, and moving it there would lose the original", path=root.fm.url(root.abs(a.rel)),
                         fix=f"nothing was changed; stop the query, then `checkpoint-ops history {self.anchor_url}` "
                             "and `checkpoint-ops fsck` show where the checkpoint stands")
+
+    def sources_missing(self) -> list[str]:
+        """On resume: the URLs of the stored contents (a restore's backup objects) that the writes still to be
+        done stream from, and that are gone. A write whose file is in place is done (a write publishes a
+        whole file under its name); a rewrite always reads its content again."""
+        listings = self._listings()
+        shas = sorted({a.sha256 for a in self.plan.actions
+                       if a.sha256 and a.sha256 not in self.plan.contents and a.sha256 in self.plan.sources
+                       and (a.kind == REPLACE or (a.kind == WRITE and a.rel not in listings[a.root]))})
+
+        def gone(sha: str) -> bool:
+            fm, path = self._source(sha)
+            return not fm.exists(path)
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            return [self.plan.sources[sha] for sha, missing in zip(shas, pool.map(gone, shas)) if missing]
 
     def pending_effects(self) -> list[FileAction]:
         """The plan's actions whose result is not on disk (from the listing taken once): a file it writes

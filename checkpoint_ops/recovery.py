@@ -321,6 +321,7 @@ class ResumeOperation(_JournalOperation):
     confirm_required = False  # the plan was confirmed when the operation started
 
     record_only = False  # every change was on disk and ``metadata`` back: only the ``applied`` marker is written
+    _claim = None  # a restore's intent at its backup destination, while it plans and applies (``hold_for_resume``)
 
     def plan(self, stage: bool) -> Plan:
         if self.state == APPLIED:
@@ -334,12 +335,32 @@ class ResumeOperation(_JournalOperation):
                 ex.check_roll_forward()
             else:
                 self.record_only = ex.check_resumable()
+        if stage and not self.record_only:  # a restore reads its backup's objects again: under its intent
+            from .backup.restore import hold_for_resume
+
+            self._claim = hold_for_resume(self.journal.record, self.anchor.url, ex, self.storage_options)
         return ex.plan
 
     def nothing_to_do(self, plan: Plan) -> bool:
         return False  # an interrupted operation with every file done still unfences and marks itself
 
+    def discard(self, plan: Plan) -> None:
+        self._release_claim()
+
+    def _release_claim(self) -> None:
+        claim, self._claim = self._claim, None
+        if claim is not None:
+            claim.release_quietly()
+
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
+        try:
+            if self._claim is not None:
+                self._claim.check()  # it held all along: no prune took it for stale and collected objects
+            return self._apply(ctx)
+        finally:
+            self._release_claim()
+
+    def _apply(self, ctx: ApplyContext) -> AppliedOperation:
         ex = self._executor(ctx)
         try:
             if self.record_only:

@@ -21,7 +21,9 @@ from checkpoint_ops.backup import Repository
 from checkpoint_ops.backup.restore import RestoreOperation
 from checkpoint_ops.operation import RunOptions
 from checkpoint_ops.operation import run as run_operation
+from checkpoint_ops.recovery import ResumeOperation
 from pipelines.event_counts import build_query, expected_windows, flush_files, read_output, write_event_files
+from tests.crash import NEVER, ForkRunner
 from tests.helpers import cli, cli_json, tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
 from tests.test_rollback_spark import INTERVALS
@@ -227,6 +229,66 @@ def test_a_prune_while_a_restore_runs_collects_none_of_its_objects(spark, run, t
     assert not os.listdir(os.path.join(dest, "intents"))  # released
     code, r = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes")  # now the objects go
     assert code == 0 and r["result"]["objects_deleted"] > 0, r
+
+
+def _killed_restore(run, dest: str, backup_id: str, target, first_journaled: bool = False) -> None:
+    """``backup restore`` of ``backup_id`` into ``target`` killed (SIGKILL) half-way through its changes, or
+    (``first_journaled``) at the first change after which there is something to resume: every copy still to do."""
+    restore = ["backup", "restore", dest, backup_id, target / "ckpt", "--sink-target", target / "out", "--yes"]
+    runner = ForkRunner()
+    try:
+        assert runner.run(*restore, kill_at=NEVER)[0] == 0  # how many changes it makes
+        total = runner.mutations
+        for k in range(1, total) if first_journaled else [total // 2]:
+            shutil.rmtree(target)
+            assert runner.run(*restore, kill_at=k)[0] == -9
+            if not first_journaled or cli("resume", str(target / "ckpt"), "--dry-run")[0] == 0:
+                return
+        raise AssertionError("no kill point left a restore to resume")
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("flavour", ["hdfs"])
+def test_a_resumed_restore_holds_its_intent_and_says_undo_when_its_objects_were_pruned(spark, run, tmp_path):
+    """``resume`` of a killed restore takes the restore's intent at the destination again (it held none: a prune
+    meanwhile deleted the objects it was copying); where they went while nothing ran, it says so before changing
+    anything and names ``undo`` (it said to fix credentials or permissions and resume again; hostile review)."""
+    dest = str(tmp_path / "dest")
+    first = backup(run, dest)["backup_id"]
+    write_event_files(run.input, run.files, run.files + 2)
+    run.run_query(spark)
+    backup(run, dest)
+    target = tmp_path / "t"
+    _killed_restore(run, dest, first, target)
+    # a prune while the resume runs (between its plan and its apply) leaves the objects for the next prune
+    pruned = []
+    op = ResumeOperation(str(target / "ckpt"))
+    result = run_operation(op, RunOptions(yes=True, show_plan=lambda plan: pruned.append(
+        cli_json("backup", "prune", dest, "--keep-last", "1", "--yes"))))
+    assert result.outcome is not None and result.outcome.status == "applied"
+    code, r = pruned[0]
+    assert code == 0 and r["plan"]["summary"]["delete"] == [first], r
+    assert r["result"]["objects_deferred"] is True and r["result"]["objects_deleted"] == 0, r["result"]
+    assert not os.listdir(os.path.join(dest, "intents"))  # released
+    assert cli_json("fsck", str(target / "ckpt"), "--sink", str(target / "out"), *INTERVALS)[0] == 0
+
+    # the objects gone while nothing ran (deleted, or collected by a prune that found the intent stale): the
+    # resume names undo, and changes nothing
+    first = backup(run, dest)["backup_id"]
+    target = tmp_path / "t2"
+    _killed_restore(run, dest, first, target, first_journaled=True)
+    shutil.rmtree(os.path.join(dest, "objects"))
+    before = tree_snapshot(str(target))
+    intents = set(os.listdir(os.path.join(dest, "intents")))  # the killed restores' own: stale
+    code, out, err = cli("resume", str(target / "ckpt"))
+    assert code == 2, (out, err)
+    assert f"backup {first}" in err and "pruned" in err and f"checkpoint-ops undo {target / 'ckpt'}" in err, err
+    assert "credentials" not in err, err
+    assert tree_snapshot(str(target)) == before  # nothing changed
+    assert set(os.listdir(os.path.join(dest, "intents"))) == intents  # its own intent released
+    code, out, err = cli("undo", str(target / "ckpt"), "--yes")
+    assert code == 0, (out, err)
 
 
 @pytest.mark.parametrize("flavour", ["hdfs"])

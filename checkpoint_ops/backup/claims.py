@@ -24,7 +24,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import RefusedError
+from ..errors import RefusedError, is_storage_failure
 from ..journal import utc_stamp
 from ..liveness import Heartbeat, Holder
 from ..storage import CheckpointFileManager
@@ -158,6 +158,15 @@ class HeldClaim:
                                f"{self.holder.ttl_s:g} s): others may have judged it stale and acted on that",
                                path=self.url, fix=_LATE_FIX + " (a slow or overloaded machine may need a longer "
                                "CHECKPOINT_OPS_LEASE_TTL)")
+
+    def release_quietly(self) -> None:
+        """``release``, for a command whose own outcome matters more: a store failing now leaves the record to
+        go stale (the next prune removes it); any other error is raised."""
+        try:
+            self.release()
+        except Exception as e:  # noqa: BLE001
+            if not is_storage_failure(e):
+                raise
 
     def release(self) -> None:
         """Stop renewing, then delete the record (in this order: a late renewal must not revive it). A

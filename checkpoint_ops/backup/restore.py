@@ -39,7 +39,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
-from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, is_storage_failure, param
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, param
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..fence import is_fence, parse_fence, recovery_advice
 from ..journal import ops_dir, utc_stamp
@@ -535,6 +535,40 @@ def clear_staged(rp: RestorePlan) -> None:
             fm.delete_many([path])
 
 
+def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | None = None):
+    """Before a killed restore is resumed (or rolled forward after a killed undo): the restore's intent at its
+    destination again, held until the caller releases it, and a running prune waited for, as the restore
+    itself does (``RestoreOperation.plan``): a prune meanwhile collects none of the objects the resume reads.
+    A prune while nothing ran may have collected them already: that is refused here, before anything is
+    changed, naming ``undo``, as no resume can finish it. None for another operation's journal (``record``)."""
+    backup = record.get("backup") if record.get("operation") == "restore" else None
+    if not backup:
+        return None
+    dest, backup_id = backup["destination"], backup["id"]
+    try:
+        repo = Repository.open(dest, storage_options)
+    except BadInputError as e:
+        raise BadInputError(f"the backup destination this restore copies from cannot be read: {e.problem}",
+                            path=dest, fix=f"mend it and resume again; or remove what the restore wrote with "
+                            f"`checkpoint-ops undo {target_url}` and restore from another destination") from None
+    claim = repo.hold_restore_claim(backup_id, target_url)
+    try:
+        wait_for_prune(repo)
+        missing = ex.sources_missing()
+    except BaseException:
+        claim.release()
+        raise
+    if missing:
+        claim.release()
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise BadInputError(
+            f"the restore of backup {backup_id} cannot be finished: content it still has to copy is gone from "
+            f"{dest} ({missing[0]}{more}; pruned or deleted after the restore was interrupted); nothing was changed",
+            path=target_url, fix=f"remove what the restore wrote with `checkpoint-ops undo {target_url}`, then restore "
+            f"another backup (`checkpoint-ops backup list {dest}` lists them)")
+    return claim
+
+
 class RestoreOperation(Operation):
     """``checkpoint-ops backup restore``: a backup into an empty target (module docstring)."""
 
@@ -600,11 +634,7 @@ class RestoreOperation(Operation):
     def _release_claim(self) -> None:
         claim, self._claim = self._claim, None
         if claim is not None:
-            try:
-                claim.release()
-            except Exception as e:  # noqa: BLE001 - the restore's own outcome matters; the intent goes stale
-                if not is_storage_failure(e):
-                    raise
+            claim.release_quietly()  # the restore's own outcome matters; on a failing store the intent goes stale
 
     def describe(self, plan: Plan, outcome: AppliedOperation) -> str:
         return (f"Restored backup {self.backup_id} into {self.target_url} ({outcome.op_id}); batch {plan.target_batch} "
