@@ -31,7 +31,7 @@ from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, 
 from .fence import recovery_advice
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
-from .operation import Operation, OperationResult, RunOptions, StoppedBeforeChanges, run
+from .operation import Operation, OperationResult, RunOptions, StoppedBeforeChanges, StoppedWhileApplying, run
 
 EXIT_INTERNAL = 3
 
@@ -247,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
               "journaled)", file=sys.stderr)
         print(f"  fix: there is nothing of it to resume or undo (`undo` would revert the operation before it); run "
               f"the {e.operation} again to apply it", file=sys.stderr)
+        return 130
+    except StoppedWhileApplying as e:
+        where = e.where or "PATH"
+        print(f"checkpoint-ops: {where}: interrupted: the {e.operation} stopped while applying its plan, and may have "
+              "changed files", file=sys.stderr)
+        print(f"  fix: `checkpoint-ops resume {where}` finishes it, or `checkpoint-ops undo {where}` reverts it (a "
+              f"checkpoint it fenced names both; if it stopped before journaling, both say nothing of it is left to "
+              f"do: run the {e.operation} again)", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("checkpoint-ops: interrupted", file=sys.stderr)

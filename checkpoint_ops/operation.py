@@ -241,19 +241,30 @@ class StoppedBeforeChanges(KeyboardInterrupt):
         self.operation = operation
 
 
+class StoppedWhileApplying(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) while an operation applied its plan (``where``: its first site): it may have changed
+    files; a journaled one is finished by ``resume`` or reverted by ``undo`` there."""
+
+    def __init__(self, operation: str, where: str | None):
+        super().__init__(operation)
+        self.operation, self.where = operation, where
+
+
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     """The one sequence (module docstring). The leases are released whatever happened; a release that
     fails (the store does not answer) never hides the error that stopped the operation, and never turns
     a completed one into a failure: it is a warning, and the lease left behind goes stale. An interrupt before
-    the apply began is raised as ``StoppedBeforeChanges``."""
+    the apply began is raised as ``StoppedBeforeChanges``, one during it as ``StoppedWhileApplying``."""
     leases = LeaseSet()
     applying: list[bool] = []  # set once the apply begins (``_run``)
     try:
         try:
             result = _run(op, options, leases, applying)
         except KeyboardInterrupt as e:
-            if applying or isinstance(e, StoppedBeforeChanges):
+            if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying)):
                 raise
+            if applying:
+                raise StoppedWhileApplying(op.name, op.sites()[0].url if op.sites() else None) from e
             raise StoppedBeforeChanges(op.name) from e
     except BaseException:
         try:

@@ -531,3 +531,30 @@ def test_a_rollback_stopped_with_ctrl_c_before_it_applied_says_there_is_nothing_
     assert _files(ckpt, out) == before
     code, h = cli_json("history", ckpt)
     assert [op["status"] for op in h["operations"]] == ["applied"], h
+
+
+def test_a_rollback_stopped_with_ctrl_c_while_applying_names_resume_and_undo(tmp_path):
+    """Ctrl-C while the rollback applies its plan: it printed only "interrupted" and "if it was changing something,
+    resume or undo PATH", though the docs said the command says whether it changed anything. It now names the
+    operation and the checkpoint, says it may have changed files, and gives both commands with the path; the
+    resume it names finishes it."""
+    ckpt = str(tmp_path / "ck")
+    synthetic.write_local(ckpt, batches=40, partitions=100, retain_state=39)
+    proc = subprocess.Popen([sys.executable, "-m", "checkpoint_ops.cli", "rollback", ckpt, "--to-batch", "2", "--yes"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:  # the fence is the first change the apply makes
+        try:
+            if b"checkpoint-ops" in open(os.path.join(ckpt, "metadata"), "rb").read():
+                break
+        except OSError:
+            pass
+        time.sleep(0.002)
+    proc.send_signal(2)  # SIGINT, as Ctrl-C sends
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, (out, err)
+    assert f"{ckpt}: interrupted: the rollback stopped while applying its plan" in err, err
+    assert f"`checkpoint-ops resume {ckpt}` finishes it" in err and f"`checkpoint-ops undo {ckpt}` reverts it" in err
+    code, r = cli_json("resume", ckpt)
+    assert code == 0, r
+    assert cli_json("fsck", ckpt)[0] == 0
