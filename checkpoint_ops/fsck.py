@@ -673,8 +673,9 @@ class Fsck:
                          f"`checkpoint-ops sink orphans {sink.url}` lists what is still orphaned")
                 continue
             self.add(WARNING, "sink-orphan-file", L.url(rel),
-                     "data file not in the sink log (a failed or rolled-back batch wrote it): Spark readers ignore "
-                     "it, but readers that list the directory (ignoreMetadata, other engines) see it",
+                     "data file not in the sink log (a failed or rolled-back batch wrote it, or `sink retain` or "
+                     "`sink compact --drop-missing` dropped its entry and kept the file): Spark readers ignore it, but "
+                     "readers that list the directory (ignoreMetadata, other engines) see it",
                      f"while the query is stopped, `checkpoint-ops sink orphans {sink.url} --delete` moves it into "
                      "an undo record (pass --checkpoint so the query's lease is checked)")
         self._checksums(L)
@@ -743,11 +744,25 @@ def render_findings(findings: list[Finding], url: str) -> str:
     if not findings:
         return f"{url}: healthy (no findings)"
     lines = [f"{url}: {len(findings)} finding(s)"]
+    # findings that say the same of other files (a sink's orphans, a directory of stale sidecars) are shown once,
+    # with the other paths after it; --json lists every one
+    alike: dict[tuple, list[Finding]] = {}
     for f in findings:
+        alike.setdefault((f.severity, f.code, f.problem, f.fix), []).append(f)
+    for group in alike.values():
+        f = group[0]
         lines.append(f"  [{f.severity}] {f.code}: {f.path}")
         lines.append(f"      {f.problem}")
         lines.append(f"      fix: {f.fix}")
+        if len(group) > 1:
+            shown = ", ".join(g.path for g in group[1:1 + _ALIKE_SHOWN])
+            rest = len(group) - 1 - _ALIKE_SHOWN
+            lines.append(f"      the same for {len(group) - 1} more: {shown}"
+                         + (f" and {rest} more (--json lists every one)" if rest > 0 else ""))
     return "\n".join(lines)
+
+
+_ALIKE_SHOWN = 5  # paths named after a finding that others repeat word for word
 
 
 class _Tee:

@@ -179,3 +179,19 @@ def test_retain_older_than_counts_and_deletes_what_no_record_attributes(tmp_path
             [f"file://{written[b]}" for b in range(5, 10)]
     orphans = plan_orphans(open_context(out, ckpt, compact_interval=5, data=True), min_age_s=0)
     assert orphans.summary["orphans"].startswith("0 files"), orphans.summary
+
+
+def test_fsck_after_a_plain_retain_names_retain_and_shows_the_kept_files_once(tmp_path):
+    """``sink retain`` without ``--delete-files`` keeps the data files of the batches it drops: fsck's
+    ``sink-orphan-file`` warning (one per file) blamed a failed or rolled-back batch, and the text repeated the
+    same problem and fix for each of the 16 files. It names retain now, and the text shows the warning once with
+    the other files after it (``--json`` keeps one finding per file)."""
+    ckpt, out, written = _retained(tmp_path, delete_files=False)
+    code, r = cli_json("fsck", ckpt, "--sink", out, *SINK)
+    orphans = [f for f in r["findings"] if f["code"] == "sink-orphan-file"]
+    assert code == 1 and len(orphans) == 16 and len(r["findings"]) == 16, r
+    assert "`sink retain`" in orphans[0]["problem"], orphans[0]
+    code, text, err = cli("fsck", ckpt, "--sink", out, *SINK)
+    assert code == 1, err
+    assert text.count("sink-orphan-file") == 1 and text.count("fix:") == 1, text
+    assert "the same for 15 more: " in text and "and 10 more (--json lists every one)" in text, text
