@@ -143,3 +143,32 @@ def test_running_an_interrupted_restore_again_says_to_finish_it(tmp_path):
     assert code == 0, r
     code, r = cli_json("fsck", target, "--sink", out, *I)
     assert code == 0 and r["findings"] == [], r
+
+
+def test_a_backup_of_a_target_a_killed_restore_fenced_names_the_restore(tmp_path):
+    """``backup create`` of a target whose restore was killed before it wrote a commit said "nothing committed
+    yet" (the check ran before the fence's): it now names the interrupted restore, with resume and undo."""
+    from tests.crash import NEVER, ForkRunner
+
+    dest = str(tmp_path / "dest")
+    backup_id = _backup(str(tmp_path / "q"), dest, 3)
+    target = str(tmp_path / "t" / "ckpt")
+    restore = ["backup", "restore", dest, backup_id, target, "--sink-target", str(tmp_path / "t" / "out"), "--yes"]
+    runner = ForkRunner()
+    try:
+        assert runner.run(*restore, kill_at=NEVER)[0] == 0
+        for k in range(1, runner.mutations):  # the first point at which the target is fenced
+            shutil.rmtree(str(tmp_path / "t"))
+            assert runner.run(*restore, kill_at=k)[0] == -9
+            metadata = os.path.join(target, "metadata")
+            if os.path.exists(metadata) and b"checkpoint-ops" in open(metadata, "rb").read():
+                break
+        else:
+            raise AssertionError("no kill point left the target fenced")
+    finally:
+        runner.close()
+    assert not os.path.exists(os.path.join(target, "commits", "0"))
+    code, r = cli_json("backup", "create", target, str(tmp_path / "dest2"))
+    assert code == 1, r
+    assert "a checkpoint-ops restore is in progress or was interrupted here" in r["problem"], r
+    assert f"checkpoint-ops resume {target}" in r["fix"] and f"checkpoint-ops undo {target}" in r["fix"], r

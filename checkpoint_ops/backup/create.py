@@ -60,7 +60,7 @@ from typing import Callable, NamedTuple, TypeVar
 
 from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, is_storage_failure
 from ..executor import per_file_manager
-from ..fence import is_fence, parse_fence
+from ..fence import is_fence, parse_fence, recovery_advice
 from ..ledger import PAIRING_DIR, ledger_or_none
 from ..model.checkpoint import Checkpoint, open_sink
 from ..model.listing import Listing
@@ -349,12 +349,12 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
     else:
         kind = "structured"
         batch = ckpt.latest_commit
+        if ckpt.fence is not None:  # first: a restore killed before its first batch leaves nothing committed
+            raise RefusedError(f"a checkpoint-ops {ckpt.fence.operation} is in progress or was interrupted here",
+                               path=checkpoint_url, fix=recovery_advice(ckpt.fence, ckpt.url) + ", then back it up")
         if batch is None:
             problem, fix = ckpt.nothing_committed("back up")
             raise RefusedError(problem, path=checkpoint_url, fix=fix)
-        if ckpt.fence is not None:
-            raise RefusedError(f"a checkpoint-ops {ckpt.fence.operation} is in progress or was interrupted here",
-                               path=checkpoint_url, fix="finish or undo it first")
         query_id = ckpt.query_id
         sinks = [open_sink(u, storage_options, sink_interval) for u in sink_urls]
         ledger = ledger_or_none(ckpt)
