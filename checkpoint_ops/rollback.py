@@ -668,7 +668,7 @@ def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], le
         raise RefusedError(
             f"cannot {what} batch {target}: {'; '.join(d.problem for d in rs.purged)}. {reach}",
             path=ckpt.url,
-            fix=(f"roll back to batch {window.earliest} or later" if window.earliest is not None else
+            fix=(f"roll back to a batch from {window.earliest} to {window.latest}" if window.earliest is not None else
                  "restore the checkpoint from a backup")
             + "; a batch ledger (`checkpoint-ops ledger sync`) or a backup taken earlier reaches further",
         )
