@@ -161,6 +161,12 @@ def binary_commit_n(run, n):
     return (f"commits/{n}",)
 
 
+def bare_commit_n(run, n):
+    """Cut to its version line: Spark reads the missing metadata as {} (watermark 0, no state ids)."""
+    write(ck(run, f"commits/{n}"), b"v1\n")
+    return (f"commits/{n}",)
+
+
 def v99_commit_n(run, n):
     set_version(ck(run, f"commits/{n}"), b"v99")
     return (f"commits/{n}",)
@@ -500,6 +506,7 @@ CASES = [
     Case("truncated_offsets_prev", "rocksdb", truncated_offsets_prev, "restart", LOGS),
     Case("truncated_offsets_n", "rocksdb_v2", truncated_offsets_n, "restart", LOGS),
     Case("binary_commit_n", "rocksdb_v2", binary_commit_n, "restart", LOGS),
+    Case("bare_commit_n", "hdfs", bare_commit_n, "restart", LOGS),
     Case("v99_commit_n", "hdfs", v99_commit_n, "restart", LOGS),
     Case("v99_offsets_n", "rocksdb_v2", v99_offsets_n, "restart", LOGS),
     Case("json_garbage_offsets_prev", "rocksdb", json_garbage_offsets_prev, "restart", LOGS),

@@ -71,7 +71,11 @@ def test_unknown_version_is_reported_not_misparsed():
 def test_commit_v2_unique_ids():
     c = parse_commit(b'v2\n{"nextBatchWatermarkMs":0,"stateUniqueIds":{"0":[["a"],["b"]]}}', "p", 4)
     assert c.unique_id(0, 1) == "b" and c.unique_id(0, 2) is None and c.unique_id(1, 0) is None
-    assert parse_commit(b"v1", "p", 0).next_batch_watermark_ms is None  # missing JSON reads as {}
+    assert parse_commit(b"v1\n{}", "p", 0).next_batch_watermark_ms is None  # Spark 2.1 wrote {}
+    for bare in (b"v1", b"v1\n", b"v1\n\n"):  # Spark reads a missing JSON line as {}, but always writes one
+        with pytest.raises(LogFormatError) as torn:
+            parse_commit(bare, "p", 0)
+        assert torn.value.kind == "truncated" and "version line only" in torn.value.problem
 
 
 def test_kafka_initial_offsets_file(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .logfile import LogFormatError, parse_json_line, split_versioned
+from .logfile import TORN_LOG_FIX, LogFormatError, parse_json_line, split_versioned
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,16 @@ class CommitMetadata:
 def parse_commit(data: bytes, path: str, batch_id: int) -> CommitMetadata:
     version, lines = split_versioned(data, path, "commits")
     body = "\n".join(lines).strip()
-    doc = {}
-    if body:  # Spark reads a missing JSON line as {}
-        doc = parse_json_line(body, path, 2, last=True)
-        if not isinstance(doc, dict):
-            raise LogFormatError("commit metadata is not a JSON object", path=path, kind="malformed")
+    if not body:
+        # Spark reads a missing JSON line as {}, but writes one in every commit (``{}`` in 2.1, the watermark
+        # since): a commit without it was cut short
+        raise LogFormatError("the commit has its version line only, not the metadata line Spark writes after it "
+                             "(a torn write): Spark would read it as {} and restart with watermark 0, not the one "
+                             "the batch committed, and in checkpoint format V2 without the ids of the state to load",
+                             path=path, kind="truncated", fix="a crash left a torn write: " + TORN_LOG_FIX)
+    doc = parse_json_line(body, path, 2, last=True)
+    if not isinstance(doc, dict):
+        raise LogFormatError("commit metadata is not a JSON object", path=path, kind="malformed")
     return CommitMetadata(
         batch_id,
         version,
