@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from . import __version__
 from .collector import fewer_collections
 from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, is_storage_failure
-from .fence import recovery_advice
+from .fence import recovery_advice, resume_command, revert_command
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .operation import Operation, OperationResult, RunOptions, StoppedBeforeChanges, StoppedWhileApplying, run
@@ -252,9 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         where = e.where or "PATH"
         print(f"checkpoint-ops: {where}: interrupted: the {e.operation} stopped while applying its plan, and may have "
               "changed files", file=sys.stderr)
-        print(f"  fix: `checkpoint-ops resume {where}` finishes it, or `checkpoint-ops undo {where}` reverts it (a "
-              f"checkpoint it fenced names both; if it stopped before journaling, both say nothing of it is left to "
-              f"do: run the {e.operation} again)", file=sys.stderr)
+        reverts = ("goes back to the result of the operation it was undoing" if e.operation == "undo" else
+                   "reverts it")
+        print(f"  fix: `{resume_command(e.operation, where)}` finishes it, or `{revert_command(e.operation, where)}` "
+              f"{reverts} (a checkpoint it fenced names both; if it stopped before journaling, both say nothing of it "
+              f"is left to do: run the {e.operation} again)", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("checkpoint-ops: interrupted", file=sys.stderr)

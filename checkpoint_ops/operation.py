@@ -89,6 +89,11 @@ class Operation(abc.ABC):
     def sites(self) -> list[Site]:
         """The roots to lease, known from the arguments alone."""
 
+    def recovery_url(self) -> str | None:
+        """Where ``resume`` and ``undo`` find this operation's journal (its anchor): its first site by default."""
+        sites = self.sites()
+        return sites[0].url if sites else None
+
     def precheck(self) -> None:
         """Refuse, before any lease is written, what needs no reading under the lease: by default, a
         site that is not an existing directory (a lease there would create it)."""
@@ -242,7 +247,7 @@ class StoppedBeforeChanges(KeyboardInterrupt):
 
 
 class StoppedWhileApplying(KeyboardInterrupt):
-    """An interrupt (Ctrl-C) while an operation applied its plan (``where``: its first site): it may have changed
+    """An interrupt (Ctrl-C) while an operation applied its plan (``where``: its ``recovery_url``): it may have changed
     files; a journaled one is finished by ``resume`` or reverted by ``undo`` there."""
 
     def __init__(self, operation: str, where: str | None):
@@ -264,7 +269,7 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
             if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying)):
                 raise
             if applying:
-                raise StoppedWhileApplying(op.name, op.sites()[0].url if op.sites() else None) from e
+                raise StoppedWhileApplying(op.name, op.recovery_url()) from e
             raise StoppedBeforeChanges(op.name) from e
     except BaseException:
         try:

@@ -775,6 +775,9 @@ class _SinkOperation(Operation):
                 self._sites.append(Site(cfm, croot, f"checkpoint {self.checkpoint_url}"))
         return self._sites
 
+    def recovery_url(self) -> str | None:
+        return self.sites()[-1].url  # the anchor: the checkpoint when given, else the output
+
     def open(self) -> None:
         self.ctx = open_context(self.output_url, self.checkpoint_url, self.storage_options, self.compact_interval,
                                 data=self.data)

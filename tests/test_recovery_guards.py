@@ -558,3 +558,15 @@ def test_a_rollback_stopped_with_ctrl_c_while_applying_names_resume_and_undo(tmp
     code, r = cli_json("resume", ckpt)
     assert code == 0, r
     assert cli_json("fsck", ckpt)[0] == 0
+
+
+def test_ctrl_c_during_an_apply_names_where_resume_and_undo_find_the_journal(tmp_path):
+    """A sink operation given its checkpoint is journaled at the checkpoint (the anchor), not at the output it
+    leases first: that is the path the Ctrl-C message names."""
+    from checkpoint_ops.rollback import RollbackOperation
+    from checkpoint_ops.sinklog import SinkCompactOperation
+
+    out, ckpt = str(tmp_path / "out"), str(tmp_path / "ck")
+    assert SinkCompactOperation(out, ckpt).recovery_url() == ckpt
+    assert SinkCompactOperation(out).recovery_url() == out
+    assert RollbackOperation(ckpt, to_batch=1, sink_urls=[out]).recovery_url() == ckpt
