@@ -402,13 +402,11 @@ class Executor:
                             "and `checkpoint-ops fsck` show where the checkpoint stands")
 
     def sources_missing(self) -> list[str]:
-        """On resume: the URLs of the stored contents (a restore's backup objects) that the writes still to be
-        done stream from, and that are gone. A write whose file is in place is done (a write publishes a
-        whole file under its name); a rewrite always reads its content again."""
-        listings = self._listings()
-        shas = sorted({a.sha256 for a in self.plan.actions
-                       if a.sha256 and a.sha256 not in self.plan.contents and a.sha256 in self.plan.sources
-                       and (a.kind == REPLACE or (a.kind == WRITE and a.rel not in listings[a.root]))})
+        """On resume: the URLs of the stored contents (a restore's backup objects) the plan's writes stream from
+        that are gone. Every write's, done or not: a resumed write opens its content before it finds its file in
+        place (``_put``, then ``_write``'s check of what is there)."""
+        shas = sorted({a.sha256 for a in self.plan.actions if a.kind in (WRITE, REPLACE) and a.sha256
+                       and a.sha256 not in self.plan.contents and a.sha256 in self.plan.sources})
 
         def gone(sha: str) -> bool:
             fm, path = self._source(sha)

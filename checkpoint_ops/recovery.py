@@ -335,10 +335,11 @@ class ResumeOperation(_JournalOperation):
                 ex.check_roll_forward()
             else:
                 self.record_only = ex.check_resumable()
-        if stage and not self.record_only:  # a restore reads its backup's objects again: under its intent
+        if not self.record_only:  # a restore reads its backup's objects again: under its intent (a dry run: checked)
             from .backup.restore import hold_for_resume
 
-            self._claim = hold_for_resume(self.journal.record, self.anchor.url, ex, self.storage_options)
+            self._claim = hold_for_resume(self.journal.record, self.anchor.url, ex, self.storage_options, hold=stage,
+                                          rolling_forward=_interrupted_undo(self.state))
         return ex.plan
 
     def nothing_to_do(self, plan: Plan) -> bool:

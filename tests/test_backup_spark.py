@@ -281,6 +281,8 @@ def test_a_resumed_restore_holds_its_intent_and_says_undo_when_its_objects_were_
     shutil.rmtree(os.path.join(dest, "objects"))
     before = tree_snapshot(str(target))
     intents = set(os.listdir(os.path.join(dest, "intents")))  # the killed restores' own: stale
+    code, out, err = cli("resume", str(target / "ckpt"), "--dry-run")  # the dry run says so too
+    assert code == 2 and f"checkpoint-ops undo {target / 'ckpt'}" in err, (out, err)
     code, out, err = cli("resume", str(target / "ckpt"))
     assert code == 2, (out, err)
     assert f"backup {first}" in err and "pruned" in err and f"checkpoint-ops undo {target / 'ckpt'}" in err, err

@@ -535,12 +535,14 @@ def clear_staged(rp: RestorePlan) -> None:
             fm.delete_many([path])
 
 
-def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | None = None):
+def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | None = None, hold: bool = True,
+                    rolling_forward: bool = False):
     """Before a killed restore is resumed (or rolled forward after a killed undo): the restore's intent at its
     destination again, held until the caller releases it, and a running prune waited for, as the restore
     itself does (``RestoreOperation.plan``): a prune meanwhile collects none of the objects the resume reads.
     A prune while nothing ran may have collected them already: that is refused here, before anything is
-    changed, naming ``undo``, as no resume can finish it. None for another operation's journal (``record``)."""
+    changed, naming ``undo``, as no resume can finish it. None for another operation's journal (``record``), and
+    for a dry run (``hold`` False: checked alike, no intent written)."""
     backup = record.get("backup") if record.get("operation") == "restore" else None
     if not backup:
         return None
@@ -551,19 +553,23 @@ def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | N
         raise BadInputError(f"the backup destination this restore copies from cannot be read: {e.problem}",
                             path=dest, fix=f"mend it and resume again; or remove what the restore wrote with "
                             f"`checkpoint-ops undo {target_url}` and restore from another destination") from None
-    claim = repo.hold_restore_claim(backup_id, target_url)
+    claim = repo.hold_restore_claim(backup_id, target_url) if hold else None
     try:
-        wait_for_prune(repo)
+        if hold:
+            wait_for_prune(repo)
         missing = ex.sources_missing()
     except BaseException:
-        claim.release()
+        if claim is not None:
+            claim.release()
         raise
     if missing:
-        claim.release()
+        if claim is not None:
+            claim.release()
+        interrupted = "its undo" if rolling_forward else "the restore"
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise BadInputError(
             f"the restore of backup {backup_id} cannot be finished: content it still has to copy is gone from "
-            f"{dest} ({missing[0]}{more}; pruned or deleted after the restore was interrupted); nothing was changed",
+            f"{dest} ({missing[0]}{more}; pruned or deleted after {interrupted} was interrupted); nothing was changed",
             path=target_url, fix=f"remove what the restore wrote with `checkpoint-ops undo {target_url}`, then restore "
             f"another backup (`checkpoint-ops backup list {dest}` lists them)")
     return claim
