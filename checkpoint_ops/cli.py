@@ -31,7 +31,8 @@ from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, 
 from .fence import recovery_advice, resume_command, revert_command
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
-from .operation import Operation, OperationResult, RunOptions, StoppedBeforeChanges, StoppedWhileApplying, run
+from .operation import (Operation, OperationResult, RunOptions, StoppedBeforeChanges, StoppedPartWay, StoppedWhileApplying,
+                        run)
 
 EXIT_INTERNAL = 3
 
@@ -248,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  fix: there is nothing of it to resume or undo (`undo` would revert the operation before it); run "
               f"the {e.operation} again to apply it", file=sys.stderr)
         return 130
+    except StoppedPartWay as e:
+        print(f"checkpoint-ops: interrupted: the {e.operation} stopped part-way (it journals nothing to resume or "
+              "undo)", file=sys.stderr)
+        print(f"  fix: run the {e.operation} again: it finishes what this one began (`resume` and `undo` act on other "
+              "operations)", file=sys.stderr)
+        return 130
     except StoppedWhileApplying as e:
         where = e.where or "PATH"
         print(f"checkpoint-ops: {where}: interrupted: the {e.operation} stopped while applying its plan, and may have "
@@ -255,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         reverts = ("goes back to the result of the operation it was undoing" if e.operation == "undo" else
                    "reverts it")
         print(f"  fix: `{resume_command(e.operation, where)}` finishes it, or `{revert_command(e.operation, where)}` "
-              f"{reverts} (a checkpoint it fenced names both; if it stopped before journaling, both say nothing of it "
-              f"is left to do: run the {e.operation} again)", file=sys.stderr)
+              f"{reverts} (a checkpoint it fenced names both)", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("checkpoint-ops: interrupted", file=sys.stderr)

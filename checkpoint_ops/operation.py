@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol
 
@@ -84,6 +85,9 @@ class Operation(abc.ABC):
     confirm_required: ClassVar[bool] = True
     #: take the sites' leases (``lease break`` removes someone else's instead)
     takes_lease: ClassVar[bool] = True
+    #: how its apply is recovered when it stops part-way: ``"journal"`` (it journals what it changes: resume or undo
+    #: it at ``recovery_url``), ``"acts on a journal"`` (undo, resume: run either again) or ``"again"`` (run it again)
+    recovery: ClassVar[str] = "again"
 
     @abc.abstractmethod
     def sites(self) -> list[Site]:
@@ -246,6 +250,15 @@ class StoppedBeforeChanges(KeyboardInterrupt):
         self.operation = operation
 
 
+class StoppedPartWay(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) while an operation that journals nothing applied (a prune, a backup prune): running it
+    again finishes it."""
+
+    def __init__(self, operation: str):
+        super().__init__(operation)
+        self.operation = operation
+
+
 class StoppedWhileApplying(KeyboardInterrupt):
     """An interrupt (Ctrl-C) while an operation applied its plan (``where``: its ``recovery_url``): it may have changed
     files; a journaled one is finished by ``resume`` or reverted by ``undo`` there."""
@@ -255,22 +268,43 @@ class StoppedWhileApplying(KeyboardInterrupt):
         self.operation, self.where = operation, where
 
 
+def _journaled_since(url: str | None, since: float, storage_options: dict | None) -> bool:
+    """Whether an operation was journaled at ``url`` at or after ``since`` (when in doubt: True, so the advice
+    stays resume or undo)."""
+    from .journal import op_id_time, ops_dir, scan_journals
+    from .storage import open_file_manager
+
+    if url is None:
+        return True
+    try:
+        fm, root = open_file_manager(url, storage_options)
+        stamps = [op_id_time(d.rstrip("/").rsplit("/", 1)[-1]) for d in scan_journals(fm, ops_dir(fm, root))]
+    except Exception:  # noqa: BLE001 - the store or the path: the cautious answer
+        return True
+    return any(t is None or t >= since - 0.001 for t in stamps)
+
+
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     """The one sequence (module docstring). The leases are released whatever happened; a release that
     fails (the store does not answer) never hides the error that stopped the operation, and never turns
     a completed one into a failure: it is a warning, and the lease left behind goes stale. An interrupt before
     the apply began is raised as ``StoppedBeforeChanges``, one during it as ``StoppedWhileApplying``."""
     leases = LeaseSet()
-    applying: list[bool] = []  # set once the apply begins (``_run``)
+    applying: list[float] = []  # when the apply began (``_run``)
     try:
         try:
             result = _run(op, options, leases, applying)
         except KeyboardInterrupt as e:
-            if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying)):
+            if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying, StoppedPartWay)):
                 raise
-            if applying:
-                raise StoppedWhileApplying(op.name, op.recovery_url()) from e
-            raise StoppedBeforeChanges(op.name) from e
+            if not applying:
+                raise StoppedBeforeChanges(op.name) from e
+            if op.recovery == "again":
+                raise StoppedPartWay(op.name) from e
+            where = op.recovery_url()
+            if op.recovery == "journal" and not _journaled_since(where, applying[0], options.storage_options):
+                raise StoppedBeforeChanges(op.name) from e  # before its journal: undo would revert the one before
+            raise StoppedWhileApplying(op.name, where) from e
     except BaseException:
         try:
             leases.release()
@@ -289,8 +323,8 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
 
 
 def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[bool]) -> OperationResult:
-    """``run`` without the release (its caller releases ``leases``, whatever happens); ``applying`` gets an entry
-    as the apply begins."""
+    """``run`` without the release (its caller releases ``leases``, whatever happens); ``applying`` gets the time
+    the apply begins."""
     op.precheck()
     if op.takes_lease:
         acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases,
@@ -321,6 +355,6 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[bo
     except BaseException:
         op.discard(plan)
         raise
-    applying.append(True)
+    applying.append(time.time())  # a journal of it is stamped no earlier
     outcome = op.apply(plan, ctx)
     return OperationResult(op.name, plan, False, outcome, notes)

@@ -144,6 +144,8 @@ class _JournalOperation(Operation):
     at or after that time (its op id's stamp), is refused the same way: it was not what was newest when this
     command started."""
 
+    recovery = "acts on a journal"
+
     def __init__(self, url: str, storage_options: dict | None = None, source_compact_interval: int = 10,
                  op_id: str | None = None, started: float | None = None):
         self.url = url

@@ -681,6 +681,8 @@ def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], le
 class RollbackOperation(Operation):
     """``checkpoint-ops rollback``: a checkpoint and its file sinks back to one batch (module docstring)."""
 
+    recovery = "journal"
+
     name = "rollback"
 
     def __init__(self, checkpoint_url: str, to_batch: int | None = None, to_time: datetime | None = None,

@@ -757,6 +757,8 @@ def clear_staging(ctx: SinkContext, plan: Plan) -> None:
 class _SinkOperation(Operation):
     """A plan on a sink's log (and data files), anchored at its checkpoint when given, else at the output."""
 
+    recovery = "journal"
+
     data = False  # list the data files too
     records_batches = True  # records in the batch ledger what the log files it changes held (not: orphans)
 

@@ -570,3 +570,21 @@ def test_ctrl_c_during_an_apply_names_where_resume_and_undo_find_the_journal(tmp
     assert SinkCompactOperation(out, ckpt).recovery_url() == ckpt
     assert SinkCompactOperation(out).recovery_url() == out
     assert RollbackOperation(ckpt, to_batch=1, sink_urls=[out]).recovery_url() == ckpt
+
+
+def test_ctrl_c_before_the_journal_is_told_apart_from_ctrl_c_after_it(tmp_path):
+    """Ctrl-C during an apply advises resume or undo only once the operation journaled: before (a sink operation's
+    ledger sync runs first), undo would revert the operation before it (hostile review: it reverted a rollback)."""
+    import time as clock
+
+    from checkpoint_ops.operation import _journaled_since
+
+    ckpt = str(tmp_path / "ck")
+    synthetic.write_local(ckpt, batches=6, partitions=1, retain_state=5)
+    code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--yes")
+    assert code == 0, first
+    now = clock.time()
+    assert not _journaled_since(ckpt, now, None)  # only the rollback before: not this command's
+    code, second = cli_json("rollback", ckpt, "--to-batch", "3", "--yes")
+    assert code == 0, second
+    assert _journaled_since(ckpt, now, None)

@@ -578,6 +578,8 @@ def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | N
 class RestoreOperation(Operation):
     """``checkpoint-ops backup restore``: a backup into an empty target (module docstring)."""
 
+    recovery = "journal"
+
     name = "restore"
 
     def __init__(self, dest_url: str, backup_id: str, target_url: str, sink_targets: list[str] = (),
