@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,15 +31,21 @@ class ForkRunner:
         self.dir = tempfile.mkdtemp(prefix="fork-runner-")
         self.last: dict = {}  # the last command's child: pid, and when it was forked and reaped (epoch s)
 
-    def run(self, *args, kill_at: int | None = None, env: dict | None = None) -> tuple[int, str, str]:
+    def run(self, *args, kill_at: int | None = None, env: dict | None = None,
+            trace: bool = False) -> tuple[int, str, str]:
         """Run one command; with ``kill_at`` the switch is armed, and ``self.mutations`` is then how many
         mutating calls it counted (all of them, when the command finished unkilled)."""
         out, err = os.path.join(self.dir, "out"), os.path.join(self.dir, "err")
         count = os.path.join(self.dir, "count")
         if os.path.exists(count):
             os.remove(count)
+        trace = os.path.join(self.dir, "trace") if trace else None
+        if trace and os.path.exists(trace):
+            os.remove(trace)
         env = {**{k: v for k, v in os.environ.items() if k.startswith("AWS_")}, **(env or {})}
-        unset = []
+        if trace:
+            env["CHECKPOINT_OPS_KILL_TRACE"] = trace
+        unset = [] if trace else ["CHECKPOINT_OPS_KILL_TRACE"]
         if kill_at is None:
             unset.append("CHECKPOINT_OPS_KILL_AT")
         else:
@@ -50,6 +57,10 @@ class ForkRunner:
         answer = json.loads(self.proc.stdout.readline())
         self.last = answer
         self.mutations = int(open(count).read()) if kill_at is not None and answer["code"] != -9 else None
+        self.steps = []  # (k, path) of each mutating call, when ``trace`` was asked for
+        if trace and os.path.exists(trace):
+            self.steps = [(int(k), path) for k, _, path in (line.rstrip("\n").partition("\t")
+                                                            for line in open(trace))]
         return answer["code"], open(out).read(), open(err).read()
 
     def close(self) -> None:
@@ -131,19 +142,23 @@ def tree_digest(*roots: str) -> dict[str, str]:
 FULL_MATRIX_ENV = "CHECKPOINT_OPS_CRASH_MATRIX"  # "full" (make reliability): every point; else a sample
 NEVER = 10 ** 9  # a kill point no command reaches: the switch armed (batches run file by file), counting
 EDGE, MIDDLE = 5, 8
+_METADATA = re.compile(r"/\.?metadata(?:[.][^/\s]*)?(?:\s|$)")  # a checkpoint's metadata (its temp, its .crc)
 
 
-def kill_points(total: int) -> list[int]:
+def kill_points(total: int, steps: list[tuple[int, str]] = ()) -> list[int]:
     """The crash points to try for a command that makes ``total`` mutating calls: all of them under
-    ``make reliability``; in ``make test``, the first and last ``EDGE`` (leasing, journal, fence; the last
-    changes, unfence, release) and about ``MIDDLE`` spread evenly over the changes between. The sample is
-    the same every run, so a failure reproduces."""
+    ``make reliability``; in ``make test``, the first and last ``EDGE``, about ``MIDDLE`` spread evenly over
+    the changes between, and each step where recovery changes course, with the calls either side: every write of
+    a journal file (the plan, its markers) and of ``metadata`` (the fence, the unfence), from ``steps`` ((k, path)
+    of each call, ``CHECKPOINT_OPS_KILL_TRACE``). The sample is the same every run, so a failure reproduces."""
     if os.environ.get(FULL_MATRIX_ENV) == "full" or total <= 2 * EDGE + MIDDLE:
         return list(range(1, total + 1))
     inner = range(EDGE + 1, total - EDGE + 1)
     step = len(inner) / MIDDLE
     middle = {inner[int(i * step + step / 2)] for i in range(MIDDLE)}
-    return sorted(set(range(1, EDGE + 1)) | middle | set(range(total - EDGE + 1, total + 1)))
+    turns = {k + d for k, what in steps for d in (-1, 0, 1) if "/journal/" in what or _METADATA.search(what)}
+    return sorted({k for k in set(range(1, EDGE + 1)) | middle | turns | set(range(total - EDGE + 1, total + 1))
+                   if 1 <= k <= total})
 
 
 @dataclass

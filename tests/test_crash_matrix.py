@@ -3,8 +3,9 @@
 An uninterrupted run, with the switch armed, counts the operation's mutating calls through the file
 manager; then for each crash point k the operation is started on a fresh copy and SIGKILLed just before
 its k-th call (``CHECKPOINT_OPS_KILL_AT``). ``make reliability`` (``CHECKPOINT_OPS_CRASH_MATRIX=full``)
-tries every k; ``make test`` a fixed sample (``tests.crash.kill_points``: the first and last five, and
-eight spread between), which keeps the suite's time in bounds. After each crash
+tries every k; ``make test`` a fixed sample (``tests.crash.kill_points``: the first and last five, eight
+spread between, and each write of the journal and of ``metadata`` with the calls either side), which keeps the
+suite's time in bounds. After each crash
 the recovery a user would run (``rollback --resume`` or the same command again) must leave exactly
 the tree an uninterrupted run leaves. For rollback, Spark then resumes from sampled results with
 exact output. The rows go to docs/reliability.md.
@@ -54,11 +55,11 @@ def matrix(row: MatrixRow, runner, reset, command, recover, snapshot, expected, 
     """Kill ``command`` at each of its crash points (``kill_points``: every mutating call under ``make
     reliability``, a fixed sample in ``make test``); recover each time; compare the tree."""
     reset()
-    code, out, err = runner.run(*command, kill_at=NEVER)  # armed, as in the killed runs: it counts the calls
-    row.total = runner.mutations
+    code, out, err = runner.run(*command, kill_at=NEVER, trace=True)  # armed, as in the killed runs: it counts
+    row.total, steps = runner.mutations, runner.steps  # the calls, and names what each changes
     assert code == 0, (out, err)
     assert snapshot() == expected, "the uninterrupted run does not give the expected tree"
-    for k in kill_points(row.total):
+    for k in kill_points(row.total, steps):
         reset()
         code, out, err = runner.run(*command, kill_at=k)
         if code != -9:  # an uninterrupted run made fewer calls this time: the points after it are not reached

@@ -419,7 +419,7 @@ class DirectPutFileManager(CheckpointFileManager):
             self._count("put")
             await self.fs._call_s3("put_object", Bucket=bucket, Key=key, Body=data, IfMatch=version)
 
-        killswitch.tick()
+        killswitch.tick(what=path)
         try:
             self.retrier.call("PutObject", url, lambda: sync(self.fs.loop, put))
         except Exception as e:

@@ -21,6 +21,7 @@ import os
 import signal
 
 KILL_ENV = "CHECKPOINT_OPS_KILL_AT"
+TRACE_ENV = "CHECKPOINT_OPS_KILL_TRACE"  # while armed: append "k<TAB>path" per mutating call to this file
 
 _count = {"pid": None, "n": 0}
 
@@ -29,15 +30,19 @@ def armed() -> bool:
     return KILL_ENV in os.environ
 
 
-def tick(n: int = 1) -> None:
-    """One mutating call is about to happen."""
+def tick(n: int = 1, what: str = "") -> None:
+    """One mutating call is about to happen (``what``: the path it changes, for ``TRACE_ENV``)."""
     at = os.environ.get(KILL_ENV)
     if at is None:
         return
     if _count["pid"] != os.getpid():  # a forked child counts from zero
         _count["pid"], _count["n"] = os.getpid(), 0
+    trace = os.environ.get(TRACE_ENV)
     for _ in range(n):
         _count["n"] += 1
+        if trace:
+            with open(trace, "a") as f:
+                f.write(f"{_count['n']}\t{what}\n")
         if _count["n"] >= int(at):
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -47,7 +52,7 @@ def counted(fn):
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        tick()
+        tick(what=" ".join(str(a) for a in args[:2] if isinstance(a, (str, tuple))))
         return fn(self, *args, **kwargs)
 
     wrapper.__killswitch__ = True
@@ -63,7 +68,7 @@ def counted_each(fn):
             return fn(self, items, *args, **kwargs)
         out = None
         for item in list(items):
-            tick()
+            tick(what=str(item))
             r = fn(self, [item], *args, **kwargs)
             if r is not None:
                 out = (out or []) + list(r)

@@ -157,7 +157,7 @@ class AtomicWriter(abc.ABC):
         if self._done:
             return
         self._done = True
-        killswitch.tick()  # publishing is a mutating call (the crash-matrix tests count it)
+        killswitch.tick(what=self.path)  # publishing is a mutating call (the crash-matrix tests count it)
         try:
             self._publish()
         except BaseException:

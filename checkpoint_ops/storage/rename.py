@@ -342,7 +342,7 @@ class LocalFileManager(CheckpointFileManager):
         """Give the finished temp file ``tmp`` the name ``path`` unless a file has it, and leave no temp
         name. ``rename_noreplace`` where the kernel and file system have it, else ``link()`` then
         ``unlink()``; both refuse an existing name, so there is no race. True if this call published it."""
-        killswitch.tick()  # publishing is the mutating call, as in ``AtomicWriter.close``
+        killswitch.tick(what=path)  # publishing is the mutating call, as in ``AtomicWriter.close``
         if self._noreplace:
             try:
                 made = rename_noreplace(tmp, path)  # one directory change instead of link + unlink
