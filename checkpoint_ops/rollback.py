@@ -663,8 +663,8 @@ def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], le
         raise RestartSetDamaged(target, broken, what)
     if rs.purged:
         window = rollback_window(ckpt, sinks, ledger)
-        reach = (f"the earliest reachable batch is {window.earliest} (window {window.earliest}..{window.latest})"
-                 if window.earliest is not None else "no batch is reachable")
+        reach = (f"The earliest reachable batch is {window.earliest} (window {window.earliest}..{window.latest})"
+                 if window.earliest is not None else "No batch is reachable")
         raise RefusedError(
             f"cannot {what} batch {target}: {'; '.join(d.problem for d in rs.purged)}. {reach}",
             path=ckpt.url,

@@ -351,7 +351,8 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         batch = ckpt.latest_commit
         if ckpt.fence is not None:  # first: a restore killed before its first batch leaves nothing committed
             raise RefusedError(f"a checkpoint-ops {ckpt.fence.operation} is in progress or was interrupted here",
-                               path=checkpoint_url, fix=recovery_advice(ckpt.fence, ckpt.url) + ", then back it up")
+                               path=checkpoint_url, fix=recovery_advice(ckpt.fence, ckpt.url) + "; back it up once it "
+                               "is finished")
         if batch is None:
             problem, fix = ckpt.nothing_committed("back up")
             raise RefusedError(problem, path=checkpoint_url, fix=fix)
