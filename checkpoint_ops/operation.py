@@ -288,7 +288,8 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     """The one sequence (module docstring). The leases are released whatever happened; a release that
     fails (the store does not answer) never hides the error that stopped the operation, and never turns
     a completed one into a failure: it is a warning, and the lease left behind goes stale. An interrupt before
-    the apply began is raised as ``StoppedBeforeChanges``, one during it as ``StoppedWhileApplying``."""
+    the apply began is raised as ``StoppedBeforeChanges``; one during it as ``StoppedWhileApplying`` once the operation
+    journaled (``StoppedBeforeChanges`` before that), or ``StoppedPartWay`` for one that journals nothing."""
     leases = LeaseSet()
     applying: list[float] = []  # when the apply began (``_run``)
     try:
@@ -322,7 +323,7 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     return result
 
 
-def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[bool]) -> OperationResult:
+def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[float]) -> OperationResult:
     """``run`` without the release (its caller releases ``leases``, whatever happens); ``applying`` gets the time
     the apply begins."""
     op.precheck()
