@@ -52,7 +52,8 @@ def counted(fn):
 
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        tick(what=" ".join(str(a) for a in args[:2] if isinstance(a, (str, tuple))))
+        if KILL_ENV in os.environ:  # unarmed (always, outside the tests): no string built on the write path
+            tick(what=" ".join(str(a) for a in args[:2] if isinstance(a, (str, tuple))))
         return fn(self, *args, **kwargs)
 
     wrapper.__killswitch__ = True
