@@ -31,8 +31,8 @@ from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, 
 from .fence import recovery_advice, resume_command, revert_command
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
-from .operation import (Operation, OperationResult, RunOptions, StoppedBeforeChanges, StoppedPartWay, StoppedWhileApplying,
-                        run)
+from .operation import (LEASE_LEFT_BEHIND, Operation, OperationResult, RunOptions, StoppedAfterApplying,
+                        StoppedBeforeChanges, StoppedPartWay, StoppedWhileApplying, run)
 
 EXIT_INTERNAL = 3
 
@@ -159,13 +159,24 @@ def run_operation(args, op: Operation, extra: dict | None = None) -> int:
         prompt=_prompt if sys.stdin.isatty() else None,
         warn=lambda note: print(f"checkpoint-ops: warning: {note}", file=sys.stderr, flush=True),
     )
-    result: OperationResult = run(op, options)
-    if args.json:
-        print_json({**result.to_dict(), **(extra or {})})
-    elif result.applied:
-        print(op.describe(result.plan, result.outcome))
-    else:
-        print(result.plan.render(verbose=args.verbose))
+    stopped = None
+    try:
+        result: OperationResult = run(op, options)
+    except StoppedAfterApplying as e:  # Ctrl-C while its leases were released: done, so what it did is shown
+        stopped, result = e, e.result
+    try:
+        if args.json:
+            print_json({**result.to_dict(), **(extra or {})})
+        elif result.applied:
+            print(op.describe(result.plan, result.outcome))
+        else:
+            print(result.plan.render(verbose=args.verbose))
+        sys.stdout.flush()
+    except KeyboardInterrupt as e:  # done and released: only what it did was not all shown
+        raise StoppedAfterApplying(op.name, op.recovery_url(), result, recovery=op.recovery, cut_short=True,
+                                   lease_left=stopped is not None and stopped.lease_left) from e
+    if stopped is not None:
+        raise stopped
     return EXIT_OK
 
 
@@ -228,6 +239,27 @@ def _storage_error(args, e: BaseException) -> StorageError:
     return StorageError(problem, path=_location(args, e), fix=f"{check}{then}")
 
 
+def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:
+    """What an interrupt that came once the operation had finished says: it is done (nothing to resume)."""
+    where = e.where or "PATH"
+    result = e.result
+    if result.dry_run:
+        done, fix = "its dry run had finished: nothing was changed", "nothing to resume or undo"
+    elif not result.applied:
+        done, fix = "it had found nothing to do: nothing was changed", "nothing to resume or undo"
+    else:
+        done = "it had applied its whole plan"
+        fix = f"nothing is left to resume; `checkpoint-ops history {where}` lists it"
+        if e.recovery == "journal":
+            fix += f", and `{revert_command(e.operation, where)}` reverts it"
+    shown = "; its output was cut short" if e.cut_short else "; its output is above"
+    lines = [f"checkpoint-ops: {where}: interrupted after the {e.operation} finished: {done}{shown}",
+             f"  fix: {fix}"]
+    if e.lease_left:
+        lines.append(f"  note: a second interrupt stopped the release of its lease, which may be left; {LEASE_LEFT_BEHIND}")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     # the console script's start is when this module was imported; a call in process (argv given) starts now
     started = STARTED if argv is None else time.time()
@@ -254,6 +286,10 @@ def main(argv: list[str] | None = None) -> int:
               "undo)", file=sys.stderr)
         print(f"  fix: run the {e.operation} again: it finishes what this one began (`resume` and `undo` act on other "
               "operations)", file=sys.stderr)
+        return 130
+    except StoppedAfterApplying as e:
+        for line in stopped_after_applying(e):
+            print(line, file=sys.stderr)
         return 130
     except StoppedWhileApplying as e:
         where = e.where or "PATH"

@@ -20,7 +20,10 @@ Operations live beside their planners (``rollback.RollbackOperation``, ``recover
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol
@@ -229,7 +232,7 @@ def confirm(op: Operation, plan: Plan, options: RunOptions, where: str) -> None:
         raise RefusedError("not applied: declined at the prompt", path=where)
 
 
-_LEFT = ("it goes stale once this process ends (at once for the next command on this host), or when its "
+LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when its "
          "heartbeat lapses")
 
 
@@ -266,6 +269,47 @@ class StoppedWhileApplying(KeyboardInterrupt):
     def __init__(self, operation: str, where: str | None):
         super().__init__(operation)
         self.operation, self.where = operation, where
+
+
+class StoppedAfterApplying(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) that came once an operation had finished (``result``: what it did; a dry run changed
+    nothing): while its leases were released or its output was shown. Nothing of it is left to resume; its leases
+    were released first (``lease_left``: a second interrupt stopped the release, and a lease may be left)."""
+
+    def __init__(self, operation: str, where: str | None, result: "OperationResult", lease_left: bool = False,
+                 recovery: str = "journal", cut_short: bool = False):
+        super().__init__(operation)
+        self.operation, self.where, self.result, self.lease_left = operation, where, result, lease_left
+        self.recovery, self.cut_short = recovery, cut_short  # ``Operation.recovery``; the output was cut short
+
+
+@contextlib.contextmanager
+def interrupts_held():
+    """Within it, a first interrupt (SIGINT, Ctrl-C) is held back and recorded in the list it yields; a second one
+    stops at once, as usual. For short steps that must not stop half-way (a lease's release). Outside the main
+    thread, where Python delivers no signal, it holds nothing."""
+    caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def hold(signum, frame):
+        if caught:
+            raise KeyboardInterrupt
+        caught.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield caught
+    finally:  # a handler set outside Python reads as None: Python's own then
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+
+
+def _release(leases: LeaseSet) -> list[int]:
+    """Release ``leases`` with a first interrupt held back until they are released; returns the interrupts held."""
+    with interrupts_held() as caught:
+        leases.release()
+    return caught
 
 
 def _journaled_since(url: str | None, since: float, storage_options: dict | None) -> bool:
@@ -308,18 +352,24 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
             raise StoppedWhileApplying(op.name, where) from e
     except BaseException:
         try:
-            leases.release()
+            _release(leases)  # a Ctrl-C meanwhile: the error that stopped the operation is still the one raised
         except Exception as e:  # noqa: BLE001 - the error that stopped the operation is the one to report
             if options.warn is not None:  # what to do is that error's fix, not this one's
-                options.warn(f"its lease could not be released ({_why(e)}); {_LEFT}")
+                options.warn(f"its lease could not be released ({_why(e)}); {LEASE_LEFT_BEHIND}")
         raise
+    where = op.recovery_url()
     try:
-        leases.release()
+        held = _release(leases)
+    except KeyboardInterrupt as e:  # a second Ctrl-C stopped the release: done, with a lease perhaps left
+        raise StoppedAfterApplying(op.name, where, result, lease_left=True, recovery=op.recovery) from e
     except Exception as e:  # noqa: BLE001 - done and journaled: only the lease is left behind
-        note = f"the {op.name} completed, but its lease could not be released ({_why(e)}); {_LEFT}"
+        note = f"the {op.name} completed, but its lease could not be released ({_why(e)}); {LEASE_LEFT_BEHIND}"
         if options.warn is not None:
             options.warn(note)
         result = dataclasses.replace(result, notes=(*result.notes, note))
+        held = []
+    if held:  # the operation finished, and its leases are released: only the caller's output is left
+        raise StoppedAfterApplying(op.name, where, result, recovery=op.recovery)
     return result
 
 

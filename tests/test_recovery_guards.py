@@ -16,6 +16,7 @@ import boto3
 import pytest
 
 from benchmarks import synthetic
+from checkpoint_ops.lease import LEASE_NAME
 from checkpoint_ops.liveness import Holder
 from tests.faulty_s3 import FaultPlan
 from tests.helpers import answer_at_prompt, cli_json, is_lease_file
@@ -558,6 +559,56 @@ def test_a_rollback_stopped_with_ctrl_c_while_applying_names_resume_and_undo(tmp
     code, r = cli_json("resume", ckpt)
     assert code == 0, r
     assert cli_json("fsck", ckpt)[0] == 0
+
+
+def _armed_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
+@pytest.mark.parametrize("json_output", [True, False], ids=["json", "text"])
+def test_ctrl_c_while_a_finished_rollback_releases_its_lease_releases_it_and_says_it_finished(tmp_path, json_output):
+    """Ctrl-C once the rollback had applied its whole plan, as its lease was released (a hostile review): the
+    interrupt stopped the release, so the lease was left, no output was shown, and the message was the generic one
+    ("if it was changing something, resume or undo PATH"). Now the release finishes first, what the rollback did is
+    shown (the whole --json document), and the message says it finished and that there is nothing to resume. The
+    SIGINT is real, sent by the kill switch as the lease's record is about to be deleted."""
+    template = str(tmp_path / "template")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    args = ["--json"] if json_output else []
+
+    traced = str(tmp_path / "traced")
+    shutil.copytree(template, traced)
+    trace = str(tmp_path / "trace.txt")
+    done = _armed_cli(["rollback", traced, "--to-batch", "3", "--yes", *args],
+                      {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    release = [int(k) for k, what in steps if what.rstrip().endswith(LEASE_NAME)]
+    assert release, steps[-5:]  # the lease's record is deleted through the file manager, as every change is
+
+    ckpt = str(tmp_path / "ck")
+    shutil.copytree(template, ckpt)
+    stopped = _armed_cli(["rollback", ckpt, "--to-batch", "3", "--yes", *args],
+                         {"CHECKPOINT_OPS_KILL_AT": str(release[-1]), "CHECKPOINT_OPS_KILL_SIGNAL": "INT"})
+    assert stopped.returncode == 130, (stopped.stdout, stopped.stderr)
+    assert f"{ckpt}: interrupted after the rollback finished: it had applied its whole plan" in stopped.stderr, \
+        stopped.stderr
+    assert f"nothing is left to resume; `checkpoint-ops history {ckpt}` lists it, and `checkpoint-ops undo {ckpt}` " \
+        "reverts it" in stopped.stderr, stopped.stderr
+    if json_output:
+        shown = json.loads(stopped.stdout)
+        assert shown["operation"] == "rollback" and shown["result"]["status"] == "applied", shown
+    else:
+        assert "last committed batch is now 3" in stopped.stdout, stopped.stdout
+    assert not [n for n in os.listdir(ckpt) if is_lease_file(n)], os.listdir(ckpt)  # released, not left
+    code, h = cli_json("history", ckpt)
+    assert [op["status"] for op in h["operations"]] == ["applied"], h
+    assert cli_json("fsck", ckpt)[0] == 0
+    def relative(root: str) -> dict[str, bytes]:
+        return {os.path.relpath(path, root): data for path, data in _files(root).items()}
+
+    assert relative(ckpt) == relative(traced)  # what the uninterrupted rollback left, file for file
 
 
 def test_ctrl_c_during_an_apply_names_where_resume_and_undo_find_the_journal(tmp_path):

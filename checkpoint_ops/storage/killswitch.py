@@ -6,10 +6,10 @@ exists and before its bytes are written, so a crash can leave it empty under its
 deleted, moved, copied or undeleted, each upload aborted (batch
 calls count file by file and, while the switch is armed, run file by file so a crash can land between
 any two), and each chunk a multipart upload sends (so a crash can leave one half done, as a dying
-writer does). The
-process is killed with SIGKILL *before* call k takes effect: no ``finally`` block, no flush, as
-when a machine dies. The crash-matrix tests run an operation with k = 1, 2, ... until it finishes
-without being killed.
+writer does). The process is killed with SIGKILL *before* call k takes effect: no ``finally`` block,
+no flush, as when a machine dies. The crash-matrix tests run an operation with k = 1, 2, ... until it
+finishes without being killed. ``CHECKPOINT_OPS_KILL_SIGNAL=INT`` sends a SIGINT at call k instead (once),
+as a person's Ctrl-C: the process handles it as it would that.
 
 Unset (the normal case) it costs one dictionary lookup per call.
 """
@@ -21,6 +21,8 @@ import os
 import signal
 
 KILL_ENV = "CHECKPOINT_OPS_KILL_AT"
+# "INT": at call k send SIGINT instead (once), as a person's Ctrl-C: the process handles it as it would
+SIGNAL_ENV = "CHECKPOINT_OPS_KILL_SIGNAL"
 TRACE_ENV = "CHECKPOINT_OPS_KILL_TRACE"  # while armed: append "k<TAB>path" per mutating call to this file
 
 _count = {"pid": None, "n": 0}
@@ -43,7 +45,10 @@ def tick(n: int = 1, what: str = "") -> None:
         if trace:
             with open(trace, "a") as f:
                 f.write(f"{_count['n']}\t{what}\n")
-        if _count["n"] >= int(at):
+        if os.environ.get(SIGNAL_ENV) == "INT":
+            if _count["n"] == int(at):
+                os.kill(os.getpid(), signal.SIGINT)
+        elif _count["n"] >= int(at):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
