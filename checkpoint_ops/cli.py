@@ -276,6 +276,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"checkpoint-ops: {e.render()}", file=sys.stderr)
         return e.exit_code
     except StoppedBeforeChanges as e:
+        if e.recovery == "acts on a journal":  # an undo or a resume: what it acts on is left as it was
+            where = e.where or "PATH"
+            print(f"checkpoint-ops: {where}: interrupted: the {e.operation} stopped before it changed anything; the "
+                  "operation it acts on is as it was (a checkpoint that operation fenced stays fenced)", file=sys.stderr)
+            print(f"  fix: run `checkpoint-ops {e.operation} {where}` again to apply it (`checkpoint-ops history {where}` "
+                  "shows the operation it acts on)", file=sys.stderr)
+            return 130
         print(f"checkpoint-ops: interrupted: the {e.operation} stopped before it changed anything (nothing was "
               "journaled)", file=sys.stderr)
         print(f"  fix: there is nothing of it to resume or undo (`undo` would revert the operation before it); run "

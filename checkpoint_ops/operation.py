@@ -246,11 +246,12 @@ def _why(e: Exception) -> str:
 
 class StoppedBeforeChanges(KeyboardInterrupt):
     """An interrupt (Ctrl-C) that stopped an operation before its apply began: it changed nothing and journaled
-    nothing, so there is nothing of it to resume or undo (an undo would revert the operation before it)."""
+    nothing, so there is nothing of it to resume or undo (an undo would revert the operation before it). For an
+    undo or a resume (``recovery`` "acts on a journal"), the operation it acts on at ``where`` is as it was."""
 
-    def __init__(self, operation: str):
+    def __init__(self, operation: str, where: str | None = None, recovery: str = "journal"):
         super().__init__(operation)
-        self.operation = operation
+        self.operation, self.where, self.recovery = operation, where, recovery
 
 
 class StoppedPartWay(KeyboardInterrupt):
@@ -343,7 +344,7 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
             if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying, StoppedPartWay)):
                 raise
             if not applying:
-                raise StoppedBeforeChanges(op.name) from e
+                raise StoppedBeforeChanges(op.name, op.recovery_url(), op.recovery) from e
             if op.recovery == "again":
                 raise StoppedPartWay(op.name) from e
             where = op.recovery_url()

@@ -167,6 +167,12 @@ def _files(*roots: str) -> dict[str, bytes]:
     return out
 
 
+def _armed_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """The CLI in a child process with the kill switch set by ``env`` (checkpoint_ops/storage/killswitch.py)."""
+    return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *args], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})
+
+
 def test_undo_refuses_on_a_checkpoint_emptied_since_the_rollback(tmp_path):
     ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
     synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
@@ -534,6 +540,36 @@ def test_a_rollback_stopped_with_ctrl_c_before_it_applied_says_there_is_nothing_
     assert [op["status"] for op in h["operations"]] == ["applied"], h
 
 
+def test_an_undo_stopped_with_ctrl_c_at_its_prompt_says_the_interrupted_rollback_stays_fenced(tmp_path):
+    """Ctrl-C at an undo's prompt, on a checkpoint an interrupted rollback fenced: the message said "there is nothing
+    of it to resume or undo (`undo` would revert the operation before it)", though the fence is still there and undo
+    is exactly what was asked (a hostile review). It now says the operation it acts on is as it was, still fenced, and
+    to run the undo again; nothing changed, and that undo then works."""
+    ckpt, traced = str(tmp_path / "ck"), str(tmp_path / "traced")
+    synthetic.write_local(ckpt, batches=8, partitions=2, retain_state=7)
+    shutil.copytree(ckpt, traced)
+    trace = str(tmp_path / "trace.txt")
+    done = _armed_cli(["rollback", traced, "--to-batch", "3", "--yes"],
+                      {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    fence = min(int(k) for k, what in steps if what.rstrip().endswith("/metadata"))  # the apply's first change
+    killed = _armed_cli(["rollback", ckpt, "--to-batch", "3", "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(fence + 2)})
+    assert killed.returncode == -9, killed.stderr  # SIGKILL part-way through the apply: fenced
+    assert b"checkpoint-ops" in open(os.path.join(ckpt, "metadata"), "rb").read()
+    before = _files(ckpt)
+    code, text = answer_at_prompt(["undo", ckpt], b"\x03")
+    assert code == 130, text[-2000:]
+    assert f"{ckpt}: interrupted: the undo stopped before it changed anything; the operation it acts on is as it " \
+        "was (a checkpoint that operation fenced stays fenced)" in text, text[-2000:]
+    assert f"run `checkpoint-ops undo {ckpt}` again to apply it" in text, text[-2000:]
+    assert "nothing of it to resume or undo" not in text
+    assert _files(ckpt) == before
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 0, r
+    assert cli_json("fsck", ckpt)[0] == 0
+
+
 def test_a_rollback_stopped_with_ctrl_c_while_applying_names_resume_and_undo(tmp_path):
     """Ctrl-C while the rollback applies its plan: it printed only "interrupted" and "if it was changing something,
     resume or undo PATH", though the docs said the command says whether it changed anything. It now names the
@@ -559,11 +595,6 @@ def test_a_rollback_stopped_with_ctrl_c_while_applying_names_resume_and_undo(tmp
     code, r = cli_json("resume", ckpt)
     assert code == 0, r
     assert cli_json("fsck", ckpt)[0] == 0
-
-
-def _armed_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})
 
 
 @pytest.mark.parametrize("json_output", [True, False], ids=["json", "text"])
