@@ -91,6 +91,9 @@ class Operation(abc.ABC):
     #: how its apply is recovered when it stops part-way: ``"journal"`` (it journals what it changes: resume or undo
     #: it at ``recovery_url``), ``"acts on a journal"`` (undo, resume: run either again) or ``"again"`` (run it again)
     recovery: ClassVar[str] = "again"
+    #: where a notice for the person waiting goes (``RunOptions.warn``, set by ``run``): e.g. that it waits for
+    #: another process
+    warn: Callable[[str], None] | None = None
 
     @abc.abstractmethod
     def sites(self) -> list[Site]:
@@ -377,6 +380,7 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
 def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[float]) -> OperationResult:
     """``run`` without the release (its caller releases ``leases``, whatever happens); ``applying`` gets the time
     the apply begins."""
+    op.warn = options.warn
     op.precheck()
     if op.takes_lease:
         acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases,

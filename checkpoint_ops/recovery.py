@@ -341,7 +341,7 @@ class ResumeOperation(_JournalOperation):
             from .backup.restore import hold_for_resume
 
             self._claim = hold_for_resume(self.journal.record, self.anchor.url, ex, self.storage_options, hold=stage,
-                                          rolling_forward=_interrupted_undo(self.state))
+                                          rolling_forward=_interrupted_undo(self.state), warn=self.warn)
         return ex.plan
 
     def nothing_to_do(self, plan: Plan) -> bool:

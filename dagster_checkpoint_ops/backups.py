@@ -29,7 +29,7 @@ def backup_query(context, query: StreamingQuery, settings: StreamingSettings,
     dest = settings.backup_dest_of(query)
     sinks = [s for s in query.sinks if _has_log(files, s)]  # a sink that never wrote a batch has no log yet
     try:
-        r = create_backup(query.checkpoint, dest, sinks, opts)
+        r = create_backup(query.checkpoint, dest, sinks, opts, warn=context.log.warning)
         repo = Repository.open(dest, opts)
         v = verify_backups(repo, r["backup_id"])
         pruned = run(BackupPruneOperation(dest, keep_last=settings.backup_keep_last, storage_options=opts),

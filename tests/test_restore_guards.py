@@ -106,6 +106,25 @@ def test_restore_reports_each_file_manager_once(tmp_path, s3_server, bucket, fau
                                                                       "ledger/")["KeyCount"] > 0  # it has a ledger
 
 
+def _kill_once_fenced(restore: list[str], target: str) -> None:
+    """Run the restore command ``restore`` killed at its first crash point that leaves ``target`` fenced (the
+    restore's parent directory is emptied before each try)."""
+    from tests.crash import NEVER, ForkRunner
+
+    runner = ForkRunner()
+    try:
+        assert runner.run(*restore, kill_at=NEVER)[0] == 0
+        for k in range(1, runner.mutations):  # the first point at which the target is fenced
+            shutil.rmtree(os.path.dirname(target))
+            assert runner.run(*restore, kill_at=k)[0] == -9
+            metadata = os.path.join(target, "metadata")
+            if os.path.exists(metadata) and b"checkpoint-ops" in open(metadata, "rb").read():
+                return
+        raise AssertionError("no kill point left the target fenced")
+    finally:
+        runner.close()
+
+
 def test_running_an_interrupted_restore_again_says_to_finish_it(tmp_path):
     """A restore killed once it fenced its target (``metadata`` holds the fence): running the same restore
     again is refused with the way to finish it (``resume``) or revert it (``undo``), not told to pick another,
@@ -148,27 +167,69 @@ def test_running_an_interrupted_restore_again_says_to_finish_it(tmp_path):
 def test_a_backup_of_a_target_a_killed_restore_fenced_names_the_restore(tmp_path):
     """``backup create`` of a target whose restore was killed before it wrote a commit said "nothing committed
     yet" (the check ran before the fence's): it now names the interrupted restore, with resume and undo."""
-    from tests.crash import NEVER, ForkRunner
-
     dest = str(tmp_path / "dest")
     backup_id = _backup(str(tmp_path / "q"), dest, 3)
     target = str(tmp_path / "t" / "ckpt")
     restore = ["backup", "restore", dest, backup_id, target, "--sink-target", str(tmp_path / "t" / "out"), "--yes"]
-    runner = ForkRunner()
-    try:
-        assert runner.run(*restore, kill_at=NEVER)[0] == 0
-        for k in range(1, runner.mutations):  # the first point at which the target is fenced
-            shutil.rmtree(str(tmp_path / "t"))
-            assert runner.run(*restore, kill_at=k)[0] == -9
-            metadata = os.path.join(target, "metadata")
-            if os.path.exists(metadata) and b"checkpoint-ops" in open(metadata, "rb").read():
-                break
-        else:
-            raise AssertionError("no kill point left the target fenced")
-    finally:
-        runner.close()
+    _kill_once_fenced(restore, target)
     assert not os.path.exists(os.path.join(target, "commits", "0"))
     code, r = cli_json("backup", "create", target, str(tmp_path / "dest2"))
     assert code == 1, r
     assert "a checkpoint-ops restore is in progress or was interrupted here" in r["problem"], r
     assert f"checkpoint-ops resume {target}" in r["fix"] and f"checkpoint-ops undo {target}" in r["fix"], r
+
+
+def test_a_restore_its_resume_and_a_backup_say_they_wait_for_a_running_prune(tmp_path):
+    """A live prune lock at the destination makes a restore, the resume of a killed one and a backup wait (up to
+    ten minutes) before they read an object: they waited without a word, like a hang (a hostile review). Each now
+    says on stderr that a garbage collection is running, whose, and that it waits; each finishes once the lock is
+    released."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from checkpoint_ops.backup.repository import Repository
+
+    dest = str(tmp_path / "dest")
+    backup_id = _backup(str(tmp_path / "q"), dest, 4)
+    repo = Repository.open(dest)
+    target, out = str(tmp_path / "t" / "ckpt"), str(tmp_path / "t" / "out")
+    restore = ["backup", "restore", dest, backup_id, target, "--sink-target", out, "--yes"]
+    _kill_once_fenced(restore, target)  # a restore killed once it fenced its target
+
+    def waits(args: list[str], claimed) -> str:
+        """Run ``args`` while a prune lock is held; released once the command has written its claim: stderr."""
+        lock = repo.hold_prune_lock()
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "checkpoint_ops.cli", *args], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            deadline = time.time() + 120
+            while not claimed() and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.5)  # it sees the lock at least once more (it looks every second)
+            assert proc.poll() is None, proc.communicate()  # still waiting
+        finally:
+            lock.release()
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (stdout, stderr)
+        assert f"{dest}: a garbage collection of this backup destination is running (checkpoint-ops backup prune " \
+            f"(host {socket.gethostname()}, pid {os.getpid()}, since " in stderr, stderr  # the lock's holder: this test
+        return stderr
+
+    def restoring() -> bool:
+        return any(c.live and c.restoring for c in repo.intents())
+
+    said = waits(["resume", target, "--yes"], restoring)
+    assert "the resume of the restore waits for it to finish (at most 10 minutes)" in said, said
+    assert cli_json("fsck", target, "--sink", out, *I)[0] == 0
+
+    target2, out2 = str(tmp_path / "t2" / "ckpt"), str(tmp_path / "t2" / "out")
+    said = waits(["backup", "restore", dest, backup_id, target2, "--sink-target", out2, "--yes"], restoring)
+    assert "the restore waits for it to finish" in said, said
+
+    def backing_up() -> bool:
+        return any(c.live and not c.restoring for c in repo.intents())
+
+    said = waits(["backup", "create", target, dest, "--sink", out, *I], backing_up)
+    assert "this backup waits for it to finish" in said, said

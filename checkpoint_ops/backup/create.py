@@ -214,7 +214,7 @@ class _Cut:
 
 def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (), storage_options: dict | None = None,
                   progress: bool = False, source_compact_interval: int = 10, sink_compact_interval: int = 10,
-                  without_recorded_sinks: bool = False) -> dict:
+                  without_recorded_sinks: bool = False, warn: Callable[[str], None] | None = None) -> dict:
     """Back up a checkpoint (and its file sinks and ledger) to ``dest_url``; returns the summary.
 
     The source is validated before anything at the destination is created or written: a missing, not
@@ -237,7 +237,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     try:
         intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
         try:
-            wait_for_prune(repo)
+            wait_for_prune(repo, warn)
             cuts = [cut]
 
             def copy(attempt: int) -> dict:
@@ -284,9 +284,20 @@ def _require_recorded_sinks(ckpt: Checkpoint, sinks: list, ledger, storage_optio
             f"query no longer writes {them} (an output abandoned on purpose), add --without-recorded-sinks")
 
 
-def wait_for_prune(repo: Repository) -> None:
+def wait_for_prune(repo: Repository, warn: Callable[[str], None] | None = None, waiting: str = "this backup") -> None:
+    """Wait while a live prune holds its lock at ``repo`` (at most ``_LOCK_WAIT_S``); ``warn`` is told once, when
+    there is one to wait for (``waiting``: what waits), so a person does not take the wait for a hang."""
     deadline = time.time() + _LOCK_WAIT_S
-    while repo.prune_locks():
+    told = False
+    while True:
+        live = [lock for lock in repo.locks() if lock.live]
+        if not live:
+            return
+        if not told and warn is not None:
+            who = live[0].holder.describe() if live[0].holder is not None else "a prune of an older release"
+            warn(f"{repo.url}: a garbage collection of this backup destination is running ({who}): {waiting} waits "
+                 f"for it to finish (at most {_LOCK_WAIT_S // 60} minutes)")
+            told = True
         if time.time() > deadline:
             raise RefusedError("a garbage collection of this destination has held its lock for too long", path=repo.url,
                                fix="`checkpoint-ops backup prune DEST --dry-run` shows who holds it; a lock whose "

@@ -38,6 +38,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass
+from typing import Callable
 
 from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, param
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
@@ -61,6 +62,7 @@ from ..storage.paths import (
     spark_url_to_location,
     uri_path,
 )
+from .claims import HeldClaim
 from .create import wait_for_prune
 from .repository import Manifest, Repository
 from .view import BackupView
@@ -535,8 +537,22 @@ def clear_staged(rp: RestorePlan) -> None:
             fm.delete_many([path])
 
 
+def hold_restore_intent(repo: Repository, backup_id: str, target_url: str, warn: Callable[[str], None] | None,
+                        waiting: str) -> HeldClaim:
+    """A restore's intent at ``repo``, written before it reads an object, then a running prune waited for (``warn``
+    told, ``waiting`` naming what waits); released again if the wait fails. Held until the caller releases it: a
+    prune meanwhile collects none of the objects the restore reads."""
+    claim = repo.hold_restore_claim(backup_id, target_url)
+    try:
+        wait_for_prune(repo, warn, waiting)
+    except BaseException:
+        claim.release_quietly()
+        raise
+    return claim
+
+
 def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | None = None, hold: bool = True,
-                    rolling_forward: bool = False):
+                    rolling_forward: bool = False, warn: Callable[[str], None] | None = None):
     """Before a killed restore is resumed (or rolled forward after a killed undo): the restore's intent at its
     destination again, held until the caller releases it, and a running prune waited for, as the restore
     itself does (``RestoreOperation.plan``): a prune meanwhile collects none of the objects the resume reads.
@@ -553,10 +569,8 @@ def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | N
         raise BadInputError(f"the backup destination this restore copies from cannot be read: {e.problem}",
                             path=dest, fix=f"mend it and resume again; or remove what the restore wrote with "
                             f"`checkpoint-ops undo {target_url}` and restore from another destination") from None
-    claim = repo.hold_restore_claim(backup_id, target_url) if hold else None
+    claim = hold_restore_intent(repo, backup_id, target_url, warn, "the resume of the restore") if hold else None
     try:
-        if hold:
-            wait_for_prune(repo)
         missing = ex.sources_missing()
     except BaseException:
         if claim is not None:
@@ -612,12 +626,7 @@ class RestoreOperation(Operation):
         object is read and held until the apply ends: a prune collects no object meanwhile (one running now
         is waited for), so none this restore reads goes from under it."""
         if stage:
-            self._claim = self.repo.hold_restore_claim(self.backup_id, self.target_url)
-            try:
-                wait_for_prune(self.repo)
-            except BaseException:
-                self._release_claim()
-                raise
+            self._claim = hold_restore_intent(self.repo, self.backup_id, self.target_url, self.warn, "the restore")
         try:
             self.rp = plan_restore(self.repo, self.backup_id, self.target_url, self.sink_targets, self.relocate,
                                    self.to_batch, self.storage_options, stage=stage)

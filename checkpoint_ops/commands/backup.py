@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from ..cli import Parents, emit, run_operation, storage_options
 from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..units import parse_duration
@@ -13,7 +15,8 @@ def cmd_backup_create(args) -> int:
     r = create_backup(args.checkpoint, args.dest, args.sink, storage_options(args), progress=not args.json,
                       source_compact_interval=args.source_compact_interval,
                       sink_compact_interval=args.sink_compact_interval,
-                      without_recorded_sinks=args.without_recorded_sinks)
+                      without_recorded_sinks=args.without_recorded_sinks,
+                      warn=lambda note: print(f"checkpoint-ops: {note}", file=sys.stderr, flush=True))
     at = f" at batch {r['batch']}" if r["batch"] is not None else ""
     emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
                   f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
