@@ -162,7 +162,8 @@ def binary_commit_n(run, n):
 
 
 def bare_commit_n(run, n):
-    """Cut to its version line: Spark reads the missing metadata as {} (watermark 0, no state ids)."""
+    """Cut to its version line: Spark reads the missing metadata as {} (the batch's own watermark, not the one it
+    committed; no state ids)."""
     write(ck(run, f"commits/{n}"), b"v1\n")
     return (f"commits/{n}",)
 

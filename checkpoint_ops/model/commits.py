@@ -29,10 +29,13 @@ def parse_commit(data: bytes, path: str, batch_id: int) -> CommitMetadata:
     body = "\n".join(lines).strip()
     if not body:
         # Spark reads a missing JSON line as {}, but writes one in every commit (``{}`` in 2.1, the watermark
-        # since): a commit without it was cut short
+        # since): a commit without it was cut short. At restart Spark takes the larger of the watermark the
+        # batch ran with (its offsets file) and the commit's nextBatchWatermarkMs (MicroBatchExecution
+        # .populateStartOffsets): read as {}, that is the batch's own, not the one it committed
         raise LogFormatError("the commit has its version line only, not the metadata line Spark writes after it "
-                             "(a torn write): Spark would read it as {} and restart with watermark 0, not the one "
-                             "the batch committed, and in checkpoint format V2 without the ids of the state to load",
+                             "(a torn write): Spark would read it as {} and restart with the watermark this batch ran "
+                             "with, not the later one it committed, and in checkpoint format V2 without the ids of "
+                             "the state to load",
                              path=path, kind="truncated", fix="a crash left a torn write: " + TORN_LOG_FIX)
     doc = parse_json_line(body, path, 2, last=True)
     if not isinstance(doc, dict):
