@@ -476,7 +476,27 @@ def _take_over(fm: CheckpointFileManager, root: str, stale: LeaseState, me: Hold
     note = f"took over the lease of {fm.url(root)} from {stale.describe()}"
     if passed:
         note += f" (past {len(passed)} takeover claim(s) left by interrupted takeovers)"
-    return Lease(fm, root, me, started, claims=[basename(claim), *passed], notes=[note])
+    left = _claims_left_by(fm, root, stale, {basename(claim), *passed})
+    return Lease(fm, root, me, started, claims=[basename(claim), *passed, *left], notes=[note])
+
+
+def _claims_left_by(fm: CheckpointFileManager, root: str, stale: LeaseState, known: set[str]) -> list[str]:
+    """Names of the takeover claims the stale lease's own holder left: it took the lease over itself, then died
+    holding it (a killed undo after a killed rollback), so its claim, named after the lease before it, is one
+    no later taker would ever meet. Removed with ours at release; the same process wrote them, so none is live."""
+    if stale.holder is None:
+        return []
+    try:
+        names = [f.name for f in fm.list(root)  # (a claim's .crc sidecar starts "..": not listed here)
+                 if not f.is_dir and f.name.startswith(TAKEOVER_PREFIX) and f.name not in known]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    left = []
+    for name in names:
+        record = _read_record(fm, join(root, name))
+        if record.holder is not None and record.holder.token == stale.holder.token:
+            left.append(name)
+    return left
 
 
 def _claim_refusal(stale: LeaseState, claim: LeaseState, what: str, root_url: str) -> LeaseHeld:

@@ -242,6 +242,29 @@ def test_a_takeover_killed_after_its_claim_does_not_block_later_ones(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
 
 
+def test_a_takeover_removes_the_claims_the_dead_holder_left_itself(tmp_path):
+    """A killed rollback's lease taken over by an undo that was killed too: the undo's claim (named after the
+    rollback's lease, holding the undo's record) was left for ever, as no later taker meets that name (the next
+    undo claims the undo's lease). A takeover now also removes, at release, the claims whose record is the stale
+    holder's own; another holder's claim stays."""
+    fm, root = open_file_manager(str(tmp_path))
+    dead = _lapsed_holder("a killed undo")
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(dead))
+    its_own = TAKEOVER_PREFIX + "0123abcd" * 4  # named after the lease it took over (a killed rollback's)
+    fm.write_bytes(os.path.join(root, its_own), _record(dead))
+    someone_else = Holder("another taker", ELSEWHERE, 4545, None, "feed" * 8, int(time.time() * 1000),
+                          int(time.time() * 1000), 60.0)
+    theirs = TAKEOVER_PREFIX + "5678ef01" * 4
+    fm.write_bytes(os.path.join(root, theirs), _record(someone_else))
+
+    lease = acquire(fm, root, "next", heartbeat=False)
+    assert "took over the lease" in lease.notes[0], lease.notes
+    assert os.path.exists(tmp_path / its_own)  # while the lease is held
+    lease.release()
+    left = sorted(n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n)
+    assert left == [f".{theirs}.crc", theirs], left  # its own claim gone with its .crc sidecar
+
+
 def test_a_live_takeover_claim_in_the_way_is_named_with_lease_break(tmp_path):
     """A claim by a taker on another host that is still within its time to live: the refusal names the
     claim file and says how to remove it (``lease break``), not "wait for it to finish"; nothing changes."""
