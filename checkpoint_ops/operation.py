@@ -290,10 +290,12 @@ class StoppedAfterApplying(KeyboardInterrupt):
 @contextlib.contextmanager
 def interrupts_held():
     """Within it, a first interrupt (SIGINT, Ctrl-C) is held back and recorded in the list it yields; a second one
-    stops at once, as usual. For short steps that must not stop half-way (a lease's release). Outside the main
-    thread, where Python delivers no signal, it holds nothing."""
+    stops at once, as usual. For short steps that must not stop half-way (a lease's release). It holds nothing
+    outside the main thread (where Python delivers no signal), nor where SIGINT is not Python's own
+    KeyboardInterrupt: ignored (a job started in the background), or handled by the caller (a Dagster run)."""
     caught: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
         yield caught
         return
 
@@ -305,8 +307,8 @@ def interrupts_held():
     previous = signal.signal(signal.SIGINT, hold)
     try:
         yield caught
-    finally:  # a handler set outside Python reads as None: Python's own then
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _release(leases: LeaseSet) -> list[int]:

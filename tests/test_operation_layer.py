@@ -377,3 +377,34 @@ def test_lease_show_of_a_missing_prefix_or_bucket_on_s3_is_unusable_input(s3_ser
     assert code == 0 and "lease free" in out, (out, err)
     code, out, err = cli("lease", "show", f"s3://{bucket}/ckpt/metadata", "--storage-options", options)
     assert code == 2 and "this is an object, not a prefix" in err, (out, err)
+
+
+def test_interrupts_are_held_only_where_sigint_is_pythons_own_keyboard_interrupt():
+    """``interrupts_held`` (around a lease's release) holds a first Ctrl-C back and lets a second one through,
+    and puts the handler back. Where SIGINT is ignored (a job started in the background) or handled by the caller (a
+    Dagster run), it changes nothing: an ignored SIGINT must not become an interrupt during a release. Real signals,
+    sent to this process."""
+    from checkpoint_ops.operation import interrupts_held
+
+    def interrupt() -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # Python runs the handler at its next instruction in the main thread
+
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with interrupts_held() as caught:
+            interrupt()
+        assert caught == [signal.SIGINT]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt), interrupts_held():
+            interrupt()
+            interrupt()  # a second Ctrl-C stops at once
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        with interrupts_held() as caught:
+            interrupt()
+        assert caught == [] and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
