@@ -243,18 +243,20 @@ def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:
     """What an interrupt that came once the operation had finished says: it is done (nothing to resume)."""
     where = e.where or "PATH"
     result = e.result
-    if result.dry_run:
-        done, fix = "its dry run had finished: nothing was changed", "nothing to resume or undo"
-    elif not result.applied:
-        done, fix = "it had found nothing to do: nothing was changed", "nothing to resume or undo"
+    what = f"the {e.operation}'s dry run" if result.dry_run else f"the {e.operation}"
+    if result.dry_run or not result.applied:
+        done, fix = "nothing was changed" if result.dry_run else "it found nothing to do", "nothing to resume or undo"
     else:
         done = "it had applied its whole plan"
-        fix = f"nothing is left to resume; `checkpoint-ops history {where}` lists it"
         if e.recovery == "journal":
-            fix += f", and `{revert_command(e.operation, where)}` reverts it"
+            fix = (f"nothing is left to resume; `{revert_command(e.operation, where)}` reverts it (`checkpoint-ops "
+                   f"history {where}` lists it)")
+        elif e.recovery == "acts on a journal":
+            fix = f"nothing is left to resume or undo (`checkpoint-ops history {where}` shows the operation it acted on)"
+        else:
+            fix = "nothing is left to do"
     shown = "; its output was cut short" if e.cut_short else "; its output is above"
-    lines = [f"checkpoint-ops: {where}: interrupted after the {e.operation} finished: {done}{shown}",
-             f"  fix: {fix}"]
+    lines = [f"checkpoint-ops: {where}: interrupted after {what} finished: {done}{shown}", f"  fix: {fix}"]
     if e.lease_left:
         lines.append(f"  note: a second interrupt stopped the release of its lease, which may be left; {LEASE_LEFT_BEHIND}")
     return lines

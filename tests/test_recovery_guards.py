@@ -625,8 +625,8 @@ def test_ctrl_c_while_a_finished_rollback_releases_its_lease_releases_it_and_say
     assert stopped.returncode == 130, (stopped.stdout, stopped.stderr)
     assert f"{ckpt}: interrupted after the rollback finished: it had applied its whole plan" in stopped.stderr, \
         stopped.stderr
-    assert f"nothing is left to resume; `checkpoint-ops history {ckpt}` lists it, and `checkpoint-ops undo {ckpt}` " \
-        "reverts it" in stopped.stderr, stopped.stderr
+    assert f"nothing is left to resume; `checkpoint-ops undo {ckpt}` reverts it (`checkpoint-ops history {ckpt}` " \
+        "lists it)" in stopped.stderr, stopped.stderr
     if json_output:
         shown = json.loads(stopped.stdout)
         assert shown["operation"] == "rollback" and shown["result"]["status"] == "applied", shown
