@@ -235,8 +235,8 @@ def confirm(op: Operation, plan: Plan, options: RunOptions, where: str) -> None:
         raise RefusedError("not applied: declined at the prompt", path=where)
 
 
-LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when its "
-         "heartbeat lapses")
+LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when "
+                     "its heartbeat lapses")
 
 
 def _why(e: Exception) -> str:
@@ -339,7 +339,9 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     fails (the store does not answer) never hides the error that stopped the operation, and never turns
     a completed one into a failure: it is a warning, and the lease left behind goes stale. An interrupt before
     the apply began is raised as ``StoppedBeforeChanges``; one during it as ``StoppedWhileApplying`` once the operation
-    journaled (``StoppedBeforeChanges`` before that), or ``StoppedPartWay`` for one that journals nothing."""
+    journaled (``StoppedBeforeChanges`` before that), or ``StoppedPartWay`` for one that journals nothing. One while the
+    leases of a finished operation are released is held back until they are (``interrupts_held``), then raised as
+    ``StoppedAfterApplying``, which carries the result."""
     leases = LeaseSet()
     applying: list[float] = []  # when the apply began (``_run``)
     try:
