@@ -40,10 +40,11 @@ from typing import Callable
 
 from .errors import BadInputError, RefusedError, StorageError, StoreUnavailableError, is_storage_failure
 from .fence import Fence, fence_bytes, is_fence, parse_fence, resume_command
-from .journal import Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
+from .journal import OPS_DIR, Journal, load_journal, new_op_id, ops_dir, scan_journals, write_journal
 from .ledger import ledger_at
 from .model.listing import Listing, is_hidden_temp
 from .model.logfile import log_files
+from .pairing import same_location
 from .plan import DELETE, KEEP, REPLACE, WRITE, FileAction, Plan
 from .storage import CheckpointFileManager, OpCounter, open_file_manager
 from .storage.checksums import hadoop_crc_name
@@ -967,8 +968,20 @@ def interrupted(e: StorageError, anchor: Anchor, journal: Journal, undoing: bool
 
 def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,
            guard: Callable[[], None] | None = None) -> Executor:
-    """An executor for a journaled operation (to resume, roll forward or undo it)."""
+    """An executor for a journaled operation (to resume, roll forward or undo it). A journal that records its
+    operation at another location than ``anchor`` (a copy of the checkpoint with its ``.checkpoint-ops``
+    directory, or both moved) is refused: its plan names the other location's files and moved-aside copies, so
+    acting on it here would take them from there."""
     rec = journal.record
+    recorded = rec.get("anchor", {}).get("url") or rec.get("checkpoint")
+    if recorded is not None and not same_location(recorded, anchor.url):
+        raise BadInputError(
+            f"the journal of operation {journal.op_id} here records it at {recorded}, not at {anchor.url}: this "
+            f"looks like a copy (or a move) of that location with its {OPS_DIR} directory, and the journal's plan "
+            f"names the files there and the copies it moved aside there; nothing was changed",
+            path=journal.fm.url(journal.path),
+            fix=f"undo or resume it where it ran (`checkpoint-ops undo {recorded}`, `checkpoint-ops resume {recorded}`); "
+                f"a copy made with `checkpoint-ops backup create` and `backup restore` has a journal of its own")
     plan = rec["plan"]
     roots = _open_roots(plan["roots"], rec["trash"], rec.get("versioned", {}), storage_options)
     if "checkpoint" in roots:

@@ -173,6 +173,29 @@ def _armed_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
                           timeout=300, env={**os.environ, **env})
 
 
+def test_undo_of_a_copy_with_its_journal_is_refused_and_leaves_the_originals_undo_whole(tmp_path):
+    """A checkpoint and its .checkpoint-ops directory copied (a rehearsal): `undo` of the copy put the files back
+    into the copy, taking them out of the original's trash (the journal names it), so the original could no
+    longer be undone (a hostile review). The journal records where its operation ran: elsewhere, undo (and resume,
+    through the same ``executor.reopen``) is refused, naming that location, and nothing changes; the original's undo
+    still works."""
+    prod, copy = str(tmp_path / "prod"), str(tmp_path / "copy")
+    synthetic.write_local(prod, batches=8, partitions=2, retain_state=7)
+    code, r = cli_json("rollback", prod, "--to-batch", "3", "--yes")
+    assert code == 0, r
+    shutil.copytree(prod, copy)
+    shutil.copytree(str(tmp_path / ".checkpoint-ops" / "prod"), str(tmp_path / ".checkpoint-ops" / "copy"))
+    before = _files(str(tmp_path))
+    code, refused = cli_json("undo", copy, "--yes")
+    assert code == 2, refused
+    assert f"records it at {prod}, not at {copy}" in refused["problem"], refused
+    assert f"`checkpoint-ops undo {prod}`" in refused["fix"], refused
+    assert _files(str(tmp_path)) == before
+    code, r = cli_json("undo", prod, "--yes")
+    assert code == 0 and r["result"]["status"] == "undone", r
+    assert cli_json("fsck", prod)[0] == 0
+
+
 def test_undo_refuses_on_a_checkpoint_emptied_since_the_rollback(tmp_path):
     ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
     synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
