@@ -175,8 +175,11 @@ def run_operation(args, op: Operation, extra: dict | None = None) -> int:
     except KeyboardInterrupt as e:  # done and released: only what it did was not all shown
         raise StoppedAfterApplying(op.name, op.recovery_url(), result, recovery=op.recovery, cut_short=True,
                                    lease_left=stopped is not None and stopped.lease_left) from e
-    if stopped is not None:
+    if stopped is not None and stopped.lease_left:
         raise stopped
+    if stopped is not None:  # the interrupt stopped nothing: exit 0, so nothing runs the operation again
+        for line in stopped_after_applying(stopped):
+            print(line, file=sys.stderr)
     return EXIT_OK
 
 

@@ -288,11 +288,12 @@ class StoppedAfterApplying(KeyboardInterrupt):
 
 
 @contextlib.contextmanager
-def interrupts_held():
-    """Within it, a first interrupt (SIGINT, Ctrl-C) is held back and recorded in the list it yields; a second one
-    stops at once, as usual. For short steps that must not stop half-way (a lease's release). It holds nothing
-    outside the main thread (where Python delivers no signal), nor where SIGINT is not Python's own
-    KeyboardInterrupt: ignored (a job started in the background), or handled by the caller (a Dagster run)."""
+def interrupts_held(on_hold: Callable[[], None] | None = None):
+    """Within it, a first interrupt (SIGINT, Ctrl-C) is held back and recorded in the list it yields (``on_hold``
+    called then); a second one stops at once, as usual. For short steps that must not stop half-way (a lease's
+    release). It holds nothing outside the main thread (where Python delivers no signal), nor where SIGINT is not
+    Python's own KeyboardInterrupt: ignored (a job started in the background), or handled by the caller (a Dagster
+    run)."""
     caught: list[int] = []
     if (threading.current_thread() is not threading.main_thread()
             or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
@@ -303,6 +304,8 @@ def interrupts_held():
         if caught:
             raise KeyboardInterrupt
         caught.append(signum)
+        if on_hold is not None:
+            on_hold()
 
     previous = signal.signal(signal.SIGINT, hold)
     try:
@@ -311,9 +314,15 @@ def interrupts_held():
         signal.signal(signal.SIGINT, previous)
 
 
-def _release(leases: LeaseSet) -> list[int]:
-    """Release ``leases`` with a first interrupt held back until they are released; returns the interrupts held."""
-    with interrupts_held() as caught:
+def _release(leases: LeaseSet, warn: Callable[[str], None] | None = None) -> list[int]:
+    """Release ``leases`` with a first interrupt held back until they are released (``warn`` told at once, so a
+    slow release is not taken for a hang); returns the interrupts held."""
+
+    def told() -> None:
+        if warn is not None:
+            warn("interrupted: releasing the lease(s) first (Ctrl-C again to stop at once, leaving them to go stale)")
+
+    with interrupts_held(told) as caught:
         leases.release()
     return caught
 
@@ -360,16 +369,16 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
             raise StoppedWhileApplying(op.name, where) from e
     except BaseException:
         try:
-            _release(leases)  # a Ctrl-C meanwhile: the error that stopped the operation is still the one raised
-        except Exception as e:  # noqa: BLE001 - the error that stopped the operation is the one to report
+            _release(leases, options.warn)  # the error that stopped the operation is still the one raised
+        except BaseException as e:  # noqa: BLE001 - that error is the one to report, even after another Ctrl-C
+            why = "another interrupt stopped its release" if isinstance(e, KeyboardInterrupt) else _why(e)
             if options.warn is not None:  # what to do is that error's fix, not this one's
-                options.warn(f"its lease could not be released ({_why(e)}); {LEASE_LEFT_BEHIND}")
+                options.warn(f"its lease could not be released ({why}); {LEASE_LEFT_BEHIND}")
         raise
-    where = op.recovery_url()
     try:
-        held = _release(leases)
+        held = _release(leases, options.warn)
     except KeyboardInterrupt as e:  # a second Ctrl-C stopped the release: done, with a lease perhaps left
-        raise StoppedAfterApplying(op.name, where, result, lease_left=True, recovery=op.recovery) from e
+        raise StoppedAfterApplying(op.name, op.recovery_url(), result, lease_left=True, recovery=op.recovery) from e
     except Exception as e:  # noqa: BLE001 - done and journaled: only the lease is left behind
         note = f"the {op.name} completed, but its lease could not be released ({_why(e)}); {LEASE_LEFT_BEHIND}"
         if options.warn is not None:
@@ -377,7 +386,7 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
         result = dataclasses.replace(result, notes=(*result.notes, note))
         held = []
     if held:  # the operation finished, and its leases are released: only the caller's output is left
-        raise StoppedAfterApplying(op.name, where, result, recovery=op.recovery)
+        raise StoppedAfterApplying(op.name, op.recovery_url(), result, recovery=op.recovery)
     return result
 
 
