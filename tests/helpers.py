@@ -113,7 +113,22 @@ def answer_at_prompt(args: list[str], keys: bytes, timeout_s: float = 120) -> tu
         assert ready, said.decode(errors="replace")[-3000:]
         said += os.read(fd, 65536)
     os.write(fd, keys)
+    # A Ctrl-C typed just as the prompt appears can reach readline before it reads the terminal, and the CLI then
+    # waits at its prompt for good (seen under load): typed again while nothing but its echo came back, as a person
+    # would. Never waits past the deadline: the child is killed and the test fails with what it wrote.
+    typed_at, quiet_since = len(said), time.monotonic()
     while True:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if not ready:
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise AssertionError("no answer to the keys typed at the prompt:\n" + said.decode(errors="replace")[-3000:])
+            at_prompt = said[typed_at:].replace(b"^C", b"").strip() == b""
+            if keys == b"\x03" and at_prompt and time.monotonic() - quiet_since > 5:
+                os.write(fd, keys)
+                quiet_since = time.monotonic()
+            continue
         try:
             chunk = os.read(fd, 65536)
         except OSError:
@@ -121,5 +136,6 @@ def answer_at_prompt(args: list[str], keys: bytes, timeout_s: float = 120) -> tu
         if not chunk:
             break
         said += chunk
+        quiet_since = time.monotonic()
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), said.decode(errors="replace")
