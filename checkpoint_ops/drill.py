@@ -90,10 +90,12 @@ class DrillResult:
 
 
 def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *, scratch_url: str | None = None,
-              relocate: Sequence[str] = (), storage_options: dict | None = None) -> DrillResult:
+              relocate: Sequence[str] = (), storage_options: dict | None = None,
+              warn: Callable[[str], None] | None = None) -> DrillResult:
     """Drill ``backup_id`` (default: the newest backup) with the query ``build(spark)`` makes, record the
     result in the destination, and return it. Unusable input (no such backup, a DStream backup, a query
-    function that fails) raises ``BadInputError``; a backup that does not restart is a failed drill."""
+    function that fails) raises ``BadInputError``; a backup that does not restart is a failed drill. ``warn``: told
+    what the restore waits for (a running prune)."""
     manifest = _manifest(repo, backup_id)
     if manifest.doc.get("kind") != "structured":
         raise BadInputError("a DStream backup: drills restart Structured Streaming queries", path=manifest.url)
@@ -109,7 +111,7 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
         try:
             op = RestoreOperation(repo.url, manifest.id, target, [f"{work}/{rid}" for rid in sinks], list(relocate),
                                   storage_options=storage_options)
-            run(op, RunOptions(yes=True, storage_options=storage_options, owner="checkpoint-ops backup drill"))
+            run(op, RunOptions(yes=True, storage_options=storage_options, owner="checkpoint-ops backup drill", warn=warn))
         except BadInputError as e:
             restore_s = time.monotonic() - t0
             return _finish(repo, manifest, False, RESTORE, _restore_cause(e), _object_files(repo, manifest, e.path),

@@ -62,7 +62,8 @@ def drill_query(context: dg.OpExecutionContext, query: StreamingQuery, spark, se
         return None
     scratch = os.path.join(settings.home, "scratch")
     try:
-        result = run_drill(repo, None, spark, query.build, scratch_url=scratch, storage_options=opts)
+        result = run_drill(repo, None, spark, query.build, scratch_url=scratch, storage_options=opts,
+                           warn=context.log.warning)
     except CheckpointOpsError as e:
         raise dg.Failure(description=f"restore drill of {query.name} could not run: {e.render()}") from None
     md = drill_metadata(result)

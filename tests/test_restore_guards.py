@@ -213,7 +213,8 @@ def test_a_restore_its_resume_and_a_backup_say_they_wait_for_a_running_prune(tmp
             lock.release()
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, (stdout, stderr)
-        assert f"{dest}: a garbage collection of this backup destination is running (checkpoint-ops backup prune " \
+        assert f"checkpoint-ops: warning: {dest}: a garbage collection of this backup destination is running, by " \
+            "checkpoint-ops backup prune " \
             f"(host {socket.gethostname()}, pid {os.getpid()}, since " in stderr, stderr  # the lock's holder: this test
         return stderr
 
@@ -233,3 +234,8 @@ def test_a_restore_its_resume_and_a_backup_say_they_wait_for_a_running_prune(tmp
 
     said = waits(["backup", "create", target, dest, "--sink", out, *I], backing_up)
     assert "this backup waits for it to finish" in said, said
+
+    alone = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "restore", dest, backup_id,
+                            str(tmp_path / "t3" / "ckpt"), "--sink-target", str(tmp_path / "t3" / "out"), "--yes"],
+                           capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0 and "garbage collection" not in alone.stderr, alone.stderr  # no prune: no notice

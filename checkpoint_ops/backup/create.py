@@ -295,8 +295,8 @@ def wait_for_prune(repo: Repository, warn: Callable[[str], None] | None = None, 
             return
         if not told and warn is not None:
             who = live[0].holder.describe() if live[0].holder is not None else "a prune of an older release"
-            warn(f"{repo.url}: a garbage collection of this backup destination is running ({who}): {waiting} waits "
-                 f"for it to finish (at most {_LOCK_WAIT_S // 60} minutes)")
+            warn(f"{repo.url}: a garbage collection of this backup destination is running, by {who}: {waiting} "
+                 f"waits for it to finish (at most {_LOCK_WAIT_S // 60} minutes)")
             told = True
         if time.time() > deadline:
             raise RefusedError("a garbage collection of this destination has held its lock for too long", path=repo.url,

@@ -9,6 +9,11 @@ from ..errors import EXIT_FINDINGS, EXIT_OK
 from ..units import parse_duration
 
 
+def _warn(note: str) -> None:
+    """A notice on stderr, as ``run_operation``'s are."""
+    print(f"checkpoint-ops: warning: {note}", file=sys.stderr, flush=True)
+
+
 def cmd_backup_create(args) -> int:
     from ..backup import create_backup
 
@@ -16,7 +21,7 @@ def cmd_backup_create(args) -> int:
                       source_compact_interval=args.source_compact_interval,
                       sink_compact_interval=args.sink_compact_interval,
                       without_recorded_sinks=args.without_recorded_sinks,
-                      warn=lambda note: print(f"checkpoint-ops: {note}", file=sys.stderr, flush=True))
+                      warn=_warn)
     at = f" at batch {r['batch']}" if r["batch"] is not None else ""
     emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
                   f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
@@ -85,7 +90,7 @@ def cmd_backup_drill(args) -> int:
     build = load_query(args.query)
     with spark_session(args) as spark:
         result = run_drill(repo, args.backup_id, spark, build, scratch_url=args.scratch, relocate=args.relocate,
-                           storage_options=opts)
+                           storage_options=opts, warn=_warn)
     emit(args, result.to_dict(), result.render())
     return EXIT_OK if result.passed else EXIT_FINDINGS
 
