@@ -313,6 +313,12 @@ def main(argv: list[str] | None = None) -> int:
               f"{reverts} (a checkpoint it fenced names both)", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
+        if getattr(args, "command", None) == "backup" and getattr(args, "backup_command", None) == "create":
+            print("checkpoint-ops: interrupted: the backup stopped before it was published (a backup exists only once "
+                  "its manifest is stored); the checkpoint was only read", file=sys.stderr)
+            print("  fix: run the same command again to take the backup (nothing this one stored is visible as a "
+                  "backup; `backup prune` removes what no backup uses)", file=sys.stderr)
+            return 130
         print("checkpoint-ops: interrupted", file=sys.stderr)
         print("  fix: if it was changing something, `checkpoint-ops resume PATH` finishes the operation and "
               "`checkpoint-ops undo PATH` reverts it (a checkpoint it fenced names both; `checkpoint-ops history "

@@ -239,3 +239,26 @@ def test_a_restore_its_resume_and_a_backup_say_they_wait_for_a_running_prune(tmp
                             str(tmp_path / "t3" / "ckpt"), "--sink-target", str(tmp_path / "t3" / "out"), "--yes"],
                            capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0 and "garbage collection" not in alone.stderr, alone.stderr  # no prune: no notice
+
+
+def test_a_backup_stopped_with_ctrl_c_says_to_run_it_again(tmp_path):
+    """Ctrl-C while `backup create` copied (a real SIGINT, from the kill switch, at an object's write): it printed the
+    generic "resume PATH / undo PATH" advice, though a backup journals nothing and only reads the checkpoint (a
+    hostile review). It says the backup was not published and to run it again; run again, it is whole."""
+    import subprocess
+    import sys
+
+    dest = str(tmp_path / "dest")
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(6):
+        s.batch()
+    stopped = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", s.ckpt, dest, "--sink",
+                              s.out, *I], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, CHECKPOINT_OPS_KILL_AT="8", CHECKPOINT_OPS_KILL_SIGNAL="INT"))
+    assert stopped.returncode == 130, stopped.stderr
+    assert "interrupted: the backup stopped before it was published" in stopped.stderr, stopped.stderr
+    assert "run the same command again to take the backup" in stopped.stderr and "resume" not in stopped.stderr
+    code, r = cli_json("backup", "create", s.ckpt, dest, "--sink", s.out, *I)
+    assert code == 0, r
+    code, v = cli_json("backup", "verify", dest)
+    assert code == 0 and [b["backup_id"] for b in v["backups"]] == [r["backup_id"]], v
