@@ -45,7 +45,10 @@ def tick(n: int = 1, what: str = "") -> None:
         if trace:
             with open(trace, "a") as f:
                 f.write(f"{_count['n']}\t{what}\n")
-        if os.environ.get(SIGNAL_ENV) == "INT":
+        how = os.environ.get(SIGNAL_ENV, "KILL")
+        if how not in ("KILL", "INT"):
+            raise ValueError(f"{SIGNAL_ENV}={how!r}: KILL (the default) or INT")
+        if how == "INT":
             if _count["n"] == int(at):
                 os.kill(os.getpid(), signal.SIGINT)
         elif _count["n"] >= int(at):
