@@ -163,6 +163,8 @@ def run_operation(args, op: Operation, extra: dict | None = None) -> int:
     try:
         result: OperationResult = run(op, options)
     except StoppedAfterApplying as e:  # Ctrl-C while its leases were released: done, so what it did is shown
+        if e.result is None:  # stopped after its journal said applied: no result to show
+            raise
         stopped, result = e, e.result
     try:
         if args.json:
@@ -246,9 +248,10 @@ def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:
     """What an interrupt that came once the operation had finished says: it is done (nothing to resume)."""
     where = e.where or "PATH"
     result = e.result
-    what = f"the {e.operation}'s dry run" if result.dry_run else f"the {e.operation}"
-    if result.dry_run or not result.applied:
-        done, fix = "nothing was changed" if result.dry_run else "it found nothing to do", "nothing to resume or undo"
+    dry_run = result is not None and result.dry_run
+    what = f"the {e.operation}'s dry run" if dry_run else f"the {e.operation}"
+    if result is not None and (dry_run or not result.applied):
+        done, fix = "nothing was changed" if dry_run else "it found nothing to do", "nothing to resume or undo"
     else:
         done = "it had applied its whole plan"
         if e.recovery == "journal":
@@ -258,7 +261,8 @@ def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:
             fix = f"nothing is left to resume or undo (`checkpoint-ops history {where}` shows the operation it acted on)"
         else:
             fix = "nothing is left to do"
-    shown = "; its output was cut short" if e.cut_short else "; its output is above"
+    shown = ("; its output was not shown" if result is None else "; its output was cut short" if e.cut_short else
+             "; its output is above")
     lines = [f"checkpoint-ops: {where}: interrupted after {what} finished: {done}{shown}", f"  fix: {fix}"]
     if e.lease_left:
         lines.append(f"  note: a second interrupt stopped the release of its lease, which may be left; {LEASE_LEFT_BEHIND}")

@@ -277,10 +277,11 @@ class StoppedWhileApplying(KeyboardInterrupt):
 
 class StoppedAfterApplying(KeyboardInterrupt):
     """An interrupt (Ctrl-C) that came once an operation had finished (``result``: what it did; a dry run changed
-    nothing): while its leases were released or its output was shown. Nothing of it is left to resume; its leases
-    were released first (``lease_left``: a second interrupt stopped the release, and a lease may be left)."""
+    nothing): while its leases were released or its output was shown, or (``result`` None) once its journal said
+    applied, in the steps after (a restore's intent released). Nothing of it is left to resume; its leases are
+    released first (``lease_left``: a second interrupt stopped the release, and a lease may be left)."""
 
-    def __init__(self, operation: str, where: str | None, result: "OperationResult", lease_left: bool = False,
+    def __init__(self, operation: str, where: str | None, result: "OperationResult | None", lease_left: bool = False,
                  recovery: str = "journal", cut_short: bool = False):
         super().__init__(operation)
         self.operation, self.where, self.result, self.lease_left = operation, where, result, lease_left
@@ -327,20 +328,24 @@ def _release(leases: LeaseSet, warn: Callable[[str], None] | None = None) -> lis
     return caught
 
 
-def _journaled_since(url: str | None, since: float, storage_options: dict | None) -> bool:
+def _journaled_since(url: str | None, since: float, storage_options: dict | None, marked: str | None = None) -> bool:
     """Whether an operation was journaled at ``url`` at or after ``since`` (when in doubt: True, so the advice
-    stays resume or undo)."""
+    stays resume or undo); with ``marked``, one whose journal bears that marker ("applied": when in doubt, False)."""
     from .journal import op_id_time, ops_dir, scan_journals
     from .storage import open_file_manager
 
+    cautious = marked is None
     if url is None:
-        return True
+        return cautious
     try:
         fm, root = open_file_manager(url, storage_options)
-        stamps = [op_id_time(d.rstrip("/").rsplit("/", 1)[-1]) for d in scan_journals(fm, ops_dir(fm, root))]
+        journals = [(op_id_time(d.rstrip("/").rsplit("/", 1)[-1]), markers)
+                    for d, markers in scan_journals(fm, ops_dir(fm, root)).items()]
     except Exception:  # noqa: BLE001 - the store or the path: the cautious answer
-        return True
-    return any(t is None or t >= since - 0.001 for t in stamps)
+        return cautious
+    if marked is not None:
+        return any(t is not None and t >= since - 0.001 and marked in markers for t, markers in journals)
+    return any(t is None or t >= since - 0.001 for t, _ in journals)
 
 
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
@@ -357,7 +362,7 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
         try:
             result = _run(op, options, leases, applying)
         except KeyboardInterrupt as e:
-            if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying, StoppedPartWay)):
+            if isinstance(e, (StoppedBeforeChanges, StoppedWhileApplying, StoppedPartWay, StoppedAfterApplying)):
                 raise
             if not applying:
                 raise StoppedBeforeChanges(op.name, op.recovery_url(), op.recovery) from e
@@ -366,6 +371,9 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
             where = op.recovery_url()
             if op.recovery == "journal" and not _journaled_since(where, applying[0], options.storage_options):
                 raise StoppedBeforeChanges(op.name) from e  # before its journal: undo would revert the one before
+            if op.recovery == "journal" and _journaled_since(where, applying[0], options.storage_options, "applied"):
+                # its journal says applied: stopped in what follows (a restore's intent released), not in a change
+                raise StoppedAfterApplying(op.name, where, None, recovery=op.recovery, cut_short=True) from e
             raise StoppedWhileApplying(op.name, where) from e
     except BaseException:
         try:

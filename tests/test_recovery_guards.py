@@ -196,6 +196,16 @@ def test_undo_of_a_copy_with_its_journal_is_refused_and_leaves_the_originals_und
     assert cli_json("fsck", prod)[0] == 0
 
 
+def _traced_rollback(template: str, traced: str, trace: str) -> list[tuple[int, str]]:
+    """Roll a copy of ``template`` (at ``traced``) back to batch 3 with the kill switch armed but never firing, and
+    return each mutating call it made: (its count k, the path it changed), for ``CHECKPOINT_OPS_KILL_AT=k``."""
+    shutil.copytree(template, traced)
+    done = _armed_cli(["rollback", traced, "--to-batch", "3", "--yes"],
+                      {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    return [(int(k), what.rstrip()) for k, what in (line.split("\t", 1) for line in open(trace).read().splitlines())]
+
+
 def test_undo_refuses_on_a_checkpoint_emptied_since_the_rollback(tmp_path):
     ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
     synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
@@ -568,15 +578,10 @@ def test_an_undo_stopped_with_ctrl_c_at_its_prompt_says_the_interrupted_rollback
     of it to resume or undo (`undo` would revert the operation before it)", though the fence is still there and undo
     is exactly what was asked (a hostile review). It now says the operation it acts on is as it was, still fenced, and
     to run the undo again; nothing changed, and that undo then works."""
-    ckpt, traced = str(tmp_path / "ck"), str(tmp_path / "traced")
+    ckpt = str(tmp_path / "ck")
     synthetic.write_local(ckpt, batches=8, partitions=2, retain_state=7)
-    shutil.copytree(ckpt, traced)
-    trace = str(tmp_path / "trace.txt")
-    done = _armed_cli(["rollback", traced, "--to-batch", "3", "--yes"],
-                      {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
-    assert done.returncode == 0, done.stderr
-    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
-    fence = min(int(k) for k, what in steps if what.rstrip().endswith("/metadata"))  # the apply's first change
+    steps = _traced_rollback(ckpt, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    fence = min(k for k, what in steps if what.endswith("/metadata"))  # the apply's first change
     killed = _armed_cli(["rollback", ckpt, "--to-batch", "3", "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(fence + 2)})
     assert killed.returncode == -9, killed.stderr  # SIGKILL part-way through the apply: fenced
     assert b"checkpoint-ops" in open(os.path.join(ckpt, "metadata"), "rb").read()
@@ -632,13 +637,8 @@ def test_ctrl_c_while_a_finished_rollback_releases_its_lease_releases_it_and_say
     args = ["--json"] if json_output else []
 
     traced = str(tmp_path / "traced")
-    shutil.copytree(template, traced)
-    trace = str(tmp_path / "trace.txt")
-    done = _armed_cli(["rollback", traced, "--to-batch", "3", "--yes", *args],
-                      {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
-    assert done.returncode == 0, done.stderr
-    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
-    release = [int(k) for k, what in steps if what.rstrip().endswith(LEASE_NAME)]
+    steps = _traced_rollback(template, traced, str(tmp_path / "trace.txt"))
+    release = [k for k, what in steps if what.endswith(LEASE_NAME)]
     assert release, steps[-5:]  # the lease's record is deleted through the file manager, as every change is
 
     ckpt = str(tmp_path / "ck")
@@ -665,6 +665,37 @@ def test_ctrl_c_while_a_finished_rollback_releases_its_lease_releases_it_and_say
         return {os.path.relpath(path, root): data for path, data in _files(root).items()}
 
     assert relative(ckpt) == relative(traced)  # what the uninterrupted rollback left, file for file
+
+
+def test_ctrl_c_once_the_journal_says_applied_says_the_rollback_finished(tmp_path):
+    """Ctrl-C after the journal's `applied` marker was written, before the apply returned (its checksum sidecar, the
+    last of the apply's own writes): the message said "stopped while applying its plan, and may have changed files"
+    with resume and undo, though `resume` then answers there is nothing to resume (a hostile review). It now says
+    the rollback finished and its output was not shown; the lease is released. A Ctrl-C as the marker itself is
+    written still says it may have changed files."""
+    template = str(tmp_path / "template")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    steps = _traced_rollback(template, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    (marker,) = [k for k, what in steps if what.endswith("/applied")]
+
+    for k, finished in ((marker + 1, True), (marker, False)):
+        ckpt = str(tmp_path / f"ck{k}")
+        shutil.copytree(template, ckpt)
+        stopped = _armed_cli(["rollback", ckpt, "--to-batch", "3", "--yes"],
+                             {"CHECKPOINT_OPS_KILL_AT": str(k), "CHECKPOINT_OPS_KILL_SIGNAL": "INT"})
+        assert stopped.returncode == 130, stopped.stderr
+        assert not [n for n in os.listdir(ckpt) if is_lease_file(n)], os.listdir(ckpt)
+        if finished:
+            assert f"{ckpt}: interrupted after the rollback finished: it had applied its whole plan; its output was " \
+                "not shown" in stopped.stderr, stopped.stderr
+            assert "may have changed files" not in stopped.stderr
+            code, h = cli_json("history", ckpt)
+            assert [op["status"] for op in h["operations"]] == ["applied"], h
+        else:
+            assert f"{ckpt}: interrupted: the rollback stopped while applying its plan" in stopped.stderr, stopped.stderr
+            code, r = cli_json("resume", ckpt, "--yes")
+            assert code == 0, r
+        assert cli_json("fsck", ckpt)[0] == 0
 
 
 def test_ctrl_c_during_an_apply_names_where_resume_and_undo_find_the_journal(tmp_path):
