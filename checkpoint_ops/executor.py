@@ -966,22 +966,35 @@ def interrupted(e: StorageError, anchor: Anchor, journal: Journal, undoing: bool
     return e.finish_with(fix) if outage else StorageError(e.problem, path=e.path, fix=fix)
 
 
-def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,
-           guard: Callable[[], None] | None = None) -> Executor:
-    """An executor for a journaled operation (to resume, roll forward or undo it). A journal that records its
-    operation at another location than ``anchor`` (a copy of the checkpoint with its ``.checkpoint-ops``
-    directory, or both moved) is refused: its plan names the other location's files and moved-aside copies, so
-    acting on it here would take them from there."""
+def foreign_journal(anchor: Anchor, journal: Journal) -> BadInputError | None:
+    """The refusal for a journal that records its operation at another location than ``anchor`` (a copy of the
+    checkpoint made with its ``.checkpoint-ops`` directory, or both moved): its plan names the other location's
+    files and the copies it moved aside there, so undoing or resuming it here would take them from there. None
+    for a journal of ``anchor``'s own."""
     rec = journal.record
     recorded = rec.get("anchor", {}).get("url") or rec.get("checkpoint")
-    if recorded is not None and not same_location(recorded, anchor.url):
-        raise BadInputError(
-            f"the journal of operation {journal.op_id} here records it at {recorded}, not at {anchor.url}: this "
-            f"looks like a copy (or a move) of that location with its {OPS_DIR} directory, and the journal's plan "
-            f"names the files there and the copies it moved aside there; nothing was changed",
-            path=journal.fm.url(journal.path),
-            fix=f"undo or resume it where it ran (`checkpoint-ops undo {recorded}`, `checkpoint-ops resume {recorded}`); "
-                f"a copy made with `checkpoint-ops backup create` and `backup restore` has a journal of its own")
+    if recorded is None or same_location(recorded, anchor.url):
+        return None
+    return BadInputError(
+        f"the journal of operation {journal.op_id} here records it at {recorded}, not at {anchor.url}: this looks "
+        f"like a copy (or a move) of that location with its {OPS_DIR} directory, and the journal's plan names the "
+        f"files there and the copies it moved aside there; nothing was changed",
+        path=journal.fm.url(journal.path),
+        fix=f"undo or resume it where it ran (`checkpoint-ops undo {recorded}`, `checkpoint-ops resume {recorded}`; "
+            f"moved: move both back there first), then copy the checkpoint again: this copy keeps that operation's "
+            f"fence and journal, which cannot be finished here (a copy made with `checkpoint-ops backup create` and "
+            f"`backup restore` has a journal of its own)")
+
+
+def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None, progress: bool = False,
+           guard: Callable[[], None] | None = None, foreign_ok: bool = False) -> Executor:
+    """An executor for a journaled operation (to resume, roll forward or undo it). A journal of another location
+    (``foreign_journal``) is refused unless ``foreign_ok`` (dropping one that never started touches only
+    ``anchor``'s own files)."""
+    refusal = foreign_journal(anchor, journal)
+    if refusal is not None and not foreign_ok:
+        raise refusal
+    rec = journal.record
     plan = rec["plan"]
     roots = _open_roots(plan["roots"], rec["trash"], rec.get("versioned", {}), storage_options)
     if "checkpoint" in roots:
@@ -1038,7 +1051,7 @@ def settle_unstarted(anchor: Anchor, storage_options: dict | None = None) -> lis
             continue
         try:
             journal = load_journal(anchor.fm, path)
-            ex = reopen(anchor, journal, storage_options)
+            ex = reopen(anchor, journal, storage_options, foreign_ok=True)  # copied with the checkpoint: dropped too
         except StoreUnavailableError:
             raise
         except BadInputError:  # a damaged journal stays as it is (resume and undo name it); the new one goes on

@@ -35,6 +35,7 @@ from .executor import (
     abandon_if_unstarted,
     clear_staged_sources,
     ensure_ledger_truncation,
+    foreign_journal,
     interrupted,
     refused_by_store,
     reopen,
@@ -207,7 +208,12 @@ class _JournalOperation(Operation):
             self._refusal = e if self.target in (None, NOTHING) else self._moved_on(None, e)
             newest = list(scan_journals(self.anchor.fm, self.anchor.ops))
             self.journal = load_journal(self.anchor.fm, newest[-1]) if newest else None
+            if self.journal is not None and foreign_journal(self.anchor, self.journal) is not None:
+                self.journal = None  # another location's: its roots are not this command's to lease
             return
+        refusal = foreign_journal(self.anchor, self.journal)
+        if refusal is not None:  # before any lease of the roots its plan names (the other location's)
+            raise refusal
         if self.target is not None and self.journal.op_id != self.target:
             self._refusal = self._moved_on(self.journal)
         else:

@@ -196,6 +196,36 @@ def test_undo_of_a_copy_with_its_journal_is_refused_and_leaves_the_originals_und
     assert cli_json("fsck", prod)[0] == 0
 
 
+def test_a_copy_of_a_fenced_checkpoint_is_refused_before_the_originals_lease_is_touched(tmp_path):
+    """A rollback killed part-way (fenced, its dead lease left), its checkpoint and journal copied: `undo` and
+    `resume` of the copy took over the original's stale lease (a write there) before refusing, and with a live one
+    named `lease break` of the original (a second review). The location is judged first now: the original is left
+    byte for byte, the fix says to finish it there and copy again, and the original then resumes."""
+    template, prod, copy = str(tmp_path / "template"), str(tmp_path / "prod"), str(tmp_path / "copy")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    steps = _traced_rollback(template, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    fence = min(k for k, what in steps if what.endswith("/metadata"))
+    shutil.copytree(template, prod)
+    killed = _armed_cli(["rollback", prod, "--to-batch", "3", "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(fence + 2)})
+    assert killed.returncode == -9, killed.stderr
+    shutil.copytree(prod, copy)
+    shutil.copytree(str(tmp_path / ".checkpoint-ops" / "prod"), str(tmp_path / ".checkpoint-ops" / "copy"))
+    original = {path: data for path, data in _all_files(prod).items()}  # its dead lease included
+    for command in ("undo", "resume"):
+        code, refused = cli_json(command, copy, "--yes")
+        assert code == 2 and f"records it at {prod}, not at {copy}" in refused["problem"], refused
+        assert "then copy the checkpoint again" in refused["fix"], refused
+        assert _all_files(prod) == original
+    code, r = cli_json("resume", prod, "--yes")
+    assert code == 0, r
+    assert cli_json("fsck", prod)[0] == 0
+
+
+def _all_files(root: str) -> dict[str, bytes]:
+    """Every file under ``root``, the lease's included."""
+    return {os.path.join(d, n): open(os.path.join(d, n), "rb").read() for d, _, names in os.walk(root) for n in names}
+
+
 def _traced_rollback(template: str, traced: str, trace: str) -> list[tuple[int, str]]:
     """Roll a copy of ``template`` (at ``traced``) back to batch 3 with the kill switch armed but never firing, and
     return each mutating call it made: (its count k, the path it changed), for ``CHECKPOINT_OPS_KILL_AT=k``."""
