@@ -910,7 +910,10 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
         **hooks.record(),
     }
     try:
-        settle_unstarted(anchor, storage_options)
+        # a fence temp the killed operation left is litter the new plan moves aside: settling leaves it to the plan,
+        # else the plan's undo record would miss it (the undo then refused as incomplete)
+        planned = frozenset(a.rel for a in plan.actions if a.root == "checkpoint" and a.kind == DELETE and "/" not in a.rel)
+        settle_unstarted(anchor, storage_options, planned if anchor.checkpoint else frozenset())
         journal = write_journal(anchor.fm, anchor.ops, record)
     except StoreUnavailableError as e:  # its journal may or may not have been stored: nothing else was
         raise e.finish_with(f"nothing was changed yet; once the store answers, run "
@@ -1008,7 +1011,8 @@ def reopen(anchor: Anchor, journal: Journal, storage_options: dict | None = None
         raise BadInputError(str(e), path=journal.fm.url(journal.path)) from None
 
 
-def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, every_root: bool = True) -> bool:
+def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, every_root: bool = True,
+                         keep: frozenset[str] = frozenset()) -> bool:
     """Drop a journaled operation that never changed anything (marked ``abandoned``: its plan may be stale now),
     with the temp file of the write it was killed in and its ledger truncation. False (nothing done) when any of
     its actions took effect. ``every_root``: its stray temp files in every root of its plan (``resume`` holds
@@ -1018,18 +1022,19 @@ def abandon_if_unstarted(anchor: Anchor, journal: Journal, ex: Executor, every_r
     if every_root:
         ex._drop_stray_temps(ex._listings())
     elif anchor.checkpoint:
-        drop_fence_temps(anchor.fm, anchor.root)
+        drop_fence_temps(anchor.fm, anchor.root, keep)
     # its ledger truncation first: stopped in between, the journal is still unfinished and this runs again
     ledger_at(anchor.fm, anchor.root).remove_truncation(journal.op_id)
     journal.mark("abandoned")
     return True
 
 
-def drop_fence_temps(fm: CheckpointFileManager, root: str) -> None:
+def drop_fence_temps(fm: CheckpointFileManager, root: str, keep: frozenset[str] = frozenset()) -> None:
     """Remove the temp files a killed write of ``metadata`` or of its checksum sidecar left in the checkpoint
     ``root`` (hidden ``.metadata.<uuid>.tmp``, ``..metadata.crc.<uuid>.tmp``): only a fence or an unfence writes
-    ``metadata`` once the checkpoint exists (Spark writes it when it creates one), so they are ours."""
-    temps = [f.path for f in fm.list(root) if not f.is_dir and is_hidden_temp(f.name)
+    ``metadata`` once the checkpoint exists (Spark writes it when it creates one), so they are ours. Not those
+    named in ``keep``: a new plan moves them aside itself (and its undo puts them back)."""
+    temps = [f.path for f in fm.list(root) if not f.is_dir and is_hidden_temp(f.name) and f.name not in keep
              and f.name.startswith((".metadata.", f".{hadoop_crc_name('metadata')}."))]
     if temps:
         fm.delete_many(temps)
@@ -1038,7 +1043,8 @@ def drop_fence_temps(fm: CheckpointFileManager, root: str) -> None:
 _SETTLED = {"applied", "undone", "abandoned", "undoing"}  # markers of a journal that is no longer unfinished
 
 
-def settle_unstarted(anchor: Anchor, storage_options: dict | None = None) -> list[str]:
+def settle_unstarted(anchor: Anchor, storage_options: dict | None = None,
+                     planned: frozenset[str] = frozenset()) -> list[str]:
     """Before a new operation is journaled at ``anchor`` (under its lease, the checkpoint not fenced): drop each
     earlier one that stopped before it changed anything (killed between its journal and its fence, as a
     re-run is the natural next step). Left unfinished under the new one, it could never be ended: ``resume`` and
@@ -1057,7 +1063,7 @@ def settle_unstarted(anchor: Anchor, storage_options: dict | None = None) -> lis
         except BadInputError:  # a damaged journal stays as it is (resume and undo name it); the new one goes on
             continue
         # the new operation holds the anchor's lease, not necessarily those of the old plan's other roots
-        if abandon_if_unstarted(anchor, journal, ex, every_root=False):
+        if abandon_if_unstarted(anchor, journal, ex, every_root=False, keep=planned):
             dropped.append(journal.op_id)
     return dropped
 

@@ -221,6 +221,52 @@ def test_a_copy_of_a_fenced_checkpoint_is_refused_before_the_originals_lease_is_
     assert cli_json("fsck", prod)[0] == 0
 
 
+def test_a_rollback_after_one_killed_at_its_fence_write_can_be_undone(tmp_path):
+    """A rollback killed as it wrote its fence leaves the fence's temp file (journaled, nothing changed). The next
+    rollback planned that temp as litter to move aside, then dropped the killed one, temp included, before its
+    journal: its undo record missed the file, and its undo was refused as incomplete (older code, found while
+    testing the copy refusal). Settling now leaves a temp the new plan moves aside; the undo puts everything back."""
+    template, ckpt = str(tmp_path / "template"), str(tmp_path / "ck")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    steps = _traced_rollback(template, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    fence = min(k for k, what in steps if what.endswith("/metadata"))
+    shutil.copytree(template, ckpt)
+    killed = _armed_cli(["rollback", ckpt, "--to-batch", "3", "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(fence)})
+    assert killed.returncode == -9, killed.stderr
+    assert [n for n in os.listdir(ckpt) if n.startswith(".metadata.") and n.endswith(".tmp")]
+    before = _files(ckpt)
+    code, r = cli_json("rollback", ckpt, "--to-batch", "5", "--yes")
+    assert code == 0, r
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 0 and r["result"]["status"] == "undone", r
+    assert _files(ckpt) == before
+
+
+def test_a_new_operation_on_a_copy_drops_a_copied_operation_that_never_started(tmp_path):
+    """A rollback killed after its journal and ledger truncation, before its fence (it changed nothing), copied with
+    its checkpoint: a new operation on the copy drops it, as on the original, with its truncation. Refusing the
+    copied journal there (the copy refusal's first version) left the truncation, which hid batches 4..7 from the
+    copy's ledger (a second review)."""
+    template, prod, copy = str(tmp_path / "template"), str(tmp_path / "prod"), str(tmp_path / "copy")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    steps = _traced_rollback(template, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    fence = min(k for k, what in steps if what.endswith("/metadata"))
+    shutil.copytree(template, prod)
+    assert cli_json("ledger", "sync", prod)[0] == 0
+    killed = _armed_cli(["rollback", prod, "--to-batch", "3", "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(fence)})
+    assert killed.returncode == -9, killed.stderr
+    shutil.copytree(prod, copy)
+    shutil.copytree(str(tmp_path / ".checkpoint-ops" / "prod"), str(tmp_path / ".checkpoint-ops" / "copy"))
+    code, r = cli_json("rollback", copy, "--to-batch", "5", "--yes")
+    assert code == 0, r
+    code, r = cli_json("undo", copy, "--yes")
+    assert code == 0, r
+    code, shown = cli_json("ledger", "show", copy)
+    assert code == 0 and shown["batches"] == {"first": 0, "last": 7, "count": 8}, shown["batches"]
+    code, h = cli_json("history", copy)
+    assert [op["status"] for op in h["operations"]] == ["abandoned", "undone"], h
+
+
 def _all_files(root: str) -> dict[str, bytes]:
     """Every file under ``root``, the lease's included."""
     return {os.path.join(d, n): open(os.path.join(d, n), "rb").read() for d, _, names in os.walk(root) for n in names}
