@@ -258,14 +258,16 @@ def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:
             fix = (f"nothing is left to resume; `{revert_command(e.operation, where)}` reverts it (`checkpoint-ops "
                    f"history {where}` lists it)")
         elif e.recovery == "acts on a journal":
-            fix = f"nothing is left to resume or undo (`checkpoint-ops history {where}` shows the operation it acted on)"
+            fix = (f"nothing is left to resume or undo (`checkpoint-ops history {where}` shows the operation it "
+                   "acted on)")
         else:
             fix = "nothing is left to do"
     shown = ("; its output was not shown" if result is None else "; its output was cut short" if e.cut_short else
              "; its output is above")
     lines = [f"checkpoint-ops: {where}: interrupted after {what} finished: {done}{shown}", f"  fix: {fix}"]
     if e.lease_left:
-        lines.append(f"  note: a second interrupt stopped the release of its lease, which may be left; {LEASE_LEFT_BEHIND}")
+        lines.append("  note: a second interrupt stopped the release of its lease, which may be left; "
+                     f"{LEASE_LEFT_BEHIND}")
     return lines
 
 
@@ -288,9 +290,10 @@ def main(argv: list[str] | None = None) -> int:
         if e.recovery == "acts on a journal":  # an undo or a resume: what it acts on is left as it was
             where = e.where or "PATH"
             print(f"checkpoint-ops: {where}: interrupted: the {e.operation} stopped before it changed anything; the "
-                  "operation it acts on is as it was (a checkpoint that operation fenced stays fenced)", file=sys.stderr)
-            print(f"  fix: run `checkpoint-ops {e.operation} {where}` again to apply it (`checkpoint-ops history {where}` "
-                  "shows the operation it acts on)", file=sys.stderr)
+                  "operation it acts on is as it was (a checkpoint that operation fenced stays fenced)",
+                  file=sys.stderr)
+            print(f"  fix: run `checkpoint-ops {e.operation} {where}` again to apply it (`checkpoint-ops history "
+                  f"{where}` shows the operation it acts on)", file=sys.stderr)
             return 130
         print(f"checkpoint-ops: interrupted: the {e.operation} stopped before it changed anything (nothing was "
               "journaled)", file=sys.stderr)

@@ -912,7 +912,8 @@ def apply_plan(plan: Plan, anchor: Anchor, fms: dict[str, tuple[CheckpointFileMa
     try:
         # a fence temp the killed operation left is litter the new plan moves aside: settling leaves it to the plan,
         # else the plan's undo record would miss it (the undo then refused as incomplete)
-        planned = frozenset(a.rel for a in plan.actions if a.root == "checkpoint" and a.kind == DELETE and "/" not in a.rel)
+        planned = frozenset(a.rel for a in plan.actions
+                            if a.root == "checkpoint" and a.kind == DELETE and "/" not in a.rel)
         settle_unstarted(anchor, storage_options, planned if anchor.checkpoint else frozenset())
         journal = write_journal(anchor.fm, anchor.ops, record)
     except StoreUnavailableError as e:  # its journal may or may not have been stored: nothing else was
@@ -1050,7 +1051,8 @@ def settle_unstarted(anchor: Anchor, storage_options: dict | None = None,
     re-run is the natural next step). Left unfinished under the new one, it could never be ended: ``resume`` and
     ``undo`` act on the newest operation, ``prune`` keeps unfinished ones, and once the new one has changed the
     files the old plan names, the old one looks started. Returns the op ids dropped; one that did change
-    something is left for ``resume`` or ``undo``."""
+    something is left for ``resume`` or ``undo``. ``planned``: names in the checkpoint's root the new plan
+    removes itself (a fence temp of the dropped one), left in place for it."""
     dropped = []
     for path, markers in scan_journals(anchor.fm, anchor.ops).items():
         if markers & _SETTLED:
