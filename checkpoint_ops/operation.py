@@ -328,24 +328,34 @@ def _release(leases: LeaseSet, warn: Callable[[str], None] | None = None) -> lis
     return caught
 
 
-def _journaled_since(url: str | None, since: float, storage_options: dict | None, marked: str | None = None) -> bool:
-    """Whether an operation was journaled at ``url`` at or after ``since`` (when in doubt: True, so the advice
-    stays resume or undo); with ``marked``, one whose journal bears that marker ("applied": when in doubt, False)."""
+def _journals_since(url: str | None, since: float, storage_options: dict | None) -> list[set[str]] | None:
+    """The markers of each operation journaled at ``url`` at or after ``since`` (one whose op id tells no time
+    counts, with no markers); None when that cannot be told (no location, or the store or path failed). One scan."""
     from .journal import op_id_time, ops_dir, scan_journals
     from .storage import open_file_manager
 
-    cautious = marked is None
     if url is None:
-        return cautious
+        return None
     try:
         fm, root = open_file_manager(url, storage_options)
-        journals = [(op_id_time(d.rstrip("/").rsplit("/", 1)[-1]), markers)
-                    for d, markers in scan_journals(fm, ops_dir(fm, root)).items()]
-    except Exception:  # noqa: BLE001 - the store or the path: the cautious answer
-        return cautious
-    if marked is not None:
-        return any(t is not None and t >= since - 0.001 and marked in markers for t, markers in journals)
-    return any(t is None or t >= since - 0.001 for t, _ in journals)
+        journals = scan_journals(fm, ops_dir(fm, root))
+    except Exception:  # noqa: BLE001 - the store or the path: the caller's cautious answer
+        return None
+    out = []
+    for path, markers in journals.items():
+        stamp = op_id_time(path.rstrip("/").rsplit("/", 1)[-1])
+        if stamp is None:
+            out.append(set())
+        elif stamp >= since - 0.001:
+            out.append(set(markers))
+    return out
+
+
+def _journaled_since(url: str | None, since: float, storage_options: dict | None) -> bool:
+    """Whether an operation was journaled at ``url`` at or after ``since`` (when in doubt: True, so the advice
+    stays resume or undo)."""
+    found = _journals_since(url, since, storage_options)
+    return found is None or bool(found)
 
 
 def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
@@ -369,9 +379,11 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
             if op.recovery == "again":
                 raise StoppedPartWay(op.name) from e
             where = op.recovery_url()
-            if op.recovery == "journal" and not _journaled_since(where, applying[0], options.storage_options):
+            journaled = _journals_since(where, applying[0], options.storage_options) if op.recovery == "journal" \
+                else None  # (when it cannot be told: the cautious answer, resume or undo)
+            if journaled == []:
                 raise StoppedBeforeChanges(op.name) from e  # before its journal: undo would revert the one before
-            if op.recovery == "journal" and _journaled_since(where, applying[0], options.storage_options, "applied"):
+            if journaled and any("applied" in markers for markers in journaled):
                 # its journal says applied: stopped in what follows (a restore's intent released), not in a change
                 raise StoppedAfterApplying(op.name, where, None, recovery=op.recovery, cut_short=True) from e
             raise StoppedWhileApplying(op.name, where) from e
