@@ -94,6 +94,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def sigint_as_ctrl_c() -> None:
+    """For a child process (``preexec_fn``): SIGINT back to its default, so Python turns it into KeyboardInterrupt
+    as at a terminal. A suite started in the background (``make test &``, nohup) passes SIGINT on ignored, and a
+    test that sends Ctrl-C would then test nothing."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def answer_at_prompt(args: list[str], keys: bytes, timeout_s: float = 120) -> tuple[int, str]:
     """``checkpoint-ops ARGS`` on a terminal of its own (a pty): once it asks ``[y/N]``, type ``keys`` (b"\\x03" is
     Ctrl-C, b"\\x04" Ctrl-D). Returns its exit code and everything it wrote."""
@@ -106,6 +115,7 @@ def answer_at_prompt(args: list[str], keys: bytes, timeout_s: float = 120) -> tu
     pid, fd = pty.fork()
     if pid == 0:  # the child: the CLI on a terminal
         os.chdir(root)
+        sigint_as_ctrl_c()
         os.execv(sys.executable, [sys.executable, "-m", "checkpoint_ops.cli", *map(str, args)])
     said, deadline = b"", time.monotonic() + timeout_s
     while b"[y/N]" not in said:

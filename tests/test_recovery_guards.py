@@ -19,7 +19,7 @@ from benchmarks import synthetic
 from checkpoint_ops.lease import LEASE_NAME
 from checkpoint_ops.liveness import Holder
 from tests.faulty_s3 import FaultPlan
-from tests.helpers import answer_at_prompt, cli_json, is_lease_file
+from tests.helpers import answer_at_prompt, cli_json, is_lease_file, sigint_as_ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FENCE = b"CHECKPOINT-OPS-FENCE"
@@ -170,7 +170,7 @@ def _files(*roots: str) -> dict[str, bytes]:
 def _armed_cli(args: list[str], env: dict) -> subprocess.CompletedProcess:
     """The CLI in a child process with the kill switch set by ``env`` (checkpoint_ops/storage/killswitch.py)."""
     return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *args], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})
+                          timeout=300, env={**os.environ, **env}, preexec_fn=sigint_as_ctrl_c)
 
 
 def test_undo_of_a_copy_with_its_journal_is_refused_and_leaves_the_originals_undo_whole(tmp_path):
@@ -682,6 +682,7 @@ def test_a_rollback_stopped_with_ctrl_c_while_applying_names_resume_and_undo(tmp
     ckpt = str(tmp_path / "ck")
     synthetic.write_local(ckpt, batches=40, partitions=100, retain_state=39)
     proc = subprocess.Popen([sys.executable, "-m", "checkpoint_ops.cli", "rollback", ckpt, "--to-batch", "2", "--yes"],
+                            preexec_fn=sigint_as_ctrl_c,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
     while time.time() < deadline and proc.poll() is None:  # the fence is the first change the apply makes

@@ -19,7 +19,7 @@ import shutil
 import boto3
 
 from benchmarks.check_pass import INTERVAL, Stream
-from tests.helpers import cli_json
+from tests.helpers import cli_json, sigint_as_ctrl_c
 
 I = ("--source-compact-interval", str(INTERVAL), "--sink-compact-interval", str(INTERVAL))
 
@@ -254,7 +254,8 @@ def test_a_backup_stopped_with_ctrl_c_says_to_run_it_again(tmp_path):
         s.batch()
     stopped = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", s.ckpt, dest, "--sink",
                               s.out, *I], capture_output=True, text=True, timeout=300,
-                             env=dict(os.environ, CHECKPOINT_OPS_KILL_AT="8", CHECKPOINT_OPS_KILL_SIGNAL="INT"))
+                             env=dict(os.environ, CHECKPOINT_OPS_KILL_AT="8", CHECKPOINT_OPS_KILL_SIGNAL="INT"),
+                             preexec_fn=sigint_as_ctrl_c)
     assert stopped.returncode == 130, stopped.stderr
     assert "interrupted: the backup stopped before it was published" in stopped.stderr, stopped.stderr
     assert "run the same command again to take the backup" in stopped.stderr and "resume" not in stopped.stderr
