@@ -64,7 +64,7 @@ from .errors import RefusedError
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
 from .storage import CheckpointFileManager, FileChangedError
-from .storage.paths import basename, dirname, join
+from .storage.paths import basename, dirname, join, place_key
 from .units import iso_ms
 
 # the temp files of a lease write: of the record and of its checksum sidecar (``.<name>.<uuid>.tmp``)
@@ -522,8 +522,9 @@ class LeaseSet:
     leases: list[Lease] = field(default_factory=list)
 
     def covers(self, fm: CheckpointFileManager, root: str) -> bool:
-        url = fm.url(root)
-        return any(lease.url == url for lease in self.leases)
+        """A lease of this place is in the set, however either spelled it (a symbolic link, ``s3a://``)."""
+        place = place_key(fm.url(root))
+        return any(place_key(lease.url) == place for lease in self.leases)
 
     @property
     def notes(self) -> list[str]:
@@ -554,15 +555,16 @@ class LeaseSet:
 def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: str,
                 held: LeaseSet | None = None, into: LeaseSet | None = None, stepwise: bool = True,
                 operation: str | None = None) -> LeaseSet:
-    """Take the lease of each (file manager, root, what) not already ``held``, in URL order; on a
+    """Take the lease of each (file manager, root, what) not already ``held``, in the order of places; on a
     refusal release what was taken and re-raise. Returns the set taken now (``into`` if given)."""
     taken = into if into is not None else LeaseSet()
     seen = set()
-    for fm, root, what in sorted(locations, key=lambda loc: loc[0].url(loc[1])):
-        url = fm.url(root)
-        if url in seen or (held is not None and held.covers(fm, root)) or taken.covers(fm, root):
+    # in the order of the places, not of their spellings: two operations naming them differently still agree
+    for fm, root, what in sorted(locations, key=lambda loc: place_key(loc[0].url(loc[1]))):
+        place = place_key(fm.url(root))  # two spellings of one place hold one lease
+        if place in seen or (held is not None and held.covers(fm, root)) or taken.covers(fm, root):
             continue
-        seen.add(url)
+        seen.add(place)
         try:
             taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise, operation=operation))
         except BaseException:

@@ -44,7 +44,6 @@ pairs, and records always win.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
@@ -56,7 +55,7 @@ from .model.checkpoint import Checkpoint
 from .model.logfile import LogFormatError
 from .model.sink import SinkOutput
 from .storage import open_file_manager
-from .storage.paths import join, parse_url
+from .storage.paths import join, place_key
 
 PAIRING_FILE = ".checkpoint-ops.pairing.json"
 MAX_COMPARED = 10  # newest batches both sides describe that are compared
@@ -186,13 +185,7 @@ def _write_sink_record(sink: SinkOutput, record: PairingRecord, replace: bool) -
 def same_location(a: str, b: str) -> bool:
     """Two URLs name the same place (``s3a://`` and ``s3://``, a path and its ``file://`` URL; on local disk,
     two spellings of one directory through symbolic links)."""
-    try:
-        la, lb = parse_url(a), parse_url(b)
-    except ValueError:
-        return a == b
-    if (la.scheme, la.path.rstrip("/")) == (lb.scheme, lb.path.rstrip("/")):
-        return True
-    return la.scheme == lb.scheme == "file" and os.path.realpath(la.path) == os.path.realpath(lb.path)
+    return a == b or place_key(a) == place_key(b)
 
 
 def _same_query(a: str | None, b: str | None) -> bool:

@@ -135,3 +135,26 @@ def test_a_sink_output_with_a_linked_directory_is_refused(tmp_path):
     assert code == 2, err
     assert f"{out}/day=2: a symbolic link to {disk}/day=2" in err and "inside a sink output" in err
     assert tree_snapshot(ck, out, disk) == before
+
+
+@pytest.mark.parametrize("spelling", ["linked-parent", "double-slashes"])
+def test_undo_through_another_spelling_of_the_checkpoint_takes_one_lease(tmp_path, spelling):
+    """A rollback given the real path, its undo given the same checkpoint through a symbolic link to a parent
+    (or as ``//``): one place, one lease. The undo used to take the checkpoint's lease under each spelling, the
+    journal's and the command line's, and refused with the lease it had just taken itself."""
+    real = tmp_path / "disk"
+    ck = str(real / "ck")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    os.symlink(real, tmp_path / "link")
+    other = str(tmp_path / "link" / "ck") if spelling == "linked-parent" else f"/{real}//ck"
+    before = tree_snapshot(ck)
+    code, out, err = cli("rollback", ck, "--to-batch", "8", "--yes")
+    assert code == 0, err
+    code, out, err = cli("undo", other, "--yes")
+    assert code == 0, (out, err)
+    assert "in use" not in err
+    after = tree_snapshot(ck)
+    changed = {p for p in before.keys() | after.keys() if before.get(p, (None,))[0] != after.get(p, (None,))[0]}
+    assert not {p for p in changed if "/.checkpoint-ops" not in p}, sorted(changed)
+    code, out, err = cli("lease", "show", ck)
+    assert code == 0 and "free" in out, (out, err)

@@ -47,6 +47,18 @@ def parse_url(url: str) -> Location:
     return Location(canonical, path, scheme)
 
 
+def place_key(url: str) -> str:
+    """One key per place, whatever its spelling: ``s3a://`` and ``s3://`` alike, a path and its ``file://``
+    URL, and on local disk every spelling of one directory (symbolic links, ``//``) resolved to it."""
+    try:
+        loc = parse_url(url)
+    except ValueError:
+        return url
+    if loc.is_local:
+        return f"file://{os.path.realpath(loc.path)}"
+    return f"{loc.scheme}://{loc.path.rstrip('/')}"
+
+
 def normalize_local(path: str) -> str:
     return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
