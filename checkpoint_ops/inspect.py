@@ -207,8 +207,14 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
             prev = ckpt.offsets(batch - 1)
         elif ledger is not None and ledger.has("offsets", batch - 1):
             prev = ledger.offsets(batch - 1)
+    commit_problem = None
     if on_disk:
-        committed = (ckpt.commit(batch) if batch in ckpt.commit_files else None) is not None
+        committed = batch in ckpt.commit_files
+        if committed:  # damaged (a torn write): the offsets are still worth showing, with what is wrong beside them
+            errors: list[LogFormatError] = []
+            ckpt.load_commits([batch], errors=errors)
+            if errors:
+                commit_problem = {"path": errors[0].path, "problem": errors[0].problem, "fix": errors[0].fix}
     else:  # purged by Spark: the ledger recorded its commit as it recorded its offsets
         committed = batch in ckpt.commit_files or ledger.has("commits", batch)
     sources = []
@@ -227,7 +233,8 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
         "timestamp_ms": end.timestamp_ms,
         "time": _iso(end.timestamp_ms),
         "watermark_ms": end.watermark_ms,
-        "committed": committed,
+        "committed": committed,  # commits/N is there (``commit_problem``: it is, but damaged)
+        "commit_problem": commit_problem,
         "recorded_in": "checkpoint" if on_disk else "ledger",
         "start_known": batch == 0 or prev is not None,
         "sources": sources,
@@ -345,4 +352,9 @@ def render_offsets(r: dict) -> str:
         if r["batch"] == 0:
             start = "(query start)"
         lines.append(f"  source {s['id']} ({s['kind']}): from {start} to {s['end']}")
+    damaged = r.get("commit_problem")
+    if damaged:
+        lines.append(f"  its commit is damaged: {damaged['path']}: {damaged['problem']}")
+        if damaged.get("fix"):
+            lines.append(f"    fix: {damaged['fix']}")
     return "\n".join(lines)

@@ -1,0 +1,35 @@
+"""`checkpoint-ops offsets --batch N` beside a damaged commit (fast tier, no Spark)."""
+
+from __future__ import annotations
+
+import os
+
+from benchmarks import synthetic
+from tests.helpers import cli, cli_json, tree_snapshot
+
+
+def test_offsets_of_a_batch_whose_commit_is_torn_are_shown_with_the_damage(tmp_path):
+    """A torn `commits/N` (a write cut mid-record) made `offsets --batch N` exit 2 with the parse error alone, though
+    `offsets/N` is whole and is what on call asks for to decide where to roll back to. The offsets are shown, the
+    damaged commit beside them with its fix, and the exit code is 1 (findings); nothing changes."""
+    ck = str(tmp_path / "ck")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    whole = open(f"{ck}/commits/11", "rb").read()
+    with open(f"{ck}/commits/11", "wb") as f:
+        f.write(whole[:20])
+    os.remove(f"{ck}/commits/.11.crc")
+    before = tree_snapshot(ck)
+
+    code, r = cli_json("offsets", ck, "--batch", "11")
+    assert code == 1, r
+    assert r["committed"] is True and [s["end"] for s in r["sources"]] == [{"logOffset": 11}], r
+    assert r["commit_problem"]["path"] == f"{ck}/commits/11" and "ends mid-record" in r["commit_problem"]["problem"], r
+    assert "rollback" in r["commit_problem"]["fix"], r
+    code, out, err = cli("offsets", ck, "--batch", "11")
+    assert code == 1, err
+    assert "to {'logOffset': 11}" in out and f"its commit is damaged: {ck}/commits/11: ends mid-record" in out, out
+    assert "fix:" in out
+
+    code, r = cli_json("offsets", ck, "--batch", "10")  # its neighbours as before
+    assert code == 0 and r["committed"] is True and r["commit_problem"] is None, r
+    assert tree_snapshot(ck) == before
