@@ -214,7 +214,7 @@ def _location(args, e: BaseException | None = None) -> str | None:
     given += [v for v in (getattr(args, "sink_target", None) or []) if isinstance(v, str)]
     bucket = _missing_bucket(e) if e is not None else None
     if bucket is not None:
-        inside = [url for url in given if re.match(rf"[A-Za-z][A-Za-z0-9+.-]*://{re.escape(bucket)}(/|$)", url)]
+        inside = [url for url in given if _in_bucket(bucket, [url])]
         if len(inside) == 1:
             return inside[0]
     return given[0] if len(given) == 1 else None
@@ -226,6 +226,11 @@ def _missing_bucket(e: BaseException) -> str | None:
     return missing_bucket(e)
 
 
+def _in_bucket(bucket: str, urls: list) -> bool:
+    return any(isinstance(url, str) and re.match(rf"[A-Za-z][A-Za-z0-9+.-]*://{re.escape(bucket)}(/|$)", url)
+               for url in urls)
+
+
 def _storage_error(args, e: BaseException) -> StorageError:
     """A storage failure no operation wrapped, as an error that says where and what to do next: a backup
     stopped part-way is finished by running it again (its docs), any other operation by resume or undo."""
@@ -234,7 +239,13 @@ def _storage_error(args, e: BaseException) -> StorageError:
     check = ("check the bucket's name, the endpoint and the credentials (AWS_* / --storage-options)" if bucket else
              "check the location, credentials (AWS_* / --storage-options) and the endpoint")
     action = getattr(args, "backup_command", None) if getattr(args, "command", None) == "backup" else None
-    if action in ("create", "prune"):
+    if action == "restore" and bucket and _in_bucket(bucket, [getattr(args, "target", None),
+                                                              *(getattr(args, "sink_target", None) or [])]):
+        # the restore's own target: nothing can have been written there, and resume or undo would not make it
+        check = (f"create the bucket {bucket!r} first (a restore makes its target's prefix, not a bucket), or check "
+                 "its name, the endpoint and the credentials (AWS_* / --storage-options)")
+        then = "; nothing was restored into it: run the restore again once it exists"
+    elif action in ("create", "prune"):
         then = "; a backup (or prune) that stopped part-way is finished by running the same command again"
     elif action in ("list", "verify", "drill"):
         then = ""  # nothing changed: they read (a drill restores into scratch space of its own)

@@ -562,6 +562,19 @@ def test_a_missing_bucket_among_several_locations_is_named_with_the_fix_of_its_c
     assert r["path"] == dest and r["problem"] == "no such bucket: 'no-such-bucket-here'", r
     assert "running the same command again" in r["fix"] and "resume" not in r["fix"], r
 
+    # a restore into a bucket that does not exist: it says to create the bucket, not to resume or undo (nothing
+    # of the restore can be there, and neither command would make the bucket)
+    options = ("--storage-options", json.dumps({"endpoint_url": s3_server}))
+    local = str(tmp_path / "backups")
+    code, made = cli_json("backup", "create", ckpt, local)
+    assert code == 0, made
+    target = "s3://no-such-bucket-here/restored"
+    code, r = cli_json("backup", "restore", local, made["backup_id"], target, "--yes", *options)
+    assert code == 2 and r["error"] == "StorageError", r
+    assert r["path"] == target and r["problem"] == "no such bucket: 'no-such-bucket-here'", r
+    assert "create the bucket 'no-such-bucket-here' first" in r["fix"] and "nothing was restored" in r["fix"], r
+    assert "resume" not in r["fix"] and "undo" not in r["fix"], r
+
 
 def _self_signed(tmp_path) -> tuple[str, str]:
     """A certificate for 127.0.0.1 that nobody signed, and its key (PEM files)."""
