@@ -61,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 from .errors import RefusedError
+from .interrupts import interrupts_held
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
 from .storage import CheckpointFileManager, FileChangedError
@@ -554,11 +555,20 @@ class LeaseSet:
 
 def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: str,
                 held: LeaseSet | None = None, into: LeaseSet | None = None, stepwise: bool = True,
-                operation: str | None = None) -> LeaseSet:
+                operation: str | None = None, warn: Callable[[str], None] | None = None) -> LeaseSet:
     """Take the lease of each (file manager, root, what) not already ``held``, in the order of places; on a
-    refusal release what was taken and re-raise. Returns the set taken now (``into`` if given)."""
+    refusal release what was taken and re-raise. Returns the set taken now (``into`` if given).
+
+    A first Ctrl-C while a lease is being written is held until it is in the set (``warn`` told at once), then
+    raised: what was taken is released, so no lease is left for others to wait out."""
     taken = into if into is not None else LeaseSet()
     seen = set()
+
+    def told() -> None:
+        if warn is not None:
+            warn("interrupted: finishing the lease being taken, then releasing it (Ctrl-C again to stop at once, "
+                 "leaving it to go stale)")
+
     # in the order of the places, not of their spellings: two operations naming them differently still agree
     for fm, root, what in sorted(locations, key=lambda loc: place_key(loc[0].url(loc[1]))):
         place = place_key(fm.url(root))  # two spellings of one place hold one lease
@@ -566,7 +576,10 @@ def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: 
             continue
         seen.add(place)
         try:
-            taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise, operation=operation))
+            with interrupts_held(told) as caught:
+                taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise, operation=operation))
+            if caught:
+                raise KeyboardInterrupt
         except BaseException:
             taken.release()
             raise

@@ -20,15 +20,13 @@ Operations live beside their planners (``rollback.RollbackOperation``, ``recover
 from __future__ import annotations
 
 import abc
-import contextlib
 import dataclasses
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol
 
 from .errors import BadInputError, CheckpointOpsError, RefusedError
+from .interrupts import interrupts_held
 from .lease import LeaseSet, acquire_all
 from .plan import Plan
 from .storage import CheckpointFileManager
@@ -288,33 +286,6 @@ class StoppedAfterApplying(KeyboardInterrupt):
         self.recovery, self.cut_short = recovery, cut_short  # ``Operation.recovery``; the output was cut short
 
 
-@contextlib.contextmanager
-def interrupts_held(on_hold: Callable[[], None] | None = None):
-    """Within it, a first interrupt (SIGINT, Ctrl-C) is held back and recorded in the list it yields (``on_hold``
-    called then); a second one stops at once, as usual. For short steps that must not stop half-way (a lease's
-    release). It holds nothing outside the main thread (where Python delivers no signal), nor where SIGINT is not
-    Python's own KeyboardInterrupt: ignored (a job started in the background), or handled by the caller (a Dagster
-    run)."""
-    caught: list[int] = []
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield caught
-        return
-
-    def hold(signum, frame):
-        if caught:
-            raise KeyboardInterrupt
-        caught.append(signum)
-        if on_hold is not None:
-            on_hold()
-
-    previous = signal.signal(signal.SIGINT, hold)
-    try:
-        yield caught
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 def _release(leases: LeaseSet, warn: Callable[[str], None] | None = None) -> list[int]:
     """Release ``leases`` with a first interrupt held back until they are released (``warn`` told at once, so a
     slow release is not taken for a hang); returns the interrupts held."""
@@ -417,11 +388,11 @@ def _run(op: Operation, options: RunOptions, leases: LeaseSet, applying: list[fl
     op.precheck()
     if op.takes_lease:
         acquire_all([s.lease_target() for s in op.sites()], options.owner, options.held, into=leases,
-                    operation=op.name)
+                    operation=op.name, warn=options.warn)
     op.open()
     if op.takes_lease:
         acquire_all([s.lease_target() for s in op.more_sites()], options.owner, options.held, into=leases,
-                    operation=op.name)
+                    operation=op.name, warn=options.warn)
     notes = tuple(leases.notes)
     if options.warn is not None:
         for note in notes:

@@ -803,3 +803,29 @@ def test_ctrl_c_before_the_journal_is_told_apart_from_ctrl_c_after_it(tmp_path):
     code, second = cli_json("rollback", ckpt, "--to-batch", "3", "--yes")
     assert code == 0, second
     assert _journaled_since(ckpt, now, None)
+
+
+def test_ctrl_c_while_the_lease_is_taken_leaves_no_lease_and_no_temp_file(tmp_path):
+    """Ctrl-C as the lease's record is published, or its checksum sidecar written after it: the lease was left
+    (other hosts waited for it to go stale) and the message said the rollback stopped before it changed anything;
+    before the publish, the record's temp file was left. Now the first Ctrl-C is held until the lease is taken, then
+    it is released: nothing of the command is left, and the message is true."""
+    template = str(tmp_path / "template")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    steps = _traced_rollback(template, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    taking = [k for k, what in steps if is_lease_file(what)][:2]  # the lease's record, then its sidecar
+    assert len(taking) == 2 and taking[0] == 1, steps[:4]
+    for k in taking:
+        ckpt = str(tmp_path / f"ck{k}")
+        shutil.copytree(template, ckpt)
+        before = _files(ckpt)
+        stopped = _armed_cli(["rollback", ckpt, "--to-batch", "3", "--yes"],
+                             {"CHECKPOINT_OPS_KILL_AT": str(k), "CHECKPOINT_OPS_KILL_SIGNAL": "INT"})
+        assert stopped.returncode == 130, (stopped.stdout, stopped.stderr)
+        assert sorted(os.listdir(ckpt)) == sorted(os.listdir(template)), os.listdir(ckpt)  # no lease, no temp
+        assert "interrupted: finishing the lease being taken, then releasing it" in stopped.stderr, stopped.stderr
+        assert "the rollback stopped before it changed anything" in stopped.stderr, stopped.stderr
+        assert _files(ckpt) == before
+        code, r = cli_json("rollback", ckpt, "--to-batch", "3", "--yes")  # not in use: it runs at once
+        assert code == 0, r
+

@@ -157,8 +157,8 @@ class AtomicWriter(abc.ABC):
         if self._done:
             return
         self._done = True
-        killswitch.tick(what=self.path)  # publishing is a mutating call (the crash-matrix tests count it)
-        try:
+        try:  # an interrupt as it publishes (a Ctrl-C, or the crash switch's SIGINT) leaves no temp file
+            killswitch.tick(what=self.path)  # publishing is a mutating call (the crash-matrix tests count it)
             self._publish()
         except BaseException:
             self._discard()
