@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .journal import OPS_DIR
+from .storage.paths import basename, dirname, join, parse_url, place_key
+
 FENCE_MAGIC = b"CHECKPOINT-OPS-FENCE"
 
 
@@ -51,8 +54,34 @@ def revert_command(operation: str, checkpoint_url: str) -> str:
     return f"checkpoint-ops {'resume' if operation == 'undo' else 'undo'} {checkpoint_url}"
 
 
+def fenced_elsewhere(f: Fence, checkpoint_url: str) -> str | None:
+    """The location a fence's operation ran at, when it is not ``checkpoint_url``: a checkpoint copied (or moved)
+    with its ``.checkpoint-ops`` directory while an operation had it fenced. The fence names its journal, which
+    lives beside the checkpoint the operation changed (``journal.ops_dir``). None for a fence of its own."""
+    if not f.journal or not f.op_id:
+        return None
+    try:
+        journal = parse_url(f.journal)
+    except ValueError:
+        return None
+    suffix = f"/journal/{f.op_id}"
+    if not journal.path.endswith(suffix):
+        return None
+    ops = journal.path[: -len(suffix)]  # <parent>/.checkpoint-ops/<name>
+    if basename(dirname(ops)) != OPS_DIR:
+        return None
+    ran_at = journal.url(join(dirname(dirname(ops)), basename(ops)))
+    return None if place_key(ran_at) == place_key(checkpoint_url) else ran_at
+
+
 def recovery_advice(f: Fence, checkpoint_url: str) -> str:
     """The ``fix:`` for anything refused because the checkpoint is fenced."""
+    ran_at = fenced_elsewhere(f, checkpoint_url)
+    if ran_at is not None:  # `resume` and `undo` here refuse a journal of another location (executor.foreign_journal)
+        return (f"this checkpoint was copied (or moved) from {ran_at} while a {f.operation} there had it fenced: "
+                f"finish that {f.operation} there (`{resume_command(f.operation, ran_at)}`, or "
+                f"`{revert_command(f.operation, ran_at)}`; moved: move the checkpoint and its {OPS_DIR} directory "
+                "back first), then copy the checkpoint again")
     if f.operation == "undo":
         return (f"finish the undo with `{resume_command(f.operation, checkpoint_url)}`, or go back to the result of "
                 f"the operation it was undoing with `{revert_command(f.operation, checkpoint_url)}`")

@@ -38,7 +38,7 @@ def ops_dir(fm: CheckpointFileManager, root: str) -> str:
         raise BadInputError(
             "the location is a bucket root: there is no place beside it for the journal and ledger",
             path=fm.url(root),
-            fix="keep checkpoints under a prefix (s3://bucket/checkpoints/query), or pass --ops-dir",
+            fix="keep checkpoints under a prefix (s3://bucket/checkpoints/query)",
         )
     return join(parent, OPS_DIR, basename(root))
 

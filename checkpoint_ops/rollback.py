@@ -553,7 +553,7 @@ def plan_rollback(
         raise RefusedError(
             f"an earlier {fence.operation} ({fence.op_id}) was interrupted and the checkpoint is fenced",
             path=ckpt.listing.url("metadata"),
-            fix=recovery_advice(fence, ckpt.url) + " first",
+            fix=recovery_advice(fence, ckpt.url) + ", then run this rollback again",
         )
     sinks = list(sinks)
     target = resolve_target(ckpt, to_batch, to_time, ledger)

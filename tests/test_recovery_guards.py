@@ -829,3 +829,33 @@ def test_ctrl_c_while_the_lease_is_taken_leaves_no_lease_and_no_temp_file(tmp_pa
         code, r = cli_json("rollback", ckpt, "--to-batch", "3", "--yes")  # not in use: it runs at once
         assert code == 0, r
 
+
+def test_a_copy_made_while_fenced_is_told_to_finish_the_operation_where_it_ran(tmp_path):
+    """A checkpoint copied with its .checkpoint-ops directory while a rollback had it fenced: fsck and rollback on the
+    copy advised `resume`/`undo` of the copy, which refuse a journal of another location, so the advice went one step
+    round before it ended. They now name the location the rollback ran at, from the fence's journal, and say to
+    finish it there and copy again; the original's own advice is unchanged."""
+    template = str(tmp_path / "template")
+    synthetic.write_local(template, batches=8, partitions=2, retain_state=7)
+    steps = _traced_rollback(template, str(tmp_path / "traced"), str(tmp_path / "trace.txt"))
+    fenced_at = [k for k, what in steps if what.endswith("/metadata")][0]
+    prod, copy = str(tmp_path / "prod"), str(tmp_path / "copy")
+    shutil.copytree(template, prod)
+    killed = _armed_cli(["rollback", prod, "--to-batch", "3", "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(fenced_at + 1)})
+    assert killed.returncode == -9, killed.stderr
+    shutil.copytree(prod, copy)
+    shutil.copytree(str(tmp_path / ".checkpoint-ops" / "prod"), str(tmp_path / ".checkpoint-ops" / "copy"))
+
+    code, report = cli_json("fsck", copy)
+    (finding,) = [f for f in report["findings"] if f["code"] == "operation-interrupted"]
+    assert f"this checkpoint was copied (or moved) from {prod} while a rollback there had it fenced" in finding["fix"]
+    assert f"`checkpoint-ops resume {prod}`" in finding["fix"] and f"`checkpoint-ops undo {prod}`" in finding["fix"]
+    assert f"resume {copy}" not in finding["fix"], finding
+    code, r = cli_json("rollback", copy, "--to-batch", "2", "--yes")
+    assert code == 1 and f"copied (or moved) from {prod}" in r["fix"], r
+
+    code, report = cli_json("fsck", prod)  # the original: finish it here
+    (finding,) = [f for f in report["findings"] if f["code"] == "operation-interrupted"]
+    assert f"`checkpoint-ops resume {prod}`" in finding["fix"] and "copied" not in finding["fix"], finding
+    code, r = cli_json("resume", prod, "--yes")
+    assert code == 0, r
