@@ -263,3 +263,38 @@ def test_a_backup_stopped_with_ctrl_c_says_to_run_it_again(tmp_path):
     assert code == 0, r
     code, v = cli_json("backup", "verify", dest)
     assert code == 0 and [b["backup_id"] for b in v["backups"]] == [r["backup_id"]], v
+
+
+def test_ctrl_c_as_a_restore_releases_its_intent_leaves_no_intent(tmp_path):
+    """Ctrl-C just as a finished restore deletes its intent in the destination: the intent was left there until it
+    went stale (a review). The first Ctrl-C is now held until the intent is deleted: the restore says it finished,
+    and nothing of it is left in the destination."""
+    import subprocess
+    import sys
+
+    dest = str(tmp_path / "dest")
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(4):
+        s.batch()
+    code, r = cli_json("backup", "create", s.ckpt, dest, *I)
+    assert code == 0, r
+    backup_id = r["backup_id"]
+
+    def restore(target: str, env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "restore", dest, backup_id, target,
+                               "--yes"], capture_output=True, text=True, timeout=300, env=dict(os.environ, **env),
+                              preexec_fn=sigint_as_ctrl_c)
+
+    trace = str(tmp_path / "trace.txt")
+    done = restore(str(tmp_path / "traced"), {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    (release,) = [int(k) for k, what in steps if "/restore-" in what and what.startswith(dest)][-1:]
+    stopped = restore(str(tmp_path / "target"), {"CHECKPOINT_OPS_KILL_AT": str(release),
+                                                  "CHECKPOINT_OPS_KILL_SIGNAL": "INT"})
+    assert stopped.returncode == 130, (stopped.stdout, stopped.stderr)
+    left = [os.path.join(d, n) for d, _, names in os.walk(dest) for n in names if "restore-" in n]
+    assert not left, left
+    assert "interrupted after the restore finished" in stopped.stderr, stopped.stderr
+    code, v = cli_json("backup", "verify", dest)
+    assert code == 0, v

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..errors import RefusedError, is_storage_failure
+from ..interrupts import interrupts_held
 from ..journal import utc_stamp
 from ..liveness import Heartbeat, Holder
 from ..storage import CheckpointFileManager
@@ -175,7 +176,14 @@ class HeldClaim:
         (a renewal is an unconditional write: landing after the first delete, it writes the record back).
         The record's name is this holder's alone (a backup id, a prune lock's own), so the late write never
         replaces another's. If this process ends first, the record written back goes stale (its pid is gone,
-        its heartbeat lapses)."""
+        its heartbeat lapses). A first Ctrl-C meanwhile is held until the record is deleted, then raised
+        (``interrupts_held``): the record is not left to go stale, keeping a prune waiting or from collecting."""
+        with interrupts_held() as caught:
+            self._release()
+        if caught:
+            raise KeyboardInterrupt
+
+    def _release(self) -> None:
         beat, self._heartbeat = self._heartbeat, None
         if beat is not None and not beat.stop(timeout=self.holder.ttl_s / 3):
             threading.Thread(target=self._delete_after, args=(beat,), name=f"checkpoint-ops-{self.kind}-release",
