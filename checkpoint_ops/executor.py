@@ -52,6 +52,7 @@ from .storage.paths import basename, dirname, join, parse_url
 
 CHUNK = 1000  # files per batched move or delete (a crash test kills between any two: storage/killswitch.py)
 _STREAM = 8 * 2**20
+_LIST_FROM = 4  # wanted objects in one directory from which a resume lists it rather than asking for each
 
 
 @dataclass
@@ -408,13 +409,23 @@ class Executor:
         place (``_put``, then ``_write``'s check of what is there)."""
         shas = sorted({a.sha256 for a in self.plan.actions if a.kind in (WRITE, REPLACE) and a.sha256
                        and a.sha256 not in self.plan.contents and a.sha256 in self.plan.sources})
-
-        def gone(sha: str) -> bool:
+        # by directory (a backup's objects/<aa>/): one listing of a directory that holds several of them, instead
+        # of a request per object (a HEAD each on an object store: a whole restore's worth of them)
+        groups: dict[tuple[int, str], tuple[CheckpointFileManager, list[tuple[str, str]]]] = {}
+        for sha in shas:
             fm, path = self._source(sha)
-            return not fm.exists(path)
+            groups.setdefault((id(fm), dirname(path)), (fm, []))[1].append((sha, path))
+
+        def gone(key: tuple[int, str]) -> list[str]:
+            fm, wanted = groups[key]
+            if len(wanted) < _LIST_FROM:
+                return [sha for sha, path in wanted if not fm.exists(path)]
+            there = {basename(f.path) for f in fm.list(key[1]) if not f.is_dir}
+            return [sha for sha, path in wanted if basename(path) not in there]
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
-            return [self.plan.sources[sha] for sha, missing in zip(shas, pool.map(gone, shas)) if missing]
+            missing = {sha for found in pool.map(gone, list(groups)) for sha in found}
+        return [self.plan.sources[sha] for sha in shas if sha in missing]
 
     def pending_effects(self) -> list[FileAction]:
         """The plan's actions whose result is not on disk (from the listing taken once): a file it writes
