@@ -34,8 +34,8 @@ def parse_commit(data: bytes, path: str, batch_id: int) -> CommitMetadata:
         # .populateStartOffsets): read as {}, that is the batch's own, not the one it committed
         raise LogFormatError("the commit has its version line only, not the metadata line Spark writes after it "
                              "(a torn write): Spark reads it as {}, so a restart from it takes the watermark this batch "
-                             "ran with, not the one it committed, and in checkpoint format V2 no ids of the state to "
-                             "load",
+                             "ran with, not the one it committed; in checkpoint format V2 it names no state to load, and "
+                             "the restart fails (CANNOT_LOAD_STATE_STORE)",
                              path=path, kind="truncated", fix="a crash left a torn write: " + TORN_LOG_FIX)
     doc = parse_json_line(body, path, 2, last=True)
     if not isinstance(doc, dict):
