@@ -101,7 +101,10 @@ def storage_options(args) -> dict | None:
 
 def open_checkpoint(args) -> tuple[Checkpoint, list]:
     """The checkpoint named by ``args.checkpoint`` and the sinks of ``--sink``, read only."""
+    from .pairing import refuse_repeated
+
     opts = storage_options(args)
+    refuse_repeated(list(getattr(args, "sink", None) or []))
     ckpt = Checkpoint.open(args.checkpoint, opts, source_compact_interval=args.source_compact_interval)
     try:
         sinks = [open_sink(s, opts, args.sink_compact_interval) for s in getattr(args, "sink", [])]

@@ -188,6 +188,21 @@ def same_location(a: str, b: str) -> bool:
     return a == b or place_key(a) == place_key(b)
 
 
+def refuse_repeated(urls: list[str], flag: str = "--sink") -> None:
+    """BadInputError (exit 2, nothing read or changed) when two of ``urls`` name one place, however spelled (a
+    symbolic link, ``//``, ``s3a://``): an operation would plan the same output twice, one plan blind to the other's
+    moves (a rollback then deletes files it keeps, and its undo finds them in the other's trash)."""
+    seen: dict[str, str] = {}
+    for url in urls:
+        place = place_key(url).rstrip("/")
+        if place in seen:
+            first = seen[place]
+            again = "is given twice" if first == url else f"is the same place as {flag} {first}"
+            raise BadInputError(f"{flag} {url} {again}: each output is given once", path=url,
+                                fix=f"give each file sink's output directory once (one {flag} per output)")
+        seen[place] = url
+
+
 def _same_query(a: str | None, b: str | None) -> bool:
     return a is None or b is None or a == b
 

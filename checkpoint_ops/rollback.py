@@ -33,7 +33,7 @@ from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
 from .ledger import diverged_at, ledger_or_none
 from .lag import SinkLag, sink_lag
-from .pairing import record_pairing_after, require_pairing
+from .pairing import record_pairing_after, refuse_repeated, require_pairing
 from .recorded_sinks import RecordedSinksCheck
 from .rerun_inputs import MAX_JUDGED, find_missing, input_urls, missing_warning, on_store
 from .restart import Damage, RestartSets, damage_in_removed
@@ -694,6 +694,7 @@ class RollbackOperation(Operation):
         self.to_batch, self.to_time, self.keep_files, self.force = to_batch, to_time, keep_files, force
         self.without_recorded_sinks = without_recorded_sinks
         self.sink_urls = list(sink_urls)
+        refuse_repeated(self.sink_urls)
         self.storage_options = storage_options
         self.source_compact_interval, self.sink_compact_interval = source_compact_interval, sink_compact_interval
         self.fm, self.root = open_file_manager(checkpoint_url, storage_options)

@@ -14,7 +14,7 @@ import pytest
 
 from benchmarks import synthetic
 from checkpoint_ops.storage import open_file_manager
-from tests.helpers import cli, tree_snapshot
+from tests.helpers import cli, cli_json, tree_snapshot
 from tests.synthetic_sink import write_sink
 
 
@@ -158,3 +158,42 @@ def test_undo_through_another_spelling_of_the_checkpoint_takes_one_lease(tmp_pat
     assert not {p for p in changed if "/.checkpoint-ops" not in p}, sorted(changed)
     code, out, err = cli("lease", "show", ck)
     assert code == 0 and "free" in out, (out, err)
+
+
+def test_a_restore_refuses_a_sink_target_that_is_its_checkpoint_target_through_a_link(tmp_path):
+    """The checkpoint target and a sink target one place through a symbolic link: the restore wrote both into one
+    directory (the targets were compared as typed; one lease per place let it through). Refused by place: exit 2,
+    nothing written."""
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    write_sink(out, 12, compact_interval=10)
+    code, made = cli_json("backup", "create", ck, str(tmp_path / "bk"), "--sink", out)
+    assert code == 0, made
+    os.makedirs(tmp_path / "r")
+    os.symlink(tmp_path / "r", tmp_path / "rl")
+    for sink_target, how in ((tmp_path / "rl" / "x", "is the same place as"),
+                             (tmp_path / "rl" / "x" / "out", "contains")):
+        code, r = cli_json("backup", "restore", str(tmp_path / "bk"), made["backup_id"], str(tmp_path / "r" / "x"),
+                           "--sink-target", str(sink_target), "--yes")
+        assert code == 2 and how in r["problem"], r
+        assert os.listdir(tmp_path / "r") == [], os.listdir(tmp_path / "r")
+
+
+@pytest.mark.parametrize("again", ["link", "same", "slashes"])
+def test_a_sink_given_twice_is_refused_before_anything_changes(tmp_path, again):
+    """One output given twice to a rollback (through a link, or as typed twice): each copy was planned blind to the
+    other, the rollback deleted data files of batches it keeps, and its undo was refused as incomplete (the files
+    sat in two trashes). Refused: exit 2, nothing changed; the same for fsck and backup create."""
+    ck, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    write_sink(out, 12)
+    os.symlink(out, tmp_path / "outlink")
+    twice = {"link": str(tmp_path / "outlink"), "same": out, "slashes": f"/{out}/"}[again]
+    before = tree_snapshot(ck, out)
+    for args in (["rollback", ck, "--to-batch", "8", "--yes"], ["fsck", ck],
+                 ["backup", "create", ck, str(tmp_path / "bk")]):
+        code, r = cli_json(*args, "--sink", out, "--sink", twice)
+        assert code == 2, (args, r)
+        assert f"--sink {twice} " in r["problem"] and "each output is given once" in r["problem"], r
+    assert tree_snapshot(ck, out) == before
+    assert not os.path.exists(tmp_path / "bk")

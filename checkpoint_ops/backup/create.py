@@ -67,7 +67,7 @@ from ..model.listing import Listing
 from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
-from ..pairing import PairingRefused, record_pairing
+from ..pairing import PairingRefused, record_pairing, refuse_repeated
 from ..recorded_sinks import left_out
 from ..restart import RestartSets, state_bytes_problem
 from ..rollback import no_data_next, no_data_note
@@ -228,6 +228,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     log lacks every earlier batch, and Spark fails there (or the earlier rows are simply not in it), unless
     ``without_recorded_sinks`` (an output abandoned on purpose)."""
     sink_urls = list(sink_urls)
+    refuse_repeated(sink_urls)
     cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval, sink_compact_interval,
                    without_recorded_sinks)
     repo = Repository.locate(dest_url, storage_options)  # a foreign location is refused here, unwritten

@@ -59,6 +59,7 @@ from ..storage.paths import (
     hadoop_path_to_location,
     join,
     parse_url,
+    place_key,
     spark_url_to_location,
     uri_path,
 )
@@ -399,11 +400,13 @@ def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
             if fm_a.location.scheme != fm_b.location.scheme:
                 continue
             a, b = root_a.rstrip("/"), root_b.rstrip("/")
-            if a == b:
+            # by place: two spellings of one directory (a symbolic link, ``//``) are one place
+            place_a, place_b = place_key(fm_a.url(a)).rstrip("/"), place_key(fm_b.url(b)).rstrip("/")
+            if place_a == place_b:
                 how = "is the same place as"
-            elif b.startswith(a + "/"):
+            elif place_b.startswith(place_a + "/"):
                 how = "contains"
-            elif a.startswith(b + "/"):
+            elif place_a.startswith(place_b + "/"):
                 how = "lies inside"
             else:
                 continue
