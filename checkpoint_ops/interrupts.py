@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Callable
 
@@ -19,10 +20,12 @@ def interrupts_held(on_hold: Callable[[], None] | None = None):
     called then); a second one stops at once, as usual. For short steps that must not stop half-way (a lease's
     release). It holds nothing outside the main thread (where Python delivers no signal), nor where SIGINT is not
     Python's own KeyboardInterrupt: ignored (a job started in the background), or handled by the caller (a Dagster
-    run)."""
+    run); nor in a cleanup that a Ctrl-C started (handling its KeyboardInterrupt): the person pressed once already,
+    and the next press stops at once, as the message of the first hold promised."""
     caught: list[int] = []
     if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            or isinstance(sys.exc_info()[1], KeyboardInterrupt)):  # a cleanup after a Ctrl-C: the next one stops it
         yield caught
         return
 

@@ -298,3 +298,71 @@ def test_ctrl_c_as_a_restore_releases_its_intent_leaves_no_intent(tmp_path):
     assert "interrupted after the restore finished" in stopped.stderr, stopped.stderr
     code, v = cli_json("backup", "verify", dest)
     assert code == 0, v
+
+
+def test_ctrl_c_as_a_published_backup_releases_its_intent_says_it_is_complete(tmp_path):
+    """Ctrl-C just as `backup create` deleted its intent, after the manifest was stored: it said the backup "stopped
+    before it was published ... run the same command again", though `backup list` showed it (a hostile review). The
+    held Ctrl-C is announced, the backup is reported complete, the exit code is 0 and the intent is gone."""
+    import subprocess
+    import sys
+
+    dest = str(tmp_path / "dest")
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(4):
+        s.batch()
+
+    def create(env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "create", s.ckpt, dest, *I],
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, **env),
+                              preexec_fn=sigint_as_ctrl_c)
+
+    trace = str(tmp_path / "trace.txt")
+    done = create({"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    release = [int(k) for k, what in steps if "/intents/" in what][-1]
+    shutil.rmtree(dest)
+    stopped = create({"CHECKPOINT_OPS_KILL_AT": str(release), "CHECKPOINT_OPS_KILL_SIGNAL": "INT"})
+    assert stopped.returncode == 0, (stopped.stdout, stopped.stderr)
+    assert "interrupted: releasing the backup intent in the backup destination first" in stopped.stderr, stopped.stderr
+    assert "was published: it is complete" in stopped.stderr and "run the same command again" not in stopped.stderr
+    assert not [n for d, _, names in os.walk(dest) for n in names if "intents" in d], list(os.walk(dest))
+    code, listed = cli_json("backup", "list", dest)
+    assert code == 0 and len(listed["backups"]) == 1, listed
+
+
+def test_ctrl_c_as_a_finished_prune_releases_its_lock_leaves_the_prune_done(tmp_path):
+    """Ctrl-C just as `backup prune` deleted its lock, after it had deleted everything it planned: it said the prune
+    "stopped part-way ... run the same command again" (a hostile review). The held Ctrl-C is announced, and the prune
+    stands: exit 0, its result printed, no lock left."""
+    import subprocess
+    import sys
+
+    dest = str(tmp_path / "dest")
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(3):
+        for _ in range(3):
+            s.batch()
+        code, r = cli_json("backup", "create", s.ckpt, dest, *I)
+        assert code == 0, r
+
+    def prune(where: str, env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "prune", where, "--keep-last", "1",
+                               "--yes", "--json"], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, **env), preexec_fn=sigint_as_ctrl_c)
+
+    traced, trace = str(tmp_path / "traced"), str(tmp_path / "trace.txt")
+    shutil.copytree(dest, traced)
+    done = prune(traced, {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    release = [int(k) for k, what in steps if "/locks/" in what][-1]
+    stopped = prune(dest, {"CHECKPOINT_OPS_KILL_AT": str(release), "CHECKPOINT_OPS_KILL_SIGNAL": "INT"})
+    assert stopped.returncode == 0, (stopped.stdout, stopped.stderr)
+    assert "interrupted: releasing the prune lock in the backup destination first" in stopped.stderr, stopped.stderr
+    assert "part-way" not in stopped.stderr and json.loads(stopped.stdout), stopped.stdout
+    locks = os.path.join(dest, "locks")
+    assert not os.path.isdir(locks) or not os.listdir(locks), os.listdir(locks)
+    code, listed = cli_json("backup", "list", dest)
+    assert code == 0 and len(listed["backups"]) == 1, listed

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 import uuid
@@ -178,10 +179,18 @@ class HeldClaim:
         replaces another's. If this process ends first, the record written back goes stale (its pid is gone,
         its heartbeat lapses). A first Ctrl-C meanwhile is held until the record is deleted, then raised
         (``interrupts_held``): the record is not left to go stale, keeping a prune waiting or from collecting."""
-        with interrupts_held() as caught:
+        with interrupts_held(self._told) as caught:
             self._release()
         if caught:
             raise KeyboardInterrupt
+
+    def _told(self) -> None:
+        """Said at once when a Ctrl-C is held (a slow store must not look like a hang). Only where SIGINT is
+        Python's own (``interrupts_held``): a command or a script at a terminal, so straight to stderr."""
+        what = "prune lock" if self.kind == PRUNE_LOCK else "restore intent" if "restores" in self._fields else \
+            "backup intent"
+        print(f"checkpoint-ops: warning: interrupted: releasing the {what} in the backup destination first "
+              "(Ctrl-C again to stop at once, leaving it to go stale)", file=sys.stderr, flush=True)
 
     def _release(self) -> None:
         beat, self._heartbeat = self._heartbeat, None

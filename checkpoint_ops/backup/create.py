@@ -237,6 +237,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     backup_id = new_backup_id()
     try:
         intent = repo.hold_intent(backup_id, cut.url)  # before any object is looked at: a garbage collection now waits
+        published = None
         try:
             wait_for_prune(repo, warn)
             cuts = [cut]
@@ -247,16 +248,23 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
                                          sink_compact_interval, without_recorded_sinks))
                 return _copy(repo, backup_id, cuts[-1], intent, progress)
 
-            return _while_vanishing(copy, checkpoint_url)
+            published = _while_vanishing(copy, checkpoint_url)
         finally:
             # the store may be down, or refuse deletes: the error that stopped the backup (or the backup it
             # published) matters, not this cleanup (an intent left behind goes stale without its heartbeat and is
             # cleared by the next prune)
             try:
                 intent.release()
+            except KeyboardInterrupt:  # held while the intent was released (claims.py): after the manifest, or not
+                if published is None:
+                    raise
+                if warn is not None:
+                    warn(f"interrupted after backup {backup_id} was published: it is complete (`checkpoint-ops backup "
+                         f"list {dest_url}` shows it); nothing to run again")
             except Exception as e:  # noqa: BLE001 - only storage failures; a bug is raised
                 if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
                     raise
+        return published
     except StoreUnavailableError as e:
         raise e.finish_with(f"backup {backup_id} was not completed: a backup exists only once its manifest is stored "
                             "(`backup list` shows it), so nothing half-made is visible; once the store answers, run "

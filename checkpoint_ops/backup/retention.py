@@ -179,7 +179,10 @@ def apply_backup_prune(repo: Repository, plan: Plan, guard: Callable[[], None] |
     except BaseException:
         lock.release()
         raise
-    lock.release()
+    try:
+        lock.release()
+    except KeyboardInterrupt:  # held until the lock was gone (it said so at once): the prune had finished, so it stands
+        pass
     return dataclasses.replace(result, requests=repo.fm.counter.snapshot(), retries=repo.fm.counter.retries())
 
 
