@@ -54,10 +54,9 @@ def revert_command(operation: str, checkpoint_url: str) -> str:
     return f"checkpoint-ops {'resume' if operation == 'undo' else 'undo'} {checkpoint_url}"
 
 
-def fenced_elsewhere(f: Fence, checkpoint_url: str) -> str | None:
-    """The location a fence's operation ran at, when it is not ``checkpoint_url``: a checkpoint copied (or moved)
-    with its ``.checkpoint-ops`` directory while an operation had it fenced. The fence names its journal, which
-    lives beside the checkpoint the operation changed (``journal.ops_dir``). None for a fence of its own."""
+def fence_location(f: Fence) -> str | None:
+    """The checkpoint location a fence's operation ran at, as that operation was given it: its journal lives beside
+    it (``<parent>/.checkpoint-ops/<name>/journal/<op id>``, ``journal.ops_dir``). None if the fence names none."""
     if not f.journal or not f.op_id:
         return None
     try:
@@ -70,18 +69,27 @@ def fenced_elsewhere(f: Fence, checkpoint_url: str) -> str | None:
     ops = journal.path[: -len(suffix)]  # <parent>/.checkpoint-ops/<name>
     if basename(dirname(ops)) != OPS_DIR:
         return None
-    ran_at = journal.url(join(dirname(dirname(ops)), basename(ops)))
-    return None if place_key(ran_at) == place_key(checkpoint_url) else ran_at
+    return journal.url(join(dirname(dirname(ops)), basename(ops)))
+
+
+def _journals_at(url: str) -> str:
+    """The place of the ``.checkpoint-ops`` directory of the checkpoint ``url`` names, as ``journal.ops_dir`` finds it
+    for that spelling: a checkpoint directory that is itself a symbolic link keeps its journals beside the link."""
+    parent, _, name = url.rstrip("/").rpartition("/")
+    return place_key(f"{parent}/{OPS_DIR}/{name}")
 
 
 def recovery_advice(f: Fence, checkpoint_url: str) -> str:
     """The ``fix:`` for anything refused because the checkpoint is fenced."""
-    ran_at = fenced_elsewhere(f, checkpoint_url)
-    if ran_at is not None:  # `resume` and `undo` here refuse a journal of another location (executor.foreign_journal)
+    ran_at = fence_location(f)
+    if ran_at is not None and place_key(ran_at) != place_key(checkpoint_url):
+        # `resume` and `undo` here refuse a journal of another location (executor.foreign_journal)
         return (f"this checkpoint was copied (or moved) from {ran_at} while a {f.operation} there had it fenced: "
                 f"finish that {f.operation} there (`{resume_command(f.operation, ran_at)}`, or "
                 f"`{revert_command(f.operation, ran_at)}`; moved: move the checkpoint and its {OPS_DIR} directory "
                 "back first), then copy the checkpoint again")
+    if ran_at is not None and _journals_at(ran_at) != _journals_at(checkpoint_url):
+        checkpoint_url = ran_at  # named here through another link: the journal is found by the name it ran under
     if f.operation == "undo":
         return (f"finish the undo with `{resume_command(f.operation, checkpoint_url)}`, or go back to the result of "
                 f"the operation it was undoing with `{revert_command(f.operation, checkpoint_url)}`")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from .errors import BadInputError, require_batch_number
-from .fence import Fence, recovery_advice
+from .fence import recovery_advice
 from .lease import lease_of
 from .pairing import check_pairing
 from .model.checkpoint import Checkpoint
@@ -52,7 +52,8 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
         "path": ckpt.url,
         "kind": "structured",
         "query_id": query_id,
-        "fenced": {"operation": ckpt.fence.operation, "op_id": ckpt.fence.op_id} if ckpt.fence else None,
+        "fenced": {"operation": ckpt.fence.operation, "op_id": ckpt.fence.op_id, "journal": ckpt.fence.journal,
+                   "fix": recovery_advice(ckpt.fence, ckpt.url)} if ckpt.fence else None,
         "offsets": _first_last(ckpt.offset_files),
         "commits": _first_last(ckpt.commit_files),
         "last_committed_batch": ckpt.latest_commit,
@@ -265,7 +266,7 @@ def render_inspect(r: dict) -> str:
         f"Checkpoint {r['path']}",
         f"  query id:             {r['query_id']}",
         *([f"  FENCED:               {r['fenced']['operation']} ({r['fenced']['op_id']}) was interrupted: "
-           + recovery_advice(Fence(r['fenced']['operation'], r['fenced']['op_id'], "", b""), r["path"])]
+           + r["fenced"]["fix"]]
           if r.get("fenced") else []),
         *([f"  lease:                {_lease_text(r['lease'])}"] if r.get("lease", {}).get("state") != "free" else []),
         f"  offsets:              {o['first']}..{o['last']}" if o["first"] is not None else "  offsets:              (none)",

@@ -19,7 +19,7 @@ from benchmarks import synthetic
 from checkpoint_ops.lease import LEASE_NAME
 from checkpoint_ops.liveness import Holder
 from tests.faulty_s3 import FaultPlan
-from tests.helpers import answer_at_prompt, cli_json, is_lease_file, sigint_as_ctrl_c
+from tests.helpers import answer_at_prompt, cli, cli_json, is_lease_file, sigint_as_ctrl_c
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FENCE = b"CHECKPOINT-OPS-FENCE"
@@ -853,6 +853,10 @@ def test_a_copy_made_while_fenced_is_told_to_finish_the_operation_where_it_ran(t
     assert f"resume {copy}" not in finding["fix"], finding
     code, r = cli_json("rollback", copy, "--to-batch", "2", "--yes")
     assert code == 1 and f"copied (or moved) from {prod}" in r["fix"], r
+    code, r = cli_json("inspect", copy)  # inspect's FENCED line too (it advised the copy's own resume)
+    assert f"copied (or moved) from {prod}" in r["fenced"]["fix"], r["fenced"]
+    code, out, _ = cli("inspect", copy)
+    assert f"`checkpoint-ops resume {prod}`" in out, out
 
     code, report = cli_json("fsck", prod)  # the original: finish it here
     (finding,) = [f for f in report["findings"] if f["code"] == "operation-interrupted"]

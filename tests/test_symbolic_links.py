@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 
 import pytest
 
@@ -197,3 +198,36 @@ def test_a_sink_given_twice_is_refused_before_anything_changes(tmp_path, again):
         assert f"--sink {twice} " in r["problem"] and "each output is given once" in r["problem"], r
     assert tree_snapshot(ck, out) == before
     assert not os.path.exists(tmp_path / "bk")
+
+
+def test_a_fenced_checkpoint_named_through_another_link_is_told_where_its_journal_is(tmp_path):
+    """The checkpoint directory is itself a symbolic link, and a rollback given the link was killed after its fence:
+    its journal is beside the link. fsck given the real directory advised `resume <real>`, which finds no journal
+    there (a hostile review). The advice names the spelling the rollback ran under, and that resume finishes it."""
+    import subprocess
+    import sys
+
+    real, link = str(tmp_path / "data" / "ck"), str(tmp_path / "cklink")
+    synthetic.write_local(real, batches=12, partitions=2, retain_state=20)
+    os.symlink(real, link)
+    trace = str(tmp_path / "trace.txt")
+    shutil.copytree(real, str(tmp_path / "traced" / "ck"))
+    os.symlink(str(tmp_path / "traced" / "ck"), str(tmp_path / "tracedlink"))
+    done = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", str(tmp_path / "tracedlink"),
+                           "--to-batch", "8", "--yes"], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, CHECKPOINT_OPS_KILL_AT="1000000", CHECKPOINT_OPS_KILL_TRACE=trace))
+    assert done.returncode == 0, done.stderr
+    fence = [int(line.split("\t")[0]) for line in open(trace) if line.rstrip().endswith("/metadata")][0]
+    killed = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "rollback", link, "--to-batch", "8", "--yes"],
+                            capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, CHECKPOINT_OPS_KILL_AT=str(fence + 1)))
+    assert killed.returncode == -9, killed.stderr
+
+    code, report = cli_json("fsck", real)
+    (finding,) = [f for f in report["findings"] if f["code"] == "operation-interrupted"]
+    assert f"`checkpoint-ops resume {link}`" in finding["fix"] and "copied" not in finding["fix"], finding
+    code, r = cli_json("inspect", real)
+    assert f"`checkpoint-ops resume {link}`" in r["fenced"]["fix"], r["fenced"]
+    code, r = cli_json("resume", link, "--yes")
+    assert code == 0, r
+    assert cli_json("fsck", real)[0] == 0
