@@ -242,11 +242,23 @@ def _storage_error(args, e: BaseException) -> StorageError:
     check = ("check the bucket's name, the endpoint and the credentials (AWS_* / --storage-options)" if bucket else
              "check the location, credentials (AWS_* / --storage-options) and the endpoint")
     action = getattr(args, "backup_command", None) if getattr(args, "command", None) == "backup" else None
-    if action == "restore" and bucket and _in_bucket(bucket, [getattr(args, "target", None),
-                                                              *(getattr(args, "sink_target", None) or [])]):
+    targets = [getattr(args, "target", None), *(getattr(args, "sink_target", None) or [])]
+    path = _location(args, e)
+    if action == "restore" and bucket and _in_bucket(bucket, [getattr(args, "dest", None)]):
+        path = args.dest  # read first: the one that failed, whichever else is in that bucket
+        # the backups are read from there: the restore stopped before it read one, so wrote nothing
+        check = ("check the backup destination's bucket name, the endpoint and the credentials (AWS_* / "
+                 "--storage-options)")
+        then = "; nothing was restored"
+    elif action == "restore" and bucket and _in_bucket(bucket, targets):
         # the restore's own target: nothing can have been written there, and resume or undo would not make it
+        at_root = [url for url in targets if isinstance(url, str) and _in_bucket(bucket, [url])
+                   and not url.split("://", 1)[-1].strip("/").partition("/")[2]]
         check = (f"create the bucket {bucket!r} first (a restore makes its target's prefix, not a bucket), or check "
                  "its name, the endpoint and the credentials (AWS_* / --storage-options)")
+        if at_root:
+            check += (f"; and restore into a prefix in it ({at_root[0].rstrip('/')}/NAME), not the bucket's root: "
+                      "the journal and ledger are kept beside the target")
         then = "; nothing was restored into it: run the restore again once it exists"
     elif action in ("create", "prune"):
         then = "; a backup (or prune) that stopped part-way is finished by running the same command again"
@@ -255,7 +267,7 @@ def _storage_error(args, e: BaseException) -> StorageError:
     else:
         then = ("; an operation that stopped part-way is finished by `checkpoint-ops resume` or reverted by "
                 "`checkpoint-ops undo` (`checkpoint-ops history` lists what is unfinished)")
-    return StorageError(problem, path=_location(args, e), fix=f"{check}{then}")
+    return StorageError(problem, path=path, fix=f"{check}{then}")
 
 
 def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:

@@ -574,6 +574,17 @@ def test_a_missing_bucket_among_several_locations_is_named_with_the_fix_of_its_c
     assert r["path"] == target and r["problem"] == "no such bucket: 'no-such-bucket-here'", r
     assert "create the bucket 'no-such-bucket-here' first" in r["fix"] and "nothing was restored" in r["fix"], r
     assert "resume" not in r["fix"] and "undo" not in r["fix"], r
+    # into the root of a missing bucket: where to restore once it exists (a bucket root is refused then)
+    code, r = cli_json("backup", "restore", local, made["backup_id"], "s3://no-such-bucket-here", "--yes", *options)
+    assert code == 2 and "restore into a prefix in it (s3://no-such-bucket-here/NAME)" in r["fix"], r
+    # the destination's bucket missing (a typo in both): the destination is named, and no bucket is to be created
+    for target in ("s3://no-such-bucket-here/restored", str(tmp_path / "restored")):
+        code, r = cli_json("backup", "restore", "s3://no-such-bucket-here/backups", made["backup_id"], target, "--yes",
+                           *options)
+        assert code == 2 and r["path"] == "s3://no-such-bucket-here/backups", r
+        assert "backup destination's bucket" in r["fix"] and "create the bucket" not in r["fix"], r
+        assert "resume" not in r["fix"] and "nothing was restored" in r["fix"], r
+    assert not os.path.exists(tmp_path / "restored")
 
 
 def _self_signed(tmp_path) -> tuple[str, str]:
