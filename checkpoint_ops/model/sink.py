@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from urllib.parse import unquote
 
 from ..storage import CheckpointFileManager
@@ -68,7 +69,15 @@ class SinkOutput:
         """A directory URL from the log, relative to the output root ("" for the root itself)."""
         loc = spark_url_to_location(head + "/_")
         base = self.origin.path.rstrip("/")
-        if loc.scheme != self.origin.scheme or not loc.path.startswith(base + "/"):
+        if loc.scheme != self.origin.scheme:
+            return None
+        if not loc.path.startswith(base + "/") and loc.is_local and base == self.root:
+            # this output named through a symbolic link (or the query wrote through one): one place, other spellings
+            # (read as elsewhere, every data file looked unlisted, and a rollback planned deleting them all)
+            real_base, real_dir = os.path.realpath(base), os.path.realpath(loc.path[:-2])
+            if real_dir == real_base or real_dir.startswith(real_base + "/"):
+                return real_dir[len(real_base) + 1:]
+        if not loc.path.startswith(base + "/"):
             return None
         return loc.path[len(base) + 1:-2]
 
