@@ -321,6 +321,14 @@ class _Builder:
         self._check_readable(log, t, rid, sink)
         removed, nbytes, outside = 0, 0, []
         if before is None:  # what the removed batches wrote is unknown: take it from the listing
+            elsewhere = [e.path for e in after_entries if sink.rel_of(e) is None]
+            if elsewhere:  # the log names another place: every file here would look unlisted, and be deleted
+                raise RefusedError(
+                    f"the sink log lists {len(elsewhere)} files of the batches it keeps outside the output directory "
+                    f"(e.g. {elsewhere[0]}): the output was copied or moved, and with the removed batches' log "
+                    f"{'missing' if unlogged else 'damaged'} what they wrote would be taken from the listing, where "
+                    "every file of the kept batches looks unlisted too; nothing was changed",
+                    path=sink.url, fix="run the rollback against the output's original location")
             kept = {r for r in (sink.rel_of(e) for e in after_entries) if r is not None}
             gone = [(rel, size) for rel, size in sink.data_files().items() if rel not in kept]
             reason = (f"data files no sink log entry lists as of batch {t} (the removed batches' log is "

@@ -681,8 +681,15 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
                f"{sink.url}`, then run the query)" if lag.rollback_target is not None else "(restore from a backup)")
             + "; then clean orphans")
     now = time.time() if now is None else now
-    live = {rel for e in (log.entries_after(log.latest) if log.latest is not None else [])
-            if (rel := sink.rel_of(e)) is not None}
+    entries = log.entries_after(log.latest) if log.latest is not None else []
+    live = {rel for e in entries if (rel := sink.rel_of(e)) is not None}
+    elsewhere = [e.path for e in entries if sink.rel_of(e) is None]
+    if elsewhere:  # a copied or moved output: every file here would look unreferenced, and be listed (or removed)
+        raise RefusedError(
+            f"the sink log lists {len(elsewhere)} files outside this output directory (e.g. {elsewhere[0]}): the "
+            "output was copied or moved, so every data file here would look like an orphan; nothing was changed",
+            path=sink.url, fix="clean orphans at the output's original location (a restore with --relocate rewrites "
+            "a copy's log to its new place)")
     plan = Plan("sink-orphans", ctx.roots(), log.latest, keep_dir=quarantine)
     young, orphans, nbytes = 0, [], 0
     for rel, size in sorted(sink.data_files().items()):
