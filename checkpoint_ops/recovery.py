@@ -40,7 +40,7 @@ from .executor import (
     refused_by_store,
     reopen,
 )
-from .fence import is_fence, parse_fence
+from .fence import is_fence, journal_elsewhere, parse_fence, recovery_advice
 from .journal import Journal, load_journal, op_id_time, scan_journals
 from .lease import read_lease
 from .liveness import OPERATION
@@ -79,7 +79,14 @@ def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
     fm, ops = anchor.fm, anchor.ops
     if anchor.checkpoint and is_fence(anchor.metadata):
         f = parse_fence(anchor.metadata)
-        return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
+        try:
+            return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
+        except BadInputError as e:
+            if not journal_elsewhere(f, anchor.url):
+                raise
+            # fenced under another name (a link) or copied while fenced: the fence says where its journal is
+            raise BadInputError(f"{e.problem} (the fence names its journal at {f.journal})", path=e.path,
+                                fix=recovery_advice(f, anchor.url)) from None
     for path, markers in reversed(scan_journals(fm, ops).items()):
         if "undone" in markers or "abandoned" in markers:
             continue

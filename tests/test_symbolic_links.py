@@ -228,6 +228,16 @@ def test_a_fenced_checkpoint_named_through_another_link_is_told_where_its_journa
     assert f"`checkpoint-ops resume {link}`" in finding["fix"] and "copied" not in finding["fix"], finding
     code, r = cli_json("inspect", real)
     assert f"`checkpoint-ops resume {link}`" in r["fenced"]["fix"], r["fenced"]
+    for command in ("resume", "undo"):  # given the real path: they find no journal there, and say where it is
+        code, r = cli_json(command, real, "--yes")
+        assert code == 2 and f"`checkpoint-ops resume {link}`" in r["fix"], r
+        assert "restore the checkpoint from a backup" not in r["fix"], r
+    os.rename(link, link + ".bak")  # the link it ran under, gone: not "copied", but make the link again
+    code, report = cli_json("fsck", real)
+    (finding,) = [f for f in report["findings"] if f["code"] == "operation-interrupted"]
+    assert f"ran under the name {link}, which is gone" in finding["fix"] and "copied" not in finding["fix"], finding
+    assert f"`ln -s {real} {link}`" in finding["fix"], finding
+    os.rename(link + ".bak", link)
     code, r = cli_json("resume", link, "--yes")
     assert code == 0, r
     assert cli_json("fsck", real)[0] == 0
