@@ -266,3 +266,19 @@ def test_a_sink_named_through_a_link_is_rolled_back_by_its_log(tmp_path, log):
     after = tree_snapshot(ck, out)
     changed = {p for p in before.keys() | after.keys() if before.get(p, (None,))[0] != after.get(p, (None,))[0]}
     assert not {p for p in changed if ".checkpoint-ops" not in p}, sorted(changed)
+
+
+def test_a_backup_refuses_a_sink_named_other_than_its_log_names_it(tmp_path):
+    """`backup create --sink <a link to the output>`: the manifest recorded the link's name as where the files live
+    while the log names the real path, and the backup could not be restored without a --relocate the errors never
+    named (a hostile review). Refused before anything is written, naming the path the log uses."""
+    ck, out, link = str(tmp_path / "ck"), str(tmp_path / "out"), str(tmp_path / "outlink")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    write_sink(out, 12, compact_interval=10)
+    os.symlink(out, link)
+    code, r = cli_json("backup", "create", ck, str(tmp_path / "bk"), "--sink", link)
+    assert code == 2 and f"names its files under {out}" in r["problem"], r
+    assert r["fix"] == f"give --sink {out} (the name the query writes to)", r
+    assert not os.path.exists(tmp_path / "bk")
+    code, r = cli_json("backup", "create", ck, str(tmp_path / "bk"), "--sink", out)
+    assert code == 0, r

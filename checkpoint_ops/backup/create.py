@@ -51,6 +51,7 @@ from __future__ import annotations
 import calendar
 import concurrent.futures
 import hashlib
+import json
 import os
 import sys
 import threading
@@ -70,6 +71,7 @@ from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing, refuse_repeated
 from ..recorded_sinks import left_out
 from ..restart import RestartSets, state_bytes_problem
+from ..storage.paths import spark_url_to_location
 from ..rollback import no_data_next, no_data_note
 from .claims import HeldClaim
 from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id, rel_problems
@@ -271,6 +273,32 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
                             "the same command again (what was already uploaded is reused)") from e.__cause__
 
 
+def _require_named_as_logged(sink) -> None:
+    """An output given under another name than the one its log's entries use (a symbolic link to it, or the query
+    wrote through one): the backup would record the given name as where the entries' files live, and a restore (to
+    its place, or relocated) would judge every entry outside it. Refused, naming the name the log uses."""
+    if not sink.fm.location.is_local or sink.log.latest is None:
+        return
+    lines = sink.log.stream_lines(sink.log.latest)  # one entry: a compact file can hold millions
+    try:
+        line = next(lines, None)
+        path = json.loads(line).get("path") if line is not None else None
+    except (CheckpointOpsError, OSError, ValueError, AttributeError):
+        return  # a damaged log is judged by the restart set's check, with its own words
+    finally:
+        lines.close()
+    if not isinstance(path, str):
+        return
+    rel, where = sink.rel_of_path(path), spark_url_to_location(path)
+    if rel is None or not where.is_local or where.path == f"{sink.root}/{rel}":
+        return
+    logged = where.path
+    named = logged[: -len(rel) - 1] if logged.endswith("/" + rel) else logged
+    raise BadInputError(f"this output's sink log names its files under {named}, not under the name given here "
+                        "(a symbolic link, one place under two names): a backup records where the files live by "
+                        "the name given", path=sink.url, fix=f"give --sink {named} (the name the query writes to)")
+
+
 def _require_recorded_sinks(ckpt: Checkpoint, sinks: list, ledger, storage_options, sink_interval: int) -> None:
     """Refuse a backup without an output the ledger records for this checkpoint's query that still has a sink
     log (or cannot be read to tell): restored, the copy would lack it (``create_backup``)."""
@@ -381,6 +409,7 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         ledger = ledger_or_none(ckpt)
         for s in sinks:
             _require_readable(s.listing)
+            _require_named_as_logged(s)
         if not without_recorded_sinks:
             _require_recorded_sinks(ckpt, sinks, ledger, storage_options, sink_interval)
         rs = RestartSets(ckpt, sinks).of(batch)
