@@ -71,8 +71,8 @@ from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing, refuse_repeated
 from ..recorded_sinks import left_out
 from ..restart import RestartSets, state_bytes_problem
-from ..storage.paths import spark_url_to_location
 from ..rollback import no_data_next, no_data_note
+from ..storage.paths import spark_url_to_location
 from .claims import HeldClaim
 from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id, rel_problems
 from .verify import bad_hashes
