@@ -91,14 +91,14 @@ def journal_elsewhere(f: Fence, checkpoint_url: str) -> bool:
 def recovery_advice(f: Fence, checkpoint_url: str) -> str:
     """The ``fix:`` for anything refused because the checkpoint is fenced."""
     ran_at = fence_location(f)
-    if ran_at is not None and place_key(ran_at) != place_key(checkpoint_url) and parse_url(ran_at).is_local \
-            and not os.path.lexists(parse_url(ran_at).path):
+    elsewhere = ran_at is not None and place_key(ran_at) != place_key(checkpoint_url)
+    if elsewhere and parse_url(ran_at).is_local and not os.path.lexists(parse_url(ran_at).path):
         # gone: a link it ran under, removed since (or the original of a copy, deleted)
         return (f"the {f.operation} ran under the name {ran_at}, which is gone, and its journal is beside that name: "
                 f"if it was a symbolic link to this checkpoint, make it again (`ln -s {checkpoint_url} {ran_at}`) and "
                 f"run `{resume_command(f.operation, ran_at)}` (or `{revert_command(f.operation, ran_at)}`); if this "
                 f"checkpoint was moved from there, move it and its {OPS_DIR} directory back first")
-    if ran_at is not None and place_key(ran_at) != place_key(checkpoint_url):
+    if elsewhere:
         # `resume` and `undo` here refuse a journal of another location (executor.foreign_journal)
         return (f"this checkpoint was copied (or moved) from {ran_at} while a {f.operation} there had it fenced: "
                 f"finish that {f.operation} there (`{resume_command(f.operation, ran_at)}`, or "

@@ -321,7 +321,8 @@ class _Builder:
         self._check_readable(log, t, rid, sink)
         removed, nbytes, outside = 0, 0, []
         if before is None:  # what the removed batches wrote is unknown: take it from the listing
-            elsewhere = [e.path for e in after_entries if sink.rel_of(e) is None]
+            kept_rels = [sink.rel_of(e) for e in after_entries]
+            elsewhere = [e.path for e, rel in zip(after_entries, kept_rels) if rel is None]
             if elsewhere:  # the log names another place: every file here would look unlisted, and be deleted
                 raise RefusedError(
                     f"the sink log lists {len(elsewhere)} files of the batches it keeps outside the output directory "
@@ -329,7 +330,7 @@ class _Builder:
                     f"{'missing' if unlogged else 'damaged'} what they wrote would be taken from the listing, where "
                     "every file of the kept batches looks unlisted too; nothing was changed",
                     path=sink.url, fix="run the rollback against the output's original location")
-            kept = {r for r in (sink.rel_of(e) for e in after_entries) if r is not None}
+            kept = {rel for rel in kept_rels if rel is not None}
             gone = [(rel, size) for rel, size in sink.data_files().items() if rel not in kept]
             reason = (f"data files no sink log entry lists as of batch {t} (the removed batches' log is "
                       f"{'missing' if unlogged else 'damaged'}, so what they wrote is taken from the listing)")

@@ -682,8 +682,9 @@ def plan_orphans(ctx: SinkContext, min_age_s: float, delete: bool = False, quara
             + "; then clean orphans")
     now = time.time() if now is None else now
     entries = log.entries_after(log.latest) if log.latest is not None else []
-    live = {rel for e in entries if (rel := sink.rel_of(e)) is not None}
-    elsewhere = [e.path for e in entries if sink.rel_of(e) is None]
+    rels = [sink.rel_of(e) for e in entries]
+    live = {rel for rel in rels if rel is not None}
+    elsewhere = [e.path for e, rel in zip(entries, rels) if rel is None]
     if elsewhere:  # a copied or moved output: every file here would look unreferenced, and be listed (or removed)
         raise RefusedError(
             f"the sink log lists {len(elsewhere)} files outside this output directory (e.g. {elsewhere[0]}): the "
