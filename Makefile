@@ -31,8 +31,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The suite on TEST_WORKERS processes (each with its own Spark session), a test file to a process; TEST_WORKERS=0 runs
+# it in this one process (the order and fixtures are the same).
+TEST_WORKERS ?= 2
+
 test: check-java $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Every stateful operator on every state store Spark allows for it (`make test` runs a representative part).
 test-operators: check-java $(STAMP)

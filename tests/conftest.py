@@ -51,9 +51,32 @@ def operator_runs(spark, tmp_path_factory):
     return get
 
 
+# The files that take longest, longest first (from ``--durations=0`` of a whole run). ``make test`` runs the suite on
+# two workers, a file to a worker (``-n 2 --dist loadfile --no-loadscope-reorder``), handing out files in collection
+# order: starting with these keeps one long file from running alone at the end while the other worker waits.
+LONGEST_FIRST = (
+    "test_crash_matrix.py",
+    "test_bad_input_corpus.py",
+    "test_operators_spark.py",
+    "test_dagster_spark_connect.py",
+    "test_dagster_ui_smoke.py",
+    "test_fault_matrix.py",
+    "test_package_install.py",
+    "test_restore_visibility_spark.py",
+    "test_compat_spark.py",
+    "test_dagster_streaming.py",
+    "test_rollback_spark.py",
+    "test_backup_destination.py",
+    "test_pairing_after_apply.py",
+)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``operators_full`` (the rest of the operator x state store matrix) run only when
-    ``-m`` names that marker (``make test-operators``); the default run deselects them."""
+    ``-m`` names that marker (``make test-operators``); the default run deselects them. The files in
+    ``LONGEST_FIRST`` come first, in that order; the rest, and the tests inside each file, keep their order."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     if "operators_full" in (config.getoption("markexpr") or ""):
         return
     keep = [item for item in items if item.get_closest_marker("operators_full") is None]
