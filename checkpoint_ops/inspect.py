@@ -203,11 +203,15 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
             "after minBatchesToRetain unless a batch ledger recorded them",
         )
     prev = None
+    start_problem = None  # offsets of N-1 are there, but damaged: the end offsets are still worth showing
     if batch > 0:
-        if (batch - 1) in ckpt.offset_files:
-            prev = ckpt.offsets(batch - 1)
-        elif ledger is not None and ledger.has("offsets", batch - 1):
-            prev = ledger.offsets(batch - 1)
+        try:
+            if (batch - 1) in ckpt.offset_files:
+                prev = ckpt.offsets(batch - 1)
+            elif ledger is not None and ledger.has("offsets", batch - 1):
+                prev = ledger.offsets(batch - 1)
+        except LogFormatError as e:
+            start_problem = {"path": e.path, "problem": e.problem, "fix": e.fix}
     commit_problem = None
     if on_disk:
         committed = batch in ckpt.commit_files
@@ -236,6 +240,7 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
         "watermark_ms": end.watermark_ms,
         "committed": committed,  # commits/N is there (``commit_problem``: it is, but damaged)
         "commit_problem": commit_problem,
+        "start_problem": start_problem,  # offsets of batch N-1, where N started, are there but damaged
         "recorded_in": "checkpoint" if on_disk else "ledger",
         "start_known": batch == 0 or prev is not None,
         "sources": sources,
@@ -348,14 +353,17 @@ def render_offsets(r: dict) -> str:
     state = "committed" if r["committed"] else "not committed"
     where = "; purged by Spark, as the batch ledger recorded it" if r.get("recorded_in") == "ledger" else ""
     lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, watermark {r['watermark_ms']} ms{where})"]
+    unknown = ("(unknown: offsets of the previous batch are damaged)" if r.get("start_problem") else
+               "(unknown: offsets of the previous batch were purged)")
     for s in r["sources"]:
-        start = s["start"] if r["start_known"] else "(unknown: offsets of the previous batch were purged)"
+        start = s["start"] if r["start_known"] else unknown
         if r["batch"] == 0:
             start = "(query start)"
         lines.append(f"  source {s['id']} ({s['kind']}): from {start} to {s['end']}")
-    damaged = r.get("commit_problem")
-    if damaged:
-        lines.append(f"  its commit is damaged: {damaged['path']}: {damaged['problem']}")
-        if damaged.get("fix"):
-            lines.append(f"    fix: {damaged['fix']}")
+    for what, damaged in (("the offsets it started from are", r.get("start_problem")),
+                          ("its commit is", r.get("commit_problem"))):
+        if damaged:
+            lines.append(f"  {what} damaged: {damaged['path']}: {damaged['problem']}")
+            if damaged.get("fix"):
+                lines.append(f"    fix: {damaged['fix']}")
     return "\n".join(lines)

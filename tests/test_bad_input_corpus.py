@@ -136,8 +136,8 @@ class Case:
     unprivileged: bool = False  # run the commands without root's permission override (permission cases)
     sink_from: str | None = None  # pass the output of this flavour's query as --sink instead of the run's own
     target: Callable | None = None  # (run) -> the rollback target; default target_before_last_compaction
-    # the damage is ``commits/N`` of the batch `offsets --batch N` asks for: it shows the batch's offsets (its offsets
-    # file is whole) with the damaged commit named beside them, exit 1; other damage it reads is exit 2
+    # the damage is ``commits/N`` or ``offsets/N-1`` of the batch `offsets --batch N` asks for: it shows the batch's
+    # offsets (its offsets file is whole) with the damaged file named beside them, exit 1; other damage it reads is exit 2
     offsets_shown: bool = False
 
     def __str__(self):
@@ -507,13 +507,13 @@ LOGS = {"inspect", "offsets", "ledger"}
 CASES = [
     # in the restart set of n: refused, exit 2
     Case("torn_offsets_n", "hdfs", torn_offsets_n, "restart", LOGS),
-    Case("truncated_offsets_prev", "rocksdb", truncated_offsets_prev, "restart", LOGS),
+    Case("truncated_offsets_prev", "rocksdb", truncated_offsets_prev, "restart", LOGS, offsets_shown=True),
     Case("truncated_offsets_n", "rocksdb_v2", truncated_offsets_n, "restart", LOGS),
     Case("binary_commit_n", "rocksdb_v2", binary_commit_n, "restart", LOGS, offsets_shown=True),
     Case("bare_commit_n", "hdfs", bare_commit_n, "restart", LOGS, offsets_shown=True),
     Case("v99_commit_n", "hdfs", v99_commit_n, "restart", LOGS, offsets_shown=True),
     Case("v99_offsets_n", "rocksdb_v2", v99_offsets_n, "restart", LOGS),
-    Case("json_garbage_offsets_prev", "rocksdb", json_garbage_offsets_prev, "restart", LOGS),
+    Case("json_garbage_offsets_prev", "rocksdb", json_garbage_offsets_prev, "restart", LOGS, offsets_shown=True),
     Case("missing_metadata", "hdfs", missing_metadata, "restart", {"inspect"}),
     Case("garbage_metadata", "rocksdb", garbage_metadata, "restart", {"inspect"}),
     Case("empty_metadata", "rocksdb_v2", empty_metadata, "restart", {"inspect"}),
@@ -545,7 +545,7 @@ CASES = [
     Case("missing_sink_compact", "hdfs", missing_sink_compact, "restart", {"inspect"}),
     Case("sink_data_file_gone", "rocksdb_v2", sink_data_gone, "restart", {"inspect"}),
     Case("enormous_line", "hdfs", enormous_line, "restart", LOGS, offsets_shown=True),
-    Case("symlink_loop", "rocksdb", symlink_loop, "restart", LOGS),
+    Case("symlink_loop", "rocksdb", symlink_loop, "restart", LOGS, offsets_shown=True),
     Case("directory_instead_of_file", "rocksdb_v2", directory_instead_of_file, "restart", LOGS, offsets_shown=True),
     Case("permission_denied", "hdfs", permission_denied, "restart", LOGS, unprivileged=True),
     # in what the rollback removes: a repair the plan announces

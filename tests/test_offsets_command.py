@@ -33,3 +33,30 @@ def test_offsets_of_a_batch_whose_commit_is_torn_are_shown_with_the_damage(tmp_p
     code, r = cli_json("offsets", ck, "--batch", "10")  # its neighbours as before
     assert code == 0 and r["committed"] is True and r["commit_problem"] is None, r
     assert tree_snapshot(ck) == before
+
+
+def test_offsets_of_a_batch_whose_start_is_torn_are_shown_with_the_damage(tmp_path):
+    """A torn `offsets/N-1` (where batch N started) made `offsets --batch N` exit 2 with the parse error alone, though
+    `offsets/N` is whole: where the batch ended is shown, its start as unknown with the damaged file named beside it
+    and its fix, exit 1 (findings); nothing changes."""
+    ck = str(tmp_path / "ck")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    whole = open(f"{ck}/offsets/10", "rb").read()
+    with open(f"{ck}/offsets/10", "wb") as f:
+        f.write(whole[: len(whole) // 2])
+    os.remove(f"{ck}/offsets/.10.crc")
+    before = tree_snapshot(ck)
+
+    code, r = cli_json("offsets", ck, "--batch", "11")
+    assert code == 1, r
+    assert r["start_known"] is False and r["commit_problem"] is None, r
+    assert [(s["start"], s["end"]) for s in r["sources"]] == [(None, {"logOffset": 11})], r
+    assert r["start_problem"]["path"] == f"{ck}/offsets/10" and r["start_problem"]["fix"], r
+    code, out, err = cli("offsets", ck, "--batch", "11")
+    assert code == 1, err
+    assert "from (unknown: offsets of the previous batch are damaged) to {'logOffset': 11}" in out, out
+    assert f"the offsets it started from are damaged: {ck}/offsets/10: " in out and "fix:" in out, out
+
+    code, r = cli_json("offsets", ck, "--batch", "9")  # a batch before it, whose own start is whole
+    assert code == 0 and r["start_problem"] is None, r
+    assert tree_snapshot(ck) == before

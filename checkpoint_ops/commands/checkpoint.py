@@ -22,7 +22,8 @@ def cmd_offsets(args) -> int:
     ckpt, _ = open_checkpoint(args)
     report = batch_offsets(ckpt, args.batch, ledger=ledger_or_none(ckpt))
     emit(args, report, render_offsets(report))
-    return EXIT_FINDINGS if report["commit_problem"] else EXIT_OK  # answered, with damage found beside it
+    damaged = report["commit_problem"] or report["start_problem"]
+    return EXIT_FINDINGS if damaged else EXIT_OK  # answered, with damage found beside it
 
 
 def cmd_fsck(args) -> int:
