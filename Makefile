@@ -36,7 +36,7 @@ venv: $(STAMP)
 TEST_WORKERS ?= 2
 
 test: check-java $(STAMP)
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -n $(or $(TEST_WORKERS),2) --dist loadfile --no-loadscope-reorder
 
 # Every stateful operator on every state store Spark allows for it (`make test` runs a representative part).
 test-operators: check-java $(STAMP)

@@ -35,7 +35,12 @@ def installed(tmp_path_factory):
     """The wheel built from this checkout; a fresh venv with the core install, checked, then ``[dagster]`` and
     dagster-dg-cli added. Returns what the checks saw."""
     root = tmp_path_factory.mktemp("package")
-    sh([sys.executable, "-m", "build", "--wheel", "--outdir", root / "dist", REPO])
+    # from a copy: building in the checkout rewrites its build/ and *.egg-info while the suite's other worker runs
+    # processes from it (Dagster reads entry points from the egg-info beside a process started there)
+    source = root / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info",
+                                                                 "__pycache__", ".pytest_cache", "demo_data"))
+    sh([sys.executable, "-m", "build", "--wheel", "--outdir", root / "dist", source])
     (wheel,) = (root / "dist").glob("*.whl")
     venv = root / "venv"
     sh([sys.executable, "-m", "venv", venv])
