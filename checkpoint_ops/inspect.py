@@ -9,7 +9,7 @@ from .fence import recovery_advice
 from .lease import lease_of
 from .pairing import check_pairing
 from .model.checkpoint import Checkpoint
-from .model.logfile import LogFormatError
+from .model.logfile import TORN_LOG_FIX, LogFormatError
 from .model.sink import SinkOutput
 from .model.sources import read_kafka_initial_offsets
 from .window import rollback_window
@@ -202,16 +202,7 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
             fix="pick a batch inside that range (see `checkpoint-ops inspect`); older batches were purged "
             "after minBatchesToRetain unless a batch ledger recorded them",
         )
-    prev = None
-    start_problem = None  # offsets of N-1 are there, but damaged: the end offsets are still worth showing
-    if batch > 0:
-        try:
-            if (batch - 1) in ckpt.offset_files:
-                prev = ckpt.offsets(batch - 1)
-            elif ledger is not None and ledger.has("offsets", batch - 1):
-                prev = ledger.offsets(batch - 1)
-        except LogFormatError as e:
-            start_problem = {"path": e.path, "problem": e.problem, "fix": e.fix}
+    prev, start_problem = _start_offsets(ckpt, batch, end, ledger) if batch > 0 else (None, None)
     commit_problem = None
     if on_disk:
         committed = batch in ckpt.commit_files
@@ -245,6 +236,38 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
         "start_known": batch == 0 or prev is not None,
         "sources": sources,
     }
+
+
+def _start_offsets(ckpt: Checkpoint, batch: int, end, ledger) -> tuple:
+    """Where ``batch`` started: (offsets of batch-1 or None, what is wrong with them or None). Damage there (or a
+    gap in the log) is shown beside the answer rather than instead of it: where the batch ended is still worth
+    showing. The batch ledger's copy answers when the file is gone or damaged."""
+    prev, problem, rel = None, None, f"offsets/{batch - 1}"
+    if (batch - 1) in ckpt.offset_files:
+        try:
+            prev = ckpt.offsets(batch - 1)
+        except LogFormatError as e:
+            problem = _problem(e)
+        if prev is not None and len(prev.offsets) != len(end.offsets):
+            problem = {"path": ckpt.listing.url(rel), "problem": f"it lists {len(prev.offsets)} sources but "
+                       f"offsets/{batch} lists {len(end.offsets)} (a truncated write?)", "fix": TORN_LOG_FIX}
+            prev = None
+        if problem is None:
+            return prev, None
+    elif any(b < batch - 1 for b in ckpt.offset_files):
+        problem = {"path": ckpt.listing.url(rel), "problem": "missing, though older offsets files remain (the offsets "
+                   "log has a gap there)", "fix": "restore it from a backup (`checkpoint-ops fsck` judges the whole "
+                   "log)"}
+    try:
+        if ledger is not None and ledger.has("offsets", batch - 1):
+            return ledger.offsets(batch - 1), problem
+    except BadInputError as e:  # a damaged ledger: what is wrong on disk, if anything, comes first
+        problem = problem or _problem(e)
+    return None, problem
+
+
+def _problem(e: BadInputError) -> dict:
+    return {"path": e.path, "problem": e.problem, "fix": e.fix or "restore this file from a backup or roll back past it"}
 
 
 # ---- human rendering -----------------------------------------------------------------------
@@ -353,17 +376,17 @@ def render_offsets(r: dict) -> str:
     state = "committed" if r["committed"] else "not committed"
     where = "; purged by Spark, as the batch ledger recorded it" if r.get("recorded_in") == "ledger" else ""
     lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, watermark {r['watermark_ms']} ms{where})"]
-    unknown = ("(unknown: offsets of the previous batch are damaged)" if r.get("start_problem") else
+    unknown = ("(unknown: below)" if r.get("start_problem") else
                "(unknown: offsets of the previous batch were purged)")
     for s in r["sources"]:
         start = s["start"] if r["start_known"] else unknown
         if r["batch"] == 0:
             start = "(query start)"
         lines.append(f"  source {s['id']} ({s['kind']}): from {start} to {s['end']}")
-    for what, damaged in (("the offsets it started from are", r.get("start_problem")),
-                          ("its commit is", r.get("commit_problem"))):
+    for what, damaged in (("where it started is unknown", r.get("start_problem")),
+                          ("its commit is damaged", r.get("commit_problem"))):
         if damaged:
-            lines.append(f"  {what} damaged: {damaged['path']}: {damaged['problem']}")
+            lines.append(f"  {what}: {damaged['path']}: {damaged['problem']}")
             if damaged.get("fix"):
                 lines.append(f"    fix: {damaged['fix']}")
     return "\n".join(lines)

@@ -136,8 +136,9 @@ class Case:
     unprivileged: bool = False  # run the commands without root's permission override (permission cases)
     sink_from: str | None = None  # pass the output of this flavour's query as --sink instead of the run's own
     target: Callable | None = None  # (run) -> the rollback target; default target_before_last_compaction
-    # the damage is ``commits/N`` or ``offsets/N-1`` of the batch `offsets --batch N` asks for: it shows the batch's
-    # offsets (its offsets file is whole) with the damaged file named beside them, exit 1; other damage it reads is exit 2
+    # the damage is ``commits/N`` or ``offsets/N-1`` (damaged, or a gap) of the batch `offsets --batch N` asks for: it
+    # shows the batch's offsets (its offsets file is whole) with the file named beside them, exit 1; other damage it
+    # reads is exit 2
     offsets_shown: bool = False
 
     def __str__(self):
@@ -517,7 +518,7 @@ CASES = [
     Case("missing_metadata", "hdfs", missing_metadata, "restart", {"inspect"}),
     Case("garbage_metadata", "rocksdb", garbage_metadata, "restart", {"inspect"}),
     Case("empty_metadata", "rocksdb_v2", empty_metadata, "restart", {"inspect"}),
-    Case("offsets_gap_prev", "hdfs", offsets_gap_prev, "restart", {"inspect"}),
+    Case("offsets_gap_prev", "hdfs", offsets_gap_prev, "restart", {"inspect", "offsets"}, offsets_shown=True),
     Case("commits_missing_n", "rocksdb", commits_missing_n, "restart", {"inspect"}),
     Case("torn_source_entry", "rocksdb_v2", torn_source_entry, "restart", {"inspect"}),
     Case("truncated_source_compact", "hdfs", truncated_source_compact, "restart", {"inspect"}),

@@ -54,9 +54,60 @@ def test_offsets_of_a_batch_whose_start_is_torn_are_shown_with_the_damage(tmp_pa
     assert r["start_problem"]["path"] == f"{ck}/offsets/10" and r["start_problem"]["fix"], r
     code, out, err = cli("offsets", ck, "--batch", "11")
     assert code == 1, err
-    assert "from (unknown: offsets of the previous batch are damaged) to {'logOffset': 11}" in out, out
-    assert f"the offsets it started from are damaged: {ck}/offsets/10: " in out and "fix:" in out, out
+    assert "from (unknown: below) to {'logOffset': 11}" in out, out
+    assert f"where it started is unknown: {ck}/offsets/10: " in out and "fix:" in out, out
 
     code, r = cli_json("offsets", ck, "--batch", "9")  # a batch before it, whose own start is whole
     assert code == 0 and r["start_problem"] is None, r
     assert tree_snapshot(ck) == before
+
+
+def _torn_start(ck: str, data: bytes) -> None:
+    with open(f"{ck}/offsets/10", "wb") as f:
+        f.write(data)
+    if os.path.exists(f"{ck}/offsets/.10.crc"):
+        os.remove(f"{ck}/offsets/.10.crc")
+
+
+def test_a_start_torn_before_its_sources_is_named_not_shown_as_null(tmp_path):
+    """`offsets/N-1` cut to its version line, or to its metadata line (no source line): the first parsed as no
+    sources at all, the second is what Spark reads as a batch with no sources; both were shown as a start of None,
+    exit 0, while fsck calls them damage. Both are named, exit 1."""
+    ck = str(tmp_path / "ck")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    whole = open(f"{ck}/offsets/10", "rb").read()
+    version, metadata, _ = whole.split(b"\n", 2)
+    for torn, says in ((version + b"\n", "no metadata line"), (version + b"\n" + metadata, "lists 0 sources")):
+        _torn_start(ck, torn)
+        code, r = cli_json("offsets", ck, "--batch", "11")
+        assert code == 1 and r["start_known"] is False, (torn, r)
+        assert r["start_problem"]["path"] == f"{ck}/offsets/10" and says in r["start_problem"]["problem"], r
+        assert r["start_problem"]["fix"], r
+
+
+def test_the_ledger_answers_where_a_damaged_or_missing_start_began(tmp_path):
+    """The batch ledger recorded `offsets/N-1`: when the file is then torn, or missing in the middle of the log,
+    the start comes from the ledger, and what is wrong on disk is named beside it (exit 1). A gap without a
+    ledger was shown as "purged" with exit 0."""
+    ck = str(tmp_path / "ck")
+    synthetic.write_local(ck, batches=12, partitions=2, retain_state=20)
+    code, r = cli_json("offsets", ck, "--batch", "11")
+    assert code == 0 and r["start_known"] and r["start_problem"] is None, r
+    start = [s["start"] for s in r["sources"]]
+    whole = open(f"{ck}/offsets/10", "rb").read()
+
+    os.remove(f"{ck}/offsets/10")  # a gap: offsets/0..9 remain
+    os.remove(f"{ck}/offsets/.10.crc")
+    code, r = cli_json("offsets", ck, "--batch", "11")
+    assert code == 1 and r["start_known"] is False and "gap" in r["start_problem"]["problem"], r
+    code, out, _ = cli("offsets", ck, "--batch", "11")
+    assert "purged" not in out and "where it started is unknown" in out, out
+
+    with open(f"{ck}/offsets/10", "wb") as f:
+        f.write(whole)
+    code, r = cli_json("ledger", "sync", ck)
+    assert code == 0, r
+    _torn_start(ck, whole[: len(whole) // 2])
+    code, r = cli_json("offsets", ck, "--batch", "11")
+    assert code == 1 and r["start_known"] is True and [s["start"] for s in r["sources"]] == start, r
+    assert r["start_problem"]["path"] == f"{ck}/offsets/10", r

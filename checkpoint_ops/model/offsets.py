@@ -77,7 +77,7 @@ def offset_kind(value: object) -> str:
 
 def parse_offsets(data: bytes, path: str, batch_id: int) -> OffsetSeq:
     version, lines = split_versioned(data, path, "offsets")
-    if not lines:
+    if not lines or lines == [""]:  # "v1" or "v1\n": Spark's reader finds no metadata line (NoSuchElementException)
         raise LogFormatError(
             "offsets file has a version line but no metadata line (truncated write?)",
             path=path,
