@@ -231,7 +231,7 @@ def batch_offsets(ckpt: Checkpoint, batch: int, ledger=None) -> dict:
         "watermark_ms": end.watermark_ms,
         "committed": committed,  # commits/N is there (``commit_problem``: it is, but damaged)
         "commit_problem": commit_problem,
-        "start_problem": start_problem,  # offsets of batch N-1, where N started, are there but damaged
+        "start_problem": start_problem,  # offsets of batch N-1, where N started: damaged, torn, or a gap in the log
         "recorded_in": "checkpoint" if on_disk else "ledger",
         "start_known": batch == 0 or prev is not None,
         "sources": sources,
