@@ -353,8 +353,11 @@ class ResumeOperation(_JournalOperation):
         if not self.record_only:  # a restore reads its backup's objects again: under its intent (a dry run: checked)
             from .backup.restore import hold_for_resume
 
-            self._claim = hold_for_resume(self.journal.record, self.anchor.url, ex, self.storage_options, hold=stage,
-                                          rolling_forward=_interrupted_undo(self.state), warn=self.warn)
+            try:
+                self._claim = hold_for_resume(self.journal.record, self.anchor.url, ex, self.storage_options,
+                                              hold=stage, rolling_forward=_interrupted_undo(self.state), warn=self.warn)
+            except StoreUnavailableError as e:  # its default "run the same command again" reads as the restore's
+                raise interrupted(e, self.anchor, self.journal) from e.__cause__
         return ex.plan
 
     def nothing_to_do(self, plan: Plan) -> bool:

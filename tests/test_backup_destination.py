@@ -505,6 +505,27 @@ def test_releasing_a_claim_does_not_wait_for_a_renewal_hung_on_the_store(faulty_
         faulty_s3.calm()
 
 
+
+def test_releasing_a_claim_quietly_on_a_store_that_keeps_failing_leaves_it_to_go_stale(faulty_s3, bucket):
+    """The store down through every retry of the delete: ``release_quietly`` (a restore's intent on its way out,
+    after the restore's own outcome) raises nothing, and the record is left to go stale; ``release`` raises the
+    store's error. Before, the quiet release let our own ``StoreUnavailableError`` through: a restore stopped
+    part-way (journaled, its fix naming ``resume``) ended instead with the release's "nothing was changed; run the
+    same command again", which is refused there (seen in ``make reliability``)."""
+    from checkpoint_ops.errors import StoreUnavailableError
+
+    repo = Repository.open(f"s3://{bucket}/dest", {"endpoint_url": faulty_s3.endpoint}, create=True)
+    names = iter(["20260101T000000.000000Z-0000abcd.json", "20260101T000000.000000Z-0000abce.json"])
+    quiet, loud = (HeldClaim(repo.fm, repo.root, INTENT, next(names), "test", ttl_s=30).acquire() for _ in range(2))
+    try:
+        faulty_s3.outage(60)
+        quiet.release_quietly()
+        with pytest.raises(StoreUnavailableError):
+            loud.release()
+    finally:
+        faulty_s3.calm()
+    assert all(repo.fm.exists(repo.path(claim.rel)) for claim in (quiet, loud))  # both left to go stale
+
 # ---- leftovers on S3: an unfinished multipart upload -------------------------------------------------------
 
 

@@ -16,8 +16,10 @@ import os
 import pytest
 
 from checkpoint_ops.storage.retry import RetryPolicy
-from tests.fault_runs import (Faults, backup_create, backup_prune, backup_restore, record, rollback_and_undo,
-                              rollback_resumed_through_outages, sink_compact)
+from tests.fault_runs import (INTERVALS, SOURCE_INTERVAL, Faults, backup_create, backup_prune, backup_restore,
+                              fsck_clean, record, rollback_and_undo, rollback_resumed_through_outages, sink_compact,
+                              via)
+from tests.helpers import cli_json
 
 LONG = os.environ.get("CHECKPOINT_OPS_FAULT_MATRIX") == "long"
 
@@ -65,3 +67,37 @@ def test_a_resume_stopped_by_the_store_is_resumed(spark, v2_run, faulty_s3, s3_s
     """An outage stops the rollback part-way, another stops its resume part-way: each message names
     the same resume, which then finishes it, and Spark resumes exactly."""
     record(rollback_resumed_through_outages(spark, v2_run, s3_server, bucket, faulty_s3, OUTAGE_S))
+
+
+def test_a_restores_resume_stopped_at_the_destination_names_itself(v2_run, faulty_s3, s3_server, bucket, tmp_path):
+    """An outage, later and later into a restore, until one stops it part-way (journaled): its message names the
+    resume. (Before, the restore's intent at the destination, released on the way out on the store still down, put
+    its own "nothing was changed; run the same command again" in place of that: run again, the restore is refused,
+    the target holding the interrupted one; seen in `make reliability`.) Then outages stop the resume at the backup
+    destination, before it changed anything (where it takes the restore's intent again and lists what is left to
+    copy): each names the resume too (before: "the backup destination cannot be read", a damaged-input error, or the
+    store's "run the same command again"). Once the store answers, the resume finishes it and fsck passes."""
+    dest = f"s3://{bucket}/backups"
+    code, made = cli_json("backup", "create", v2_run.checkpoint, dest, "--sink", v2_run.output, *INTERVALS)
+    assert code == 0, made
+    ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "out")
+    resume = f"`checkpoint-ops resume {ckpt}`"
+    for gets in (20, 40, 80, 160, 320):  # an outage later and later, until one stops the restore part-way (journaled)
+        faulty_s3.outage(OUTAGE_S, after_requests=gets, of_kind="GET")
+        code, stop = cli_json("backup", "restore", dest, made["backup_id"], ckpt, "--sink-target", out, "--yes",
+                              *via(faulty_s3))
+        assert code == 2 and stop["error"] == "StoreUnavailableError", stop
+        faulty_s3.wait_outage_over()
+        if resume in stop["fix"]:
+            break
+        assert "run the same command again" in stop["fix"], stop  # stopped before it journaled: nothing changed
+    else:
+        raise AssertionError(f"no outage stopped the restore part-way: {stop}")
+    for after in (0, 1, 3):  # down at once (its destination opened), after the intent, after part of the listing
+        faulty_s3.outage(OUTAGE_S, after_requests=after)
+        code, again = cli_json("resume", ckpt, *via(faulty_s3), *SOURCE_INTERVAL)
+        assert code == 2 and again["error"] == "StoreUnavailableError" and resume in again["fix"], (after, again)
+        faulty_s3.wait_outage_over()
+    code, done = cli_json("resume", ckpt, *via(faulty_s3), *SOURCE_INTERVAL)
+    assert code == 0, done
+    fsck_clean(ckpt, "--sink", out, *INTERVALS)

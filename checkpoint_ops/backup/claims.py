@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import RefusedError, is_storage_failure
+from ..errors import RefusedError, StoreUnavailableError, is_storage_failure
 from ..interrupts import interrupts_held
 from ..journal import utc_stamp
 from ..liveness import Heartbeat, Holder
@@ -163,11 +163,12 @@ class HeldClaim:
 
     def release_quietly(self) -> None:
         """``release``, for a command whose own outcome matters more: a store failing now leaves the record to
-        go stale (the next prune removes it); any other error is raised."""
+        go stale (the next prune removes it): the store's own error, or ours once it kept failing through every
+        retry (``StoreUnavailableError``); any other error is raised."""
         try:
             self.release()
         except Exception as e:  # noqa: BLE001
-            if not is_storage_failure(e):
+            if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
                 raise
 
     def release(self) -> None:

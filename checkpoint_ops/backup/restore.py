@@ -568,6 +568,8 @@ def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | N
     dest, backup_id = backup["destination"], backup["id"]
     try:
         repo = Repository.open(dest, storage_options)
+    except StoreUnavailableError:
+        raise  # the store kept failing: nothing is wrong with the destination (the resume says how to finish)
     except BadInputError as e:
         raise BadInputError(f"the backup destination this restore copies from cannot be read: {e.problem}",
                             path=dest, fix=f"mend it and resume again; or remove what the restore wrote with "
@@ -577,11 +579,11 @@ def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | N
         missing = ex.sources_missing()
     except BaseException:
         if claim is not None:
-            claim.release()
+            claim.release_quietly()  # the error that stopped it matters, not this cleanup's
         raise
     if missing:
         if claim is not None:
-            claim.release()
+            claim.release_quietly()  # the error that stopped it matters, not this cleanup's
         interrupted = "its undo" if rolling_forward else "the restore"
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise BadInputError(
