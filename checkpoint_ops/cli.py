@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from . import __version__
 from .collector import fewer_collections
-from .errors import EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, is_storage_failure
+from .errors import (EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, StoreUnavailableError,
+                     is_storage_failure)
 from .fence import recovery_advice, resume_command, revert_command
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
@@ -110,7 +111,7 @@ def open_checkpoint(args) -> tuple[Checkpoint, list]:
         sinks = [open_sink(s, opts, args.sink_compact_interval) for s in getattr(args, "sink", [])]
     except BadInputError as e:
         fence = ckpt.fence if ckpt.kind == "structured" else None
-        if fence is None:
+        if fence is None or isinstance(e, StoreUnavailableError):  # the store failing: nothing part-way about it
             raise
         # an interrupted operation of ours moves sink log files aside while it runs: say that first
         raise BadInputError(f"{e.problem}; the checkpoint is fenced by an interrupted {fence.operation} "
@@ -134,6 +135,11 @@ def emit(args, data, text: str) -> None:
         print_json(data)
     else:
         print(text)
+
+
+def warn(note: str) -> None:
+    """A warning on stderr (stdout holds the result, ``--json`` included)."""
+    print(f"checkpoint-ops: warning: {note}", file=sys.stderr, flush=True)
 
 
 def _prompt(question: str) -> bool:
@@ -160,7 +166,7 @@ def run_operation(args, op: Operation, extra: dict | None = None) -> int:
         owner=f"checkpoint-ops {command} (user {user})", storage_options=storage_options(args),
         show_plan=None if args.json else (lambda plan: print(plan.render(verbose=args.verbose), flush=True)),
         prompt=_prompt if sys.stdin.isatty() else None,
-        warn=lambda note: print(f"checkpoint-ops: warning: {note}", file=sys.stderr, flush=True),
+        warn=warn,
     )
     stopped = None
     try:

@@ -42,7 +42,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError
+from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, StoreUnavailableError, is_storage_failure
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
@@ -337,9 +337,9 @@ def _judge(ckpt: Checkpoint, spark, writer, scratch_url: str | None, storage_opt
         copy = copy_for_restart(ckpt, url, storage_options)
         return run_judge(spark, writer, copy.location, copy.batch + 1)
     finally:
-        remove_tree(url, storage_options)
+        remove_scratch(url, storage_options)
         if scratch_url is None:
-            remove_tree(base, storage_options)
+            remove_scratch(base, storage_options)
 
 
 def remove_tree(url: str, storage_options: dict | None = None) -> None:
@@ -347,6 +347,18 @@ def remove_tree(url: str, storage_options: dict | None = None) -> None:
     fm, root = open_file_manager(url, storage_options)
     fm.delete_many([f.path for f in fm.walk(root)])
     fm.remove_empty_dirs(root)
+
+
+def remove_scratch(url: str, storage_options: dict | None = None, warn: Callable[[str], None] | None = None) -> None:
+    """``remove_tree`` on the way out of what used the scratch tree: a store that fails it leaves the tree (told
+    through ``warn``), and never replaces that work's outcome or error."""
+    try:
+        remove_tree(url, storage_options)
+    except Exception as e:  # noqa: BLE001 - only the store's failures; a bug is raised
+        if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+            raise
+        if warn is not None:
+            warn(f"the scratch copy {url} could not be removed ({getattr(e, 'problem', None) or e}): delete it")
 
 
 # ---- what Spark decided ------------------------------------------------------------------------------

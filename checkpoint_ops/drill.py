@@ -25,8 +25,8 @@ from .backup import Repository
 from .backup.restore import RestoreOperation
 from .operation import RunOptions, run
 from .backup.repository import Manifest
-from .compat import build_writer, remove_tree
-from .errors import BadInputError
+from .compat import build_writer, remove_scratch
+from .errors import BadInputError, StoreUnavailableError
 from .model.checkpoint import Checkpoint
 from .restart_judge import JudgeOutcome, plant_in_place, restart_files, run_judge
 
@@ -89,6 +89,10 @@ class DrillResult:
         return "\n".join(lines)
 
 
+_DRILL_AGAIN = ("the drill stopped before it judged the backup: nothing is recorded against it, the backup is "
+                "unchanged, and the drill's scratch copy is removed (a warning names it if it could not be); run the "
+                "drill again once the store answers")
+
 def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *, scratch_url: str | None = None,
               relocate: Sequence[str] = (), storage_options: dict | None = None,
               warn: Callable[[str], None] | None = None) -> DrillResult:
@@ -112,6 +116,8 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
             op = RestoreOperation(repo.url, manifest.id, target, [f"{work}/{rid}" for rid in sinks], list(relocate),
                                   storage_options=storage_options)
             run(op, RunOptions(yes=True, storage_options=storage_options, owner="checkpoint-ops backup drill", warn=warn))
+        except StoreUnavailableError as e:  # the store failed, not the backup: no failed drill is recorded against it
+            raise e.finish_with(_DRILL_AGAIN) from e.__cause__
         except BadInputError as e:
             restore_s = time.monotonic() - t0
             return _finish(repo, manifest, False, RESTORE, _restore_cause(e), _object_files(repo, manifest, e.path),
@@ -121,6 +127,8 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
         ckpt = Checkpoint.open(target, storage_options)
         try:
             restart_files(ckpt, manifest.batch)
+        except StoreUnavailableError as e:
+            raise e.finish_with(_DRILL_AGAIN) from e.__cause__
         except BadInputError as e:
             rel = _rel_in(e.path, ckpt)
             return _finish(repo, manifest, False, RESTART_SET, e.problem, (f"checkpoint/{rel}",) if rel else (),
@@ -134,9 +142,9 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
             return _finish(repo, manifest, False, SPARK, cause, (), restore_s, restart_s, judge)
         return _finish(repo, manifest, True, PASSED, None, (), restore_s, restart_s, judge)
     finally:
-        remove_tree(work, storage_options)
+        remove_scratch(work, storage_options, warn)
         if scratch_url is None:
-            remove_tree(base, storage_options)
+            remove_scratch(base, storage_options, warn)
 
 
 def drill_records(repo: Repository) -> dict[str, dict]:

@@ -60,7 +60,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-from .errors import RefusedError
+from .errors import CheckpointOpsError, RefusedError
 from .interrupts import interrupts_held
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
@@ -546,11 +546,53 @@ class LeaseSet:
         if errors:
             raise errors[0]
 
+    def release_quietly(self) -> Exception | None:
+        """``release``, returning its error instead of raising it: for a block whose own outcome matters more
+        (a lease left behind goes stale, ``LEASE_LEFT_BEHIND``). On a store that keeps failing the release fails
+        too, with the store's "nothing was changed; run the same command again": raised, it would replace an
+        error naming the resume of what stopped part-way, or turn work done into a failure."""
+        try:
+            self.release()
+        except Exception as e:  # noqa: BLE001 - told by the caller, never raised over the outcome
+            return e
+        return None
+
+    @contextlib.contextmanager
+    def held(self, warn: Callable[[str], None]):
+        """The set, for a block, then released. Its release never replaces the block's outcome (an error, or
+        work done): a release that fails is told through ``warn``, and the lease goes stale."""
+        try:
+            yield self
+        except BaseException:
+            _told_left(self.release_quietly(), warn, "")
+            raise
+        _told_left(self.release_quietly(), warn, "it completed, but ")
+
     def __enter__(self) -> "LeaseSet":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.release()
+        else:  # the error on its way out is the one to raise (``held`` tells what the release left)
+            self.release_quietly()
+
+
+LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when "
+                     "its heartbeat lapses")
+
+
+def release_problem(e: Exception) -> str:
+    """What went wrong with a lease's release, without the error's own advice (a store failure's "nothing
+    was changed; run the same command again" is wrong beside an operation that did change things)."""
+    if isinstance(e, CheckpointOpsError):
+        return f"{e.path}: {e.problem}" if e.path else e.problem
+    return str(e)
+
+
+def _told_left(error: Exception | None, warn: Callable[[str], None], done: str) -> None:
+    if error is not None:
+        warn(f"{done}its lease could not be released ({release_problem(error)}); {LEASE_LEFT_BEHIND}")
 
 
 def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: str,
@@ -581,6 +623,6 @@ def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: 
             if caught:
                 raise KeyboardInterrupt
         except BaseException:
-            taken.release()
+            taken.release_quietly()  # the refusal (or Ctrl-C) is what to report; a lease left goes stale
             raise
     return taken

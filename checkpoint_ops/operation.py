@@ -27,7 +27,7 @@ from typing import Any, Callable, ClassVar, Protocol
 
 from .errors import BadInputError, CheckpointOpsError, RefusedError
 from .interrupts import interrupts_held
-from .lease import LeaseSet, acquire_all
+from .lease import LEASE_LEFT_BEHIND, LeaseSet, acquire_all, release_problem as _why
 from .plan import Plan
 from .storage import CheckpointFileManager
 
@@ -231,18 +231,6 @@ def confirm(op: Operation, plan: Plan, options: RunOptions, where: str) -> None:
                            fix="review it with --dry-run, then run again with --yes (or --plan-hash HASH)")
     if not options.prompt(f"Apply {op.name} plan {plan.hash[:12]}?"):
         raise RefusedError("not applied: declined at the prompt", path=where)
-
-
-LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when "
-                     "its heartbeat lapses")
-
-
-def _why(e: Exception) -> str:
-    """What went wrong with a lease's release, without the error's own advice (a store failure's "nothing
-    was changed; run the same command again" is wrong beside an operation that did change things)."""
-    if isinstance(e, CheckpointOpsError):
-        return f"{e.path}: {e.problem}" if e.path else e.problem
-    return str(e)
 
 
 class StoppedBeforeChanges(KeyboardInterrupt):

@@ -432,6 +432,8 @@ def paired_checkpoint_url(sink: SinkOutput, storage_options: dict | None = None)
         if is_fence(raw):  # an operation of ours is under way there: the query's own metadata is in the fence
             raw = parse_fence(raw).original_metadata
         query_id = json.loads(raw).get("id")
+    except StoreUnavailableError:
+        raise  # not "no such checkpoint": a refusal that needs it (``sink compact`` without it) would not be made
     except (OSError, ValueError, AttributeError, CheckpointOpsError):
         return None
     return rec.checkpoint if _same_query(rec.query_id, query_id) else None

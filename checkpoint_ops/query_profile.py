@@ -30,7 +30,7 @@ import time
 import types
 from dataclasses import dataclass
 
-from .errors import BadInputError
+from .errors import BadInputError, StoreUnavailableError
 from .journal import ops_dir
 from .storage import CheckpointFileManager
 from .storage.paths import join
@@ -683,6 +683,8 @@ def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
     """Every record beside the checkpoint, newest first."""
     try:
         data = fm.read_bytes(profile_path(fm, root))
+    except StoreUnavailableError:
+        raise  # not "none recorded": a record written after it would drop every earlier one (``record_profile``)
     except (FileNotFoundError, BadInputError):
         return []
     try:
@@ -725,6 +727,8 @@ def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, 
     dropped. The same query as the newest one goes on: that record stays, from the batch it started at."""
     try:
         earlier = _records(fm, root)
+    except StoreUnavailableError:
+        raise
     except BadInputError:
         earlier = []  # unreadable: replaced (the error's own fix)
     query_id = checkpoint_query_id(fm, root)

@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import BadInputError, RefusedError, param, require_batch_number
+from .errors import BadInputError, RefusedError, StoreUnavailableError, param, require_batch_number
 from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, clear_staged_sources, staging_dir
 from .journal import ops_dir
@@ -643,6 +643,8 @@ def _rows_in(sink: SinkOutput, e) -> int | None:
     try:
         with sink.fm.open_read(join(sink.root, rel)) as f:
             return pq.ParquetFile(f).metadata.num_rows
+    except StoreUnavailableError:
+        raise  # not a file that cannot be read: counted as holding rows, it would let the refusal above pass
     except Exception:  # noqa: BLE001 - unreadable here: counts as holding rows (fsck judges the file)
         return None
 

@@ -9,7 +9,7 @@ from checkpoint_ops.backup import Repository, create_backup, list_backups, verif
 from checkpoint_ops.backup.retention import BackupPruneOperation
 from checkpoint_ops.backup.listing import VERIFIED
 from checkpoint_ops.backup.repository import TIME_FORMAT
-from checkpoint_ops.errors import BadInputError, CheckpointOpsError
+from checkpoint_ops.errors import BadInputError, CheckpointOpsError, StoreUnavailableError
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.units import parse_duration
 from dagster_checkpoint_ops.maintenance import maintenance_job, query_op
@@ -73,6 +73,12 @@ FRESHNESS_CHECK = "backup_freshness_check"
 FRESHNESS_DESCRIPTION = "The query's newest verified backup is younger than backup_max_age."
 
 
+def unreadable_destination(e: StoreUnavailableError) -> str:
+    """A check's description when the backup destination's store kept failing: not "no backup yet"."""
+    return (f"the backup destination could not be read, the object store kept failing ({e.problem}): not judged; "
+            "judged again at the next evaluation")
+
+
 def freshness_result(query: StreamingQuery, streaming_settings: StreamingSettings,
                      checkpoint_files: CheckpointFileManagerResource) -> dg.AssetCheckResult:
     """The freshness check's evaluation: the age of the newest verified backup in the query's destination."""
@@ -81,6 +87,10 @@ def freshness_result(query: StreamingQuery, streaming_settings: StreamingSetting
     keys = {"asset_key": query.name, "check_name": FRESHNESS_CHECK}
     try:
         rows = list_backups(Repository.open(dest, checkpoint_files.options()))
+    except StoreUnavailableError as e:
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=unreadable_destination(e),
+                                   metadata={"destination": dg.MetadataValue.text(dest)})
     except BadInputError as e:
         return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
                                    description=f"no backup yet: {e.problem}",

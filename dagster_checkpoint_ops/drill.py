@@ -16,7 +16,8 @@ import dagster as dg
 
 from checkpoint_ops.backup import Repository
 from checkpoint_ops.drill import DrillResult, drill_records, recovery_point, run_drill
-from checkpoint_ops.errors import BadInputError, CheckpointOpsError
+from checkpoint_ops.errors import BadInputError, CheckpointOpsError, StoreUnavailableError
+from dagster_checkpoint_ops.backups import unreadable_destination
 from dagster_checkpoint_ops.query import StreamingQuery, pool_name
 from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 from dagster_checkpoint_ops.resources.settings import StreamingSettings
@@ -53,6 +54,8 @@ def drill_query(context: dg.OpExecutionContext, query: StreamingQuery, spark, se
     opts = files.options()
     try:
         repo = Repository.open(dest, opts)
+    except StoreUnavailableError as e:  # not "no backups": the drill did not run
+        raise dg.Failure(description=f"restore drill of {query.name} could not run: {e.render()}") from None
     except BadInputError as e:
         context.log.warning(f"{query.name}: no backups to drill at {dest}: {e.problem}")
         context.log_event(dg.AssetCheckEvaluation(
@@ -132,6 +135,10 @@ def drill_result(query: StreamingQuery, streaming_settings: StreamingSettings,
     try:
         repo = Repository.open(dest, checkpoint_files.options())
         records = drill_records(repo)
+    except StoreUnavailableError as e:
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=unreadable_destination(e),
+                                   metadata={"backup_destination": dg.MetadataValue.text(dest)})
     except BadInputError as e:
         return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
                                    description=f"no backup yet: {e.problem}",

@@ -339,7 +339,9 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
     """The whole materialization, under the leases: rollback if asked, the run, the ledger, and what happened."""
     t0 = time.monotonic()
     md: dict = {}
-    with hold_leases(context, query, files) as leases:
+    # released whatever happens; a release the store fails is a warning, never the step's outcome (an error naming
+    # the resume of a rollback stopped part-way, or a run that committed batches)
+    with hold_leases(context, query, files).held(lambda note: context.log.warning(f"{query.name}: {note}")) as leases:
         owner = refuse_checkpoint_of_another_query(context, query, files)  # judged; recorded before the query starts
         if config.rollback_to_batch is not None or config.rollback_to_time:
             md.update(rollback(context, query, config, files, leases))

@@ -460,8 +460,7 @@ def plan_restore(repo: Repository, backup_id: str, target_url: str, sink_targets
     try:
         return r.build(to_batch)
     except BaseException:
-        for fm, path in r.staged:  # planning failed: nothing it staged will be used
-            fm.delete_many([path])
+        clear_staged(r)  # planning failed: nothing it staged will be used (best effort: its error is the one raised)
         raise
 
 

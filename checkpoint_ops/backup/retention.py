@@ -22,14 +22,13 @@ no object is collected.
 from __future__ import annotations
 
 import calendar
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import BadInputError, StoreUnavailableError
-from ..lease import guard_saying
+from ..errors import BadInputError, StoreUnavailableError, is_storage_failure
+from ..lease import guard_saying, release_problem
 from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
 from ..storage import open_file_manager
@@ -171,18 +170,23 @@ def apply_backup_prune(repo: Repository, plan: Plan, guard: Callable[[], None] |
     try:
         result = _collect(repo, plan, lock, guard_saying(guard, _RERUN))
     except StoreUnavailableError as e:
-        with contextlib.suppress(StoreUnavailableError):  # the store may be down: the lock then goes stale
-            lock.release()
+        lock.release_quietly()  # the store may be down: the lock then goes stale
         raise e.finish_with("the prune stopped part-way: every backup not yet deleted is whole (objects go only "
                             "after no manifest names them); once the store answers, run the same command again to "
                             "finish it (a prune lock left behind goes stale once its heartbeat stops)") from e.__cause__
     except BaseException:
-        lock.release()
+        lock.release_quietly()  # a lease lost, a Ctrl-C: that is what stopped it, not a failing release
         raise
     try:
         lock.release()
     except KeyboardInterrupt:  # held until the lock was gone (it said so at once): the prune had finished, so it stands
         pass
+    except Exception as e:  # noqa: BLE001 - only the store's failures: the prune is done, its lock goes stale
+        if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+            raise
+        left = (f"its prune lock could not be released ({release_problem(e)}): it goes stale once its heartbeat has "
+                "stopped, and a backup or restore meanwhile waits for it at most that long")
+        result = dataclasses.replace(result, note=f"{result.note}; {left}" if result.note else left)
     return dataclasses.replace(result, requests=repo.fm.counter.snapshot(), retries=repo.fm.counter.retries())
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..cli import Parents, emit, open_checkpoint
+from ..cli import Parents, emit, open_checkpoint, warn
 from ..errors import EXIT_FINDINGS, EXIT_OK, BadInputError, require_batch_number
 
 
@@ -16,7 +16,8 @@ def cmd_ledger_sync(args) -> int:
     sites = [(ckpt.fm, ckpt.root, ckpt.url)] + [(s.fm, s.root, s.url) for s in sinks]
     # one writer at a time: a rollback, an undo or a run never has the ledger merged under it, nor the
     # pairing records rewritten; the model is read again under the leases
-    with acquire_all(sites, "checkpoint-ops ledger sync") as leases:
+    # a release the store fails after the sync is told, not raised: the ledger was synced
+    with acquire_all(sites, "checkpoint-ops ledger sync").held(warn) as leases:
         ckpt, sinks = open_checkpoint(args)
         r = sync(ckpt, sinks, assume_paired=args.assume_paired, guard=leases.check)
     rng = f"batches {r['range']['first']}..{r['range']['last']}" if r["range"] else "nothing new"

@@ -1,0 +1,167 @@
+"""A store that keeps failing never replaces, hides or fakes an outcome (no Spark: synthetic checkpoints).
+
+Our ``StoreUnavailableError`` (the store failed one request through every retry) says "nothing was changed; run
+the same command again". Where it escapes a cleanup on the way out (a lease or lock released, a scratch tree
+removed), it replaces the error that stopped an operation part-way (which names its resume) or turns work done into
+a failure. Where a catch-all for damage takes it in (it is a ``BadInputError``), an outage reads as damage or as
+"nothing there", and a refusal or a record is skipped. Each test here failed before its fix (a hostile review)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import s3fs
+
+from benchmarks import synthetic
+from checkpoint_ops.errors import StoreUnavailableError
+from tests.helpers import cli_json, tree_snapshot
+from tests.synthetic_sink import write_sink
+
+SINK = ("--sink-compact-interval", "5")
+
+
+def via(proxy) -> tuple[str, str]:
+    return ("--storage-options", json.dumps({"endpoint_url": proxy.endpoint}))
+
+
+def upload(local: str, endpoint: str, bucket: str, prefix: str) -> str:
+    s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True).put(local + "/", f"{bucket}/{prefix}",
+                                                                           recursive=True)
+    return f"s3://{bucket}/{prefix}"
+
+
+def test_a_lease_set_released_on_the_way_out_never_replaces_the_error_that_stopped_the_block(faulty_s3, bucket):
+    """A block under leases (a Dagster run's rollback stopped part-way, its error naming the resume) ends while the
+    store is still down: the error raised is the block's, and the failed release is told. Before, the release's
+    "nothing was changed; run the same command again" replaced it."""
+    from checkpoint_ops.lease import acquire_all
+    from checkpoint_ops.storage import open_file_manager
+
+    fm, root = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
+    fm.write_bytes(f"{root}/metadata", b'{"id":"x"}')
+    told: list[str] = []
+    with pytest.raises(RuntimeError, match="finish it with"):
+        try:
+            with acquire_all([(fm, root, "ck")], "test", stepwise=False).held(told.append):
+                faulty_s3.outage(120)
+                raise RuntimeError("the rollback stopped part-way; finish it with `checkpoint-ops resume`")
+        finally:
+            faulty_s3.calm()
+    assert len(told) == 1 and "its lease could not be released" in told[0] and "goes stale" in told[0], told
+    assert "nothing was changed" not in told[0]
+    with pytest.raises(RuntimeError, match="finish it with"):  # as a plain context manager too (told by no one)
+        try:
+            with acquire_all([(fm, root, "ck")], "test", stepwise=False):  # the stale lease taken over
+                faulty_s3.outage(120)
+                raise RuntimeError("the rollback stopped part-way; finish it with `checkpoint-ops resume`")
+        finally:
+            faulty_s3.calm()
+    told.clear()
+    with acquire_all([(fm, root, "ck")], "test", stepwise=False).held(told.append):
+        faulty_s3.outage(120)
+    faulty_s3.calm()
+    assert len(told) == 1 and told[0].startswith("it completed, but its lease could not be released"), told
+
+
+def test_a_finished_prune_whose_lock_release_fails_reports_what_it_deleted(faulty_s3, bucket, tmp_path, monkeypatch):
+    """The store goes down right after a prune's last delete: it exits 0 with what it deleted and a note that its
+    lock goes stale. Before: exit 2, "nothing was changed; run the same command again", the older backup gone."""
+    from checkpoint_ops.backup.claims import HeldClaim
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=6, partitions=1, retain_state=6)
+    dest = f"s3://{bucket}/dest"
+    ids = []
+    for _ in range(2):
+        code, made = cli_json("backup", "create", local, dest, *via(faulty_s3))
+        assert code == 0, made
+        ids.append(made["backup_id"])
+        time.sleep(1.1)
+    real = HeldClaim.release
+
+    def release(self):  # the store goes down as the prune releases its lock
+        if self.kind == "prune-lock":
+            faulty_s3.outage(120)
+        return real(self)
+
+    monkeypatch.setattr(HeldClaim, "release", release)
+    try:
+        code, pruned = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes", *via(faulty_s3))
+    finally:
+        faulty_s3.calm()
+    assert code == 0, pruned
+    assert pruned["result"]["manifests_deleted"] == 1, pruned
+    assert "its prune lock could not be released" in pruned["result"]["note"], pruned
+    code, listed = cli_json("backup", "list", dest, *via(faulty_s3))
+    assert code == 0 and [b["id"] for b in listed["backups"]] == ids[1:], listed
+
+
+def test_sink_compact_without_its_checkpoint_stops_while_the_checkpoints_store_is_down(faulty_s3, s3_server,
+                                                                                        bucket, tmp_path):
+    """An output whose pairing record names a checkpoint is refused `sink compact` without `--checkpoint`. With that
+    checkpoint's store down, the refusal cannot be judged: the command stops, changing nothing. Before, it read as
+    "no such checkpoint" and the compaction was applied (exit 0), shrinking the checkpoint's rollback window."""
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=24, partitions=1, retain_state=24)
+    ckpt = upload(local, s3_server, bucket, "ck")
+    out = str(tmp_path / "out")
+    write_sink(out, 24, compact_interval=5)
+    old = time.time() - 3600
+    for d, _, names in os.walk(out):
+        for n in names:
+            os.utime(os.path.join(d, n), (old, old))
+    code, synced = cli_json("ledger", "sync", ckpt, "--sink", out, *SINK, *via(faulty_s3))
+    assert code == 0, synced
+    code, refused = cli_json("sink", "compact", out, *SINK, "--dry-run", *via(faulty_s3))
+    assert code == 1 and f"file sink of checkpoint {ckpt}" in refused["problem"], refused  # store up: refused
+    before = tree_snapshot(out)
+    faulty_s3.outage(120)  # only the checkpoint's store is down; the output is local
+    try:
+        code, stopped = cli_json("sink", "compact", out, *SINK, "--yes", *via(faulty_s3))
+    finally:
+        faulty_s3.calm()
+    assert code == 2 and stopped["error"] == "StoreUnavailableError", stopped
+    assert tree_snapshot(out) == before
+
+
+def test_recording_a_profile_keeps_its_history_when_the_store_fails_the_read(faulty_s3, s3_server, bucket, tmp_path):
+    """The store fails the read of the recorded profiles through every retry, then answers: recording stops with
+    the store's error and the earlier records stay. Before, the read counted as "none recorded" and the write
+    replaced every earlier record, so `read_profile(as_of=...)` found no writer of earlier batches for good."""
+    from checkpoint_ops.query_profile import (OperatorProfile, QueryProfile, SinkProfile, profile_path, read_profile,
+                                              record_profile)
+    from checkpoint_ops.storage import open_file_manager
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=10, partitions=1, retain_state=10)
+    url = upload(local, s3_server, bucket, "ck")
+    fm, root = open_file_manager(url, {"endpoint_url": faulty_s3.endpoint})
+
+    def profile(window: str) -> QueryProfile:
+        return QueryProfile("append", SinkProfile("file", "parquet", "/data/out", ()), (),
+                            (OperatorProfile(0, "aggregation", "keys", (window,)),), f"fp {window}", "4.3.0")
+
+    first, changed, third = profile("30 s"), profile("20 s"), profile("10 s")
+    record_profile(fm, root, first, False, None)
+    record_profile(fm, root, changed, False, 6)
+    assert read_profile(fm, root, as_of=3).profile == first
+    real, hit = fm.read_bytes, []
+
+    def read_bytes(path):
+        if path == profile_path(fm, root) and not hit:  # the outage spans this one read's retries only
+            hit.append(1)
+            faulty_s3.outage(120)
+            try:
+                return real(path)
+            finally:
+                faulty_s3.calm()
+        return real(path)
+
+    fm.read_bytes = read_bytes
+    with pytest.raises(StoreUnavailableError):
+        record_profile(fm, root, third, False, 8)
+    assert hit and read_profile(fm, root, as_of=3).profile == first
+    assert read_profile(fm, root, as_of=7).profile == changed
