@@ -211,8 +211,11 @@ class HeldClaim:
     def __enter__(self) -> "HeldClaim":
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.release()
+        else:  # the error on its way out is the one to raise
+            self.release_quietly()
 
 
 def intent_claim(fm: CheckpointFileManager, root: str, backup_id: str, checkpoint_url: str,
