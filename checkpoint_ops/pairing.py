@@ -447,6 +447,8 @@ def paired_checkpoint(sink: SinkOutput, storage_options: dict | None = None) -> 
         return None
     try:
         ckpt = Checkpoint.open(url, storage_options)
+    except StoreUnavailableError:
+        raise
     except BadInputError:
         return None
     return ckpt if ckpt.kind == "structured" else None
