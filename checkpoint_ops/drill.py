@@ -26,7 +26,7 @@ from .backup.restore import RestoreOperation
 from .operation import RunOptions, run
 from .backup.repository import Manifest
 from .compat import build_writer, remove_scratch
-from .errors import BadInputError, StoreUnavailableError
+from .errors import BadInputError, StorageError, StoreUnavailableError
 from .model.checkpoint import Checkpoint
 from .restart_judge import JudgeOutcome, plant_in_place, restart_files, run_judge
 
@@ -93,6 +93,17 @@ _DRILL_AGAIN = ("the drill stopped before it judged the backup: nothing is recor
                 "unchanged, and the drill's scratch copy is removed (a warning names it if it could not be); run the "
                 "drill again once the store answers")
 
+
+def _not_judged(e: StorageError) -> StorageError:
+    """A drill stopped by the store (failing, or refusing a request: the scratch location's too), which records no
+    failed drill: the backup was not judged."""
+    if isinstance(e, StoreUnavailableError):
+        return e.finish_with(_DRILL_AGAIN)
+    return StorageError(e.problem, path=e.path, fix="mend what the store refused (credentials, permissions, space), "
+                        "then run the drill again: the backup was not judged, nothing is recorded against it, and the "
+                        "drill's scratch copy is removed (a warning names it if it could not be)")
+
+
 def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *, scratch_url: str | None = None,
               relocate: Sequence[str] = (), storage_options: dict | None = None,
               warn: Callable[[str], None] | None = None) -> DrillResult:
@@ -116,8 +127,8 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
             op = RestoreOperation(repo.url, manifest.id, target, [f"{work}/{rid}" for rid in sinks], list(relocate),
                                   storage_options=storage_options)
             run(op, RunOptions(yes=True, storage_options=storage_options, owner="checkpoint-ops backup drill", warn=warn))
-        except StoreUnavailableError as e:  # the store failed, not the backup: no failed drill is recorded against it
-            raise e.finish_with(_DRILL_AGAIN) from e.__cause__
+        except StorageError as e:  # the store failed or refused (the scratch location's, too), not the backup
+            raise _not_judged(e) from e.__cause__
         except BadInputError as e:
             restore_s = time.monotonic() - t0
             return _finish(repo, manifest, False, RESTORE, _restore_cause(e), _object_files(repo, manifest, e.path),
@@ -127,8 +138,8 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
         ckpt = Checkpoint.open(target, storage_options)
         try:
             restart_files(ckpt, manifest.batch)
-        except StoreUnavailableError as e:
-            raise e.finish_with(_DRILL_AGAIN) from e.__cause__
+        except StorageError as e:
+            raise _not_judged(e) from e.__cause__
         except BadInputError as e:
             rel = _rel_in(e.path, ckpt)
             return _finish(repo, manifest, False, RESTART_SET, e.problem, (f"checkpoint/{rel}",) if rel else (),

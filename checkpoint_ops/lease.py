@@ -60,7 +60,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-from .errors import CheckpointOpsError, RefusedError
+from .errors import CheckpointOpsError, RefusedError, StorageError, is_storage_failure
 from .interrupts import interrupts_held
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
@@ -553,9 +553,19 @@ class LeaseSet:
         error naming the resume of what stopped part-way, or turn work done into a failure."""
         try:
             self.release()
-        except Exception as e:  # noqa: BLE001 - told by the caller, never raised over the outcome
+        except Exception as e:  # noqa: BLE001 - the store's failures only: told by the caller; a bug is raised
+            if not isinstance(e, StorageError) and not is_storage_failure(e):
+                raise
             return e
         return None
+
+    def _release_on_error(self) -> Exception | None:
+        """``release_quietly`` while an error is on its way out: that error is the one raised, so even a bug in the
+        release is only returned (to be told)."""
+        try:
+            return self.release_quietly()
+        except Exception as e:  # noqa: BLE001
+            return e
 
     @contextlib.contextmanager
     def held(self, warn: Callable[[str], None]):
@@ -564,7 +574,7 @@ class LeaseSet:
         try:
             yield self
         except BaseException:
-            _told_left(self.release_quietly(), warn, "")
+            _told_left(self._release_on_error(), warn, "")
             raise
         _told_left(self.release_quietly(), warn, "it completed, but ")
 
@@ -575,7 +585,7 @@ class LeaseSet:
         if exc_type is None:
             self.release()
         else:  # the error on its way out is the one to raise (``held`` tells what the release left)
-            self.release_quietly()
+            self._release_on_error()
 
 
 LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when "
@@ -622,7 +632,9 @@ def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: 
                 taken.leases.append(acquire(fm, root, owner, what, stepwise=stepwise, operation=operation))
             if caught:
                 raise KeyboardInterrupt
-        except BaseException:
-            taken.release_quietly()  # the refusal (or Ctrl-C) is what to report; a lease left goes stale
+        except BaseException:  # the refusal (or Ctrl-C) is what to report; a lease left goes stale, told
+            left = taken._release_on_error()
+            if warn is not None:
+                _told_left(left, warn, "")
             raise
     return taken

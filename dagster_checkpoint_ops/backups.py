@@ -75,8 +75,7 @@ FRESHNESS_DESCRIPTION = "The query's newest verified backup is younger than back
 
 def unreadable_destination(e: StoreUnavailableError) -> str:
     """A check's description when the backup destination's store kept failing: not "no backup yet"."""
-    return (f"the backup destination could not be read, the object store kept failing ({e.problem}): not judged; "
-            "judged again at the next evaluation")
+    return f"the backup destination could not be read ({e.problem}); judged again at the next evaluation"
 
 
 def freshness_result(query: StreamingQuery, streaming_settings: StreamingSettings,

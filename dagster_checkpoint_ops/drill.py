@@ -135,6 +135,7 @@ def drill_result(query: StreamingQuery, streaming_settings: StreamingSettings,
     try:
         repo = Repository.open(dest, checkpoint_files.options())
         records = drill_records(repo)
+        point, age = recovery_point(repo)
     except StoreUnavailableError as e:
         return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
                                    description=unreadable_destination(e),
@@ -148,7 +149,6 @@ def drill_result(query: StreamingQuery, streaming_settings: StreamingSettings,
                                    description="no restore drill yet (checkpoint_restore_drill_job runs them)",
                                    metadata={"backup_destination": dg.MetadataValue.text(dest)})
     backup_id, record = max(records.items(), key=lambda item: item[1].get("drilled_at", ""))
-    point, age = recovery_point(repo)
     drilled = calendar.timegm(time.strptime(record["drilled_at"], "%Y-%m-%dT%H:%M:%SZ"))
     return dg.AssetCheckResult(
         **keys, passed=bool(record.get("passed")), severity=dg.AssetCheckSeverity.ERROR,

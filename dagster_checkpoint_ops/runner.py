@@ -14,7 +14,7 @@ import dagster as dg
 from checkpoint_ops.activity import record_ended_run
 from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.collector import fewer_collections
-from checkpoint_ops.errors import CheckpointOpsError, parameter_names
+from checkpoint_ops.errors import CheckpointOpsError, StoreUnavailableError, parameter_names
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger, PairingRecord
@@ -375,12 +375,18 @@ def after_run_failure(query, e: CheckpointOpsError, progress: list[dict]) -> dg.
     batches = [p["batchId"] for p in progress]
     ran = (f"the query ran and committed batches {batches[0]}..{batches[-1]} (its checkpoint and output moved on "
            "and stay so; the next run continues after them)" if batches else "the query ran (no new input)")
+    if isinstance(e, StoreUnavailableError):  # its own fix ("nothing was changed") is wrong beside what ran
+        reason = f"{e.path}: {e.problem}" if e.path else e.problem
+        fix = "run it again once the store answers"
+        then = "\n  fix: run it again once the store answers (nothing is wrong with the declared sinks)"
+    else:
+        reason, fix = e.render(), e.fix or ""
+        then = (f"\n  the declared sinks must be the output directories of the query's file sinks (empty for "
+                "foreachBatch, Kafka and other sinks): correct them and run again")
     return dg.Failure(
         description=f"asset {query.name}: {ran}, but checking its checkpoint {query.checkpoint} and its declared "
-        f"{SINKS_FIELD} {list(query.sinks)} after the run failed, so no materialization was recorded: {e.render()}"
-        f"\n  the declared sinks must be the output directories of the query's file sinks (empty for foreachBatch, "
-        "Kafka and other sinks): correct them and run again",
-        metadata={"problem": e.problem, "path": e.path or "", "fix": e.fix or "",
+        f"{SINKS_FIELD} {list(query.sinks)} after the run failed, so no materialization was recorded: {reason}{then}",
+        metadata={"problem": e.problem, "path": e.path or "", "fix": fix,
                   "declared_sinks": dg.MetadataValue.json(list(query.sinks)),
                   "batches_committed": dg.MetadataValue.json(batches)})
 

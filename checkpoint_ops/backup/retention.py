@@ -184,8 +184,9 @@ def apply_backup_prune(repo: Repository, plan: Plan, guard: Callable[[], None] |
     except Exception as e:  # noqa: BLE001 - only the store's failures: the prune is done, its lock goes stale
         if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
             raise
-        left = (f"its prune lock could not be released ({release_problem(e)}): it goes stale once its heartbeat has "
-                "stopped, and a backup or restore meanwhile waits for it at most that long")
+        left = (f"its prune lock could not be released ({release_problem(e)}): it is left to go stale (once this "
+                "process has ended, or its time to live after its last renewal), and a backup or restore started "
+                "meanwhile waits for it")
         result = dataclasses.replace(result, note=f"{result.note}; {left}" if result.note else left)
     return dataclasses.replace(result, requests=repo.fm.counter.snapshot(), retries=repo.fm.counter.retries())
 
