@@ -381,7 +381,7 @@ def after_run_failure(query, e: CheckpointOpsError, progress: list[dict]) -> dg.
         then = "\n  fix: run it again once the store answers (nothing is wrong with the declared sinks)"
     else:
         reason, fix = e.render(), e.fix or ""
-        then = (f"\n  the declared sinks must be the output directories of the query's file sinks (empty for "
+        then = ("\n  the declared sinks must be the output directories of the query's file sinks (empty for "
                 "foreachBatch, Kafka and other sinks): correct them and run again")
     return dg.Failure(
         description=f"asset {query.name}: {ran}, but checking its checkpoint {query.checkpoint} and its declared "
