@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
 import time
 
 import pytest
@@ -165,3 +167,27 @@ def test_recording_a_profile_keeps_its_history_when_the_store_fails_the_read(fau
         record_profile(fm, root, third, False, 8)
     assert hit and read_profile(fm, root, as_of=3).profile == first
     assert read_profile(fm, root, as_of=7).profile == changed
+
+
+def test_a_ctrl_c_held_while_a_claim_release_fails_is_raised_not_lost(faulty_s3, bucket):
+    """Ctrl-C while a restore's intent is released on the store that keeps failing: the release holds it (to finish
+    deleting the record), then fails. The quiet release on the way out lets the store's error go, but not the
+    Ctrl-C: it is raised. Before, the failing release dropped it, and the command went on as if never pressed."""
+    from checkpoint_ops.backup import Repository
+    from checkpoint_ops.backup.claims import INTENT, HeldClaim
+
+    repo = Repository.open(f"s3://{bucket}/dest", {"endpoint_url": faulty_s3.endpoint}, create=True)
+    held = HeldClaim(repo.fm, repo.root, INTENT, "20260101T000000.000000Z-0000abcd.json", "test", ttl_s=30).acquire()
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal (a test runner may have its own)
+    press = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))  # during the delete's retries
+    try:
+        faulty_s3.outage(60)
+        press.start()
+        with pytest.raises(KeyboardInterrupt) as got:
+            held.release_quietly()
+        assert isinstance(got.value.__cause__, StoreUnavailableError), got.value.__cause__
+    finally:
+        press.cancel()
+        faulty_s3.calm()
+        signal.signal(signal.SIGINT, previous)

@@ -180,8 +180,14 @@ class HeldClaim:
         replaces another's. If this process ends first, the record written back goes stale (its pid is gone,
         its heartbeat lapses). A first Ctrl-C meanwhile is held until the record is deleted, then raised
         (``interrupts_held``): the record is not left to go stale, keeping a prune waiting or from collecting."""
-        with interrupts_held(self._told) as caught:
-            self._release()
+        caught: list[int] = []
+        try:
+            with interrupts_held(self._told) as caught:
+                self._release()
+        except Exception as e:
+            if caught:  # the Ctrl-C held meanwhile is raised, not lost to a caller releasing quietly
+                raise KeyboardInterrupt from e
+            raise
         if caught:
             raise KeyboardInterrupt
 
