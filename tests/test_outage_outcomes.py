@@ -191,3 +191,43 @@ def test_a_ctrl_c_held_while_a_claim_release_fails_is_raised_not_lost(faulty_s3,
         press.cancel()
         faulty_s3.calm()
         signal.signal(signal.SIGINT, previous)
+
+
+def test_fsck_does_not_pass_a_checkpoint_that_lost_its_state_when_the_profile_read_fails(faulty_s3, s3_server,
+                                                                                        bucket, tmp_path):
+    """`state/` deleted whole, beside a recorded stateful query: fsck names it (state-missing), from the recorded
+    profile. With the store failing that read through every retry, fsck stops with the store's error. Before, the
+    failed read counted as "nothing is known" and fsck passed a checkpoint Spark cannot restart."""
+    import shutil
+
+    from checkpoint_ops.fsck import run_fsck
+    from checkpoint_ops.model.checkpoint import Checkpoint
+    from checkpoint_ops.query_profile import OperatorProfile, QueryProfile, SinkProfile, profile_path, record_profile
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=10, partitions=1, retain_state=10)
+    shutil.rmtree(os.path.join(local, "state"))
+    url = upload(local, s3_server, bucket, "ck")
+    opts = {"endpoint_url": faulty_s3.endpoint}
+    ckpt = Checkpoint.open(url, opts)
+    stateful = QueryProfile("append", SinkProfile("file", "parquet", "/data/out", ()), (),
+                            (OperatorProfile(0, "aggregation", "keys", ("30 s",)),), "fp", "4.3.0")
+    record_profile(ckpt.fm, ckpt.root, stateful, True, None)
+    assert "state-missing" in {f.code for f in run_fsck(ckpt)}  # the store up: named
+    ckpt = Checkpoint.open(url, opts)
+    real, hit = ckpt.fm.read_bytes, []
+
+    def read_bytes(path):
+        if path == profile_path(ckpt.fm, ckpt.root) and not hit:  # the store fails this read through its retries
+            hit.append(1)
+            faulty_s3.outage(120)
+            try:
+                return real(path)
+            finally:
+                faulty_s3.calm()
+        return real(path)
+
+    ckpt.fm.read_bytes = read_bytes
+    with pytest.raises(StoreUnavailableError):
+        run_fsck(ckpt)
+    assert hit
