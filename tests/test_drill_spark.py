@@ -103,6 +103,30 @@ def test_good_backup_passes_damaged_one_fails_naming_the_file(spark, agg, tmp_pa
     assert set(drill_records(repo)) == {newer}
 
 
+def test_a_drill_stopped_by_the_store_records_no_failed_drill(spark, agg, tmp_path, faulty_s3, s3_server, bucket):
+    """The backup destination's store fails part-way through a drill's restore, through every retry: the drill
+    stops with the store's error, saying to run it again, and records nothing against the backup (nor is its
+    scratch copy left). Before, the outage counted as a restore that failed: a failed drill of a good backup (its
+    recovery point moved back; Dagster's drill check turned ERROR), or the record's own write failed in its place
+    with "nothing was changed"."""
+    from checkpoint_ops.errors import StoreUnavailableError
+
+    dest, scratch = f"s3://{bucket}/backups", str(tmp_path / "scratch")
+    good = create_backup(agg.checkpoint, dest, [agg.output], {"endpoint_url": s3_server},
+                         source_compact_interval=COMPACT_INTERVAL, sink_compact_interval=COMPACT_INTERVAL)["backup_id"]
+    via_proxy = {"endpoint_url": faulty_s3.endpoint}
+    faulty_s3.outage(5, after_requests=10, of_kind="GET")  # part-way through the restore's reads of the objects
+    try:
+        with pytest.raises(StoreUnavailableError) as got:
+            run_drill(Repository.open(dest, via_proxy), good, spark, lambda s: agg_writer(s, agg), scratch_url=scratch,
+                      storage_options=via_proxy)
+    finally:
+        faulty_s3.calm()
+    assert "the drill stopped before it judged the backup" in got.value.fix, got.value.render()
+    assert drill_records(Repository.open(dest, {"endpoint_url": s3_server})) == {}
+    assert not os.path.exists(scratch) or not os.listdir(scratch), "the drill left scratch files"
+
+
 def test_cli_backup_drill(spark, agg, tmp_path, monkeypatch):
     dest = str(tmp_path / "backups")
     good = backup(agg, dest)
