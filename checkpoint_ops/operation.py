@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Protocol
 
-from .errors import BadInputError, CheckpointOpsError, RefusedError
+from .errors import BadInputError, RefusedError
 from .interrupts import interrupts_held
 from .lease import LEASE_LEFT_BEHIND, LeaseSet, acquire_all, release_problem as _why
 from .plan import Plan
