@@ -42,7 +42,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, StoreUnavailableError, is_storage_failure
+from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
@@ -355,7 +355,7 @@ def remove_scratch(url: str, storage_options: dict | None = None, warn: Callable
     try:
         remove_tree(url, storage_options)
     except Exception as e:  # noqa: BLE001 - only the store's failures; a bug is raised
-        if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+        if not store_kept_failing(e):
             raise
         if warn is not None:
             warn(f"the scratch copy {url} could not be removed ({getattr(e, 'problem', None) or e}): delete it")

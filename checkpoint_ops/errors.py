@@ -74,6 +74,13 @@ def is_storage_failure(e: BaseException) -> bool:
         "botocore", "aiobotocore", "s3fs", "gcsfs", "adlfs", "aiohttp")
 
 
+def store_kept_failing(e: BaseException) -> bool:
+    """A failure of the storage below us, raw (``is_storage_failure``) or ours once the store kept failing through
+    every retry (``StoreUnavailableError``): what a cleanup on the way out (a release, a scratch removal) lets go,
+    so that it never replaces the outcome of what it cleans up after."""
+    return isinstance(e, StoreUnavailableError) or is_storage_failure(e)
+
+
 class RefusedError(CheckpointOpsError):
     """The operation is possible in principle but refused for safety (exit 1)."""
 

@@ -35,6 +35,25 @@ def upload(local: str, endpoint: str, bucket: str, prefix: str) -> str:
     return f"s3://{bucket}/{prefix}"
 
 
+def fail_first_read(proxy, fm, path: str) -> list[int]:
+    """Make the store fail the first read of ``path`` through ``fm`` through every retry (an outage started just
+    before it, ended just after), then answer; the list it returns gets an entry once that read was made."""
+    real, hit = fm.read_bytes, []
+
+    def read_bytes(read_path):
+        if read_path == path and not hit:
+            hit.append(1)
+            proxy.outage(120)
+            try:
+                return real(read_path)
+            finally:
+                proxy.calm()
+        return real(read_path)
+
+    fm.read_bytes = read_bytes
+    return hit
+
+
 def test_a_lease_set_released_on_the_way_out_never_replaces_the_error_that_stopped_the_block(faulty_s3, bucket):
     """A block under leases (a Dagster run's rollback stopped part-way, its error naming the resume) ends while the
     store is still down: the error raised is the block's, and the failed release is told. Before, the release's
@@ -150,19 +169,7 @@ def test_recording_a_profile_keeps_its_history_when_the_store_fails_the_read(fau
     record_profile(fm, root, first, False, None)
     record_profile(fm, root, changed, False, 6)
     assert read_profile(fm, root, as_of=3).profile == first
-    real, hit = fm.read_bytes, []
-
-    def read_bytes(path):
-        if path == profile_path(fm, root) and not hit:  # the outage spans this one read's retries only
-            hit.append(1)
-            faulty_s3.outage(120)
-            try:
-                return real(path)
-            finally:
-                faulty_s3.calm()
-        return real(path)
-
-    fm.read_bytes = read_bytes
+    hit = fail_first_read(faulty_s3, fm, profile_path(fm, root))  # the outage spans this one read's retries only
     with pytest.raises(StoreUnavailableError):
         record_profile(fm, root, third, False, 8)
     assert hit and read_profile(fm, root, as_of=3).profile == first
@@ -215,19 +222,7 @@ def test_fsck_does_not_pass_a_checkpoint_that_lost_its_state_when_the_profile_re
     record_profile(ckpt.fm, ckpt.root, stateful, True, None)
     assert "state-missing" in {f.code for f in run_fsck(ckpt)}  # the store up: named
     ckpt = Checkpoint.open(url, opts)
-    real, hit = ckpt.fm.read_bytes, []
-
-    def read_bytes(path):
-        if path == profile_path(ckpt.fm, ckpt.root) and not hit:  # the store fails this read through its retries
-            hit.append(1)
-            faulty_s3.outage(120)
-            try:
-                return real(path)
-            finally:
-                faulty_s3.calm()
-        return real(path)
-
-    ckpt.fm.read_bytes = read_bytes
+    hit = fail_first_read(faulty_s3, ckpt.fm, profile_path(ckpt.fm, ckpt.root))
     with pytest.raises(StoreUnavailableError):
         run_fsck(ckpt)
     assert hit

@@ -25,7 +25,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import RefusedError, StoreUnavailableError, is_storage_failure
+from ..errors import RefusedError, store_kept_failing
 from ..interrupts import interrupts_held
 from ..journal import utc_stamp
 from ..liveness import Heartbeat, Holder
@@ -168,7 +168,7 @@ class HeldClaim:
         try:
             self.release()
         except Exception as e:  # noqa: BLE001
-            if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+            if not store_kept_failing(e):
                 raise
 
     def release(self) -> None:

@@ -59,7 +59,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, TypeVar
 
-from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, is_storage_failure
+from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, store_kept_failing
 from ..executor import per_file_manager
 from ..fence import is_fence, parse_fence, recovery_advice
 from ..ledger import PAIRING_DIR, ledger_or_none
@@ -264,7 +264,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
                     warn(f"interrupted after backup {backup_id} was published: it is complete (`checkpoint-ops backup "
                          f"list {dest_url}` shows it); nothing to run again")
             except Exception as e:  # noqa: BLE001 - only storage failures; a bug is raised
-                if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+                if not store_kept_failing(e):
                     raise
         return published
     except StoreUnavailableError as e:

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..errors import BadInputError, StoreUnavailableError, is_storage_failure
+from ..errors import BadInputError, StoreUnavailableError, store_kept_failing
 from ..lease import guard_saying, release_problem
 from ..operation import ApplyContext, Operation, Site
 from ..plan import Plan
@@ -182,7 +182,7 @@ def apply_backup_prune(repo: Repository, plan: Plan, guard: Callable[[], None] |
     except KeyboardInterrupt:  # held until the lock was gone (it said so at once): the prune had finished, so it stands
         pass
     except Exception as e:  # noqa: BLE001 - only the store's failures: the prune is done, its lock goes stale
-        if not isinstance(e, StoreUnavailableError) and not is_storage_failure(e):
+        if not store_kept_failing(e):
             raise
         left = (f"its prune lock could not be released ({release_problem(e)}): it is left to go stale (once this "
                 "process has ended, or its time to live after its last renewal), and a backup or restore started "
