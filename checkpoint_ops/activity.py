@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 
-from .errors import CheckpointOpsError, RefusedError, param
+from .errors import BadInputError, CheckpointOpsError, RefusedError, param
 from .journal import load_journal, ops_dir, scan_journals
 from .model.checkpoint import Checkpoint
 from .model.logfile import batch_id_from_name
@@ -84,7 +84,7 @@ def _planned_by_ended_run(ckpt: Checkpoint, rel: str) -> str | None:
         if doc.get("offsets") == rel and info is not None and info.size == doc.get("size") \
                 and info.mtime == doc.get("mtime"):
             return str(doc.get("by"))
-    except (OSError, ValueError, AttributeError, CheckpointOpsError):
+    except (OSError, ValueError, AttributeError, BadInputError):  # an outage is raised: not 'no ended run'
         pass
     return None
 
@@ -97,14 +97,14 @@ def _left_planned(ckpt: Checkpoint, rel: str) -> bool:
     sink operation journaled since changed no offsets file."""
     try:
         journals = scan_journals(ckpt.fm, ops_dir(ckpt.fm, ckpt.root))
-    except (OSError, ValueError, CheckpointOpsError):
+    except (OSError, ValueError, BadInputError):
         return False
     for path, markers in reversed(list(journals.items())):
         if "undone" in markers or "abandoned" in markers:
             continue  # its changes were reverted, or it never made any
         try:
             record = load_journal(ckpt.fm, path).record
-        except (OSError, ValueError, CheckpointOpsError):
+        except (OSError, ValueError, BadInputError):
             return False
         if record.get("operation") not in _PLANNING_OPERATIONS:
             continue  # a sink operation: the offsets files are as the operation before it left them

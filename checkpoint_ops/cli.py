@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from . import __version__
 from .collector import fewer_collections
-from .errors import (EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError, StoreUnavailableError,
+from .errors import (EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError, StorageError,
                      is_storage_failure)
 from .fence import recovery_advice, resume_command, revert_command
 from .model.checkpoint import Checkpoint, open_sink
@@ -111,7 +111,7 @@ def open_checkpoint(args) -> tuple[Checkpoint, list]:
         sinks = [open_sink(s, opts, args.sink_compact_interval) for s in getattr(args, "sink", [])]
     except BadInputError as e:
         fence = ckpt.fence if ckpt.kind == "structured" else None
-        if fence is None or isinstance(e, StoreUnavailableError):  # the store failing: nothing part-way about it
+        if fence is None:
             raise
         # an interrupted operation of ours moves sink log files aside while it runs: say that first
         raise BadInputError(f"{e.problem}; the checkpoint is fenced by an interrupted {fence.operation} "

@@ -26,7 +26,7 @@ from .backup.restore import RestoreOperation
 from .operation import RunOptions, run
 from .backup.repository import Manifest
 from .compat import build_writer, remove_scratch
-from .errors import BadInputError, StorageError, StoreUnavailableError
+from .errors import STORE_FAILURES, BadInputError, StorageError, StoreUnavailableError
 from .model.checkpoint import Checkpoint
 from .restart_judge import JudgeOutcome, plant_in_place, restart_files, run_judge
 
@@ -94,7 +94,7 @@ _DRILL_AGAIN = ("the drill stopped before it judged the backup: nothing is recor
                 "drill again once the store answers")
 
 
-def _not_judged(e: StorageError) -> StorageError:
+def _not_judged(e: StorageError | StoreUnavailableError) -> StorageError | StoreUnavailableError:
     """A drill stopped by the store (failing, or refusing a request: the scratch location's too), which records no
     failed drill: the backup was not judged."""
     if isinstance(e, StoreUnavailableError):
@@ -127,7 +127,7 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
             op = RestoreOperation(repo.url, manifest.id, target, [f"{work}/{rid}" for rid in sinks], list(relocate),
                                   storage_options=storage_options)
             run(op, RunOptions(yes=True, storage_options=storage_options, owner="checkpoint-ops backup drill", warn=warn))
-        except StorageError as e:  # the store failed or refused (the scratch location's, too), not the backup
+        except STORE_FAILURES as e:  # the store failed or refused (the scratch location's, too), not the backup
             raise _not_judged(e) from e.__cause__
         except BadInputError as e:
             restore_s = time.monotonic() - t0
@@ -138,7 +138,7 @@ def run_drill(repo: Repository, backup_id: str | None, spark, build: Callable, *
         ckpt = Checkpoint.open(target, storage_options)
         try:
             restart_files(ckpt, manifest.batch)
-        except StorageError as e:
+        except STORE_FAILURES as e:
             raise _not_judged(e) from e.__cause__
         except BadInputError as e:
             rel = _rel_in(e.path, ckpt)

@@ -42,12 +42,18 @@ class StorageError(BadInputError):
     """The storage backend failed or is misconfigured."""
 
 
-class StoreUnavailableError(StorageError):
+class StoreUnavailableError(CheckpointOpsError):
     """The object store kept failing one request through every attempt the retry policy allows
     (throttling, 5xx replies, dropped connections, truncated replies): nothing about the input is
     wrong, and nothing half-done is visible. ``fix`` says how to finish; an operation that stopped
-    after journaling replaces it with the command that finishes it (``finish_with``)."""
+    after journaling replaces it with the command that finishes it (``finish_with``).
 
+    Deliberately not a ``BadInputError`` (nor a ``StorageError``): a handler for damaged or unusable input
+    (``except BadInputError``: "unreadable, so absent", "damaged, so named") never takes an outage for what
+    it judges, and a store that does not answer never passes or fails a check. Code that means "the store
+    failed or refused, whichever" catches ``STORE_FAILURES``."""
+
+    exit_code = EXIT_BAD_INPUT  # 2, as a command the input stops: it did not do what was asked
     DEFAULT_FIX = "nothing was changed; run the same command again once the store answers"
 
     def __init__(self, problem: str, *, path: str | None = None, fix: str | None = None,
@@ -63,6 +69,11 @@ class StoreUnavailableError(StorageError):
 
     def to_dict(self) -> dict:
         return {**super().to_dict(), "retries": self.retries}
+
+
+# "The store failed (``StoreUnavailableError``) or refused / is misconfigured (``StorageError``)": for best-effort
+# work that any failure of the store only postpones, and for a caller that answers both the same way.
+STORE_FAILURES: tuple[type[CheckpointOpsError], ...] = (StorageError, StoreUnavailableError)
 
 
 def is_storage_failure(e: BaseException) -> bool:

@@ -957,8 +957,8 @@ def refused_by_store(e: Exception, anchor: Anchor) -> StorageError:
                         fix="fix what it refused (credentials, permissions, space)")
 
 
-def interrupted(e: StorageError, anchor: Anchor, journal: Journal, undoing: bool = False,
-                ex: Executor | None = None) -> StorageError:
+def interrupted(e: StorageError | StoreUnavailableError, anchor: Anchor, journal: Journal, undoing: bool = False,
+                ex: Executor | None = None) -> StorageError | StoreUnavailableError:
     """A journaled operation stopped part-way because the store kept failing (``StoreUnavailableError``), or
     refused a request (a ``StorageError`` whose fix says what to mend first): say how to finish it, and
     whether Spark can start on the checkpoint now (from what ``ex``, the executor that stopped, did: an
@@ -1071,8 +1071,6 @@ def settle_unstarted(anchor: Anchor, storage_options: dict | None = None,
         try:
             journal = load_journal(anchor.fm, path)
             ex = reopen(anchor, journal, storage_options, foreign_ok=True)  # copied with the checkpoint: dropped too
-        except StoreUnavailableError:
-            raise
         except BadInputError:  # a damaged journal stays as it is (resume and undo name it); the new one goes on
             continue
         # the new operation holds the anchor's lease, not necessarily those of the old plan's other roots

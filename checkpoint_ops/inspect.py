@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from .errors import BadInputError, StoreUnavailableError, require_batch_number
+from .errors import BadInputError, require_batch_number
 from .fence import recovery_advice
 from .lease import lease_of
 from .pairing import check_pairing
@@ -78,8 +78,6 @@ def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=No
     if sinks:
         try:
             pairing = [v.to_dict() for v in check_pairing(ckpt, list(sinks), ledger, complete=True)]
-        except StoreUnavailableError:
-            raise  # the store, not a damaged record
         except BadInputError as e:  # a pairing record that is not one: named, like any damaged file
             damaged.append(e)
             pairing = [None] * len(sinks)

@@ -60,7 +60,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-from .errors import CheckpointOpsError, RefusedError, StorageError, is_storage_failure
+from .errors import CheckpointOpsError, RefusedError, StorageError, store_kept_failing
 from .interrupts import interrupts_held
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
@@ -554,7 +554,7 @@ class LeaseSet:
         try:
             self.release()
         except Exception as e:  # noqa: BLE001 - the store's failures only: told by the caller; a bug is raised
-            if not isinstance(e, StorageError) and not is_storage_failure(e):
+            if not isinstance(e, StorageError) and not store_kept_failing(e):
                 raise
             return e
         return None

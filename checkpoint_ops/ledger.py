@@ -51,7 +51,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from .errors import BadInputError, RefusedError, StorageError
+from .errors import STORE_FAILURES, BadInputError, RefusedError
 from .journal import ops_dir, utc_stamp
 from .lease import guard_saying
 from .model.checkpoint import Checkpoint
@@ -306,7 +306,7 @@ class Ledger:
             if stamp is None or stamp[1] is None:
                 return  # no mtime to name the segment by: it is read whole
             self.fm.write_bytes(self._index_path(name), _index_bytes(name, stamp, entries), overwrite=True)
-        except (OSError, StorageError):
+        except (OSError, *STORE_FAILURES):
             pass
 
     @property
@@ -582,7 +582,7 @@ class Ledger:
         if indexes:
             try:
                 self.fm.delete_many([join(self.path, n) for n in indexes])
-            except (OSError, StorageError):
+            except (OSError, *STORE_FAILURES):
                 pass
         if sidecars:
             self.fm.delete_many([join(self.path, n) for n in sidecars])

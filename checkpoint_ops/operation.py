@@ -359,7 +359,8 @@ def run(op: Operation, options: RunOptions = RunOptions()) -> OperationResult:
     except KeyboardInterrupt as e:  # a second Ctrl-C stopped the release: done, with a lease perhaps left
         raise StoppedAfterApplying(op.name, op.recovery_url(), result, lease_left=True, recovery=op.recovery) from e
     except Exception as e:  # noqa: BLE001 - done and journaled: only the lease is left behind
-        note = f"the {op.name} completed, but its lease could not be released ({_why(e)}); {LEASE_LEFT_BEHIND}"
+        what = f"the {op.name}'s dry run (nothing was changed)" if options.dry_run else f"the {op.name}"
+        note = f"{what} completed, but its lease could not be released ({_why(e)}); {LEASE_LEFT_BEHIND}"
         if options.warn is not None:
             options.warn(note)
         result = dataclasses.replace(result, notes=(*result.notes, note))

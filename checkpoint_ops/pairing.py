@@ -47,7 +47,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StoreUnavailableError
 from .fence import is_fence, parse_fence
 from .journal import utc_stamp
 from .ledger import Ledger, PairingRecord
@@ -432,9 +432,7 @@ def paired_checkpoint_url(sink: SinkOutput, storage_options: dict | None = None)
         if is_fence(raw):  # an operation of ours is under way there: the query's own metadata is in the fence
             raw = parse_fence(raw).original_metadata
         query_id = json.loads(raw).get("id")
-    except StoreUnavailableError:
-        raise  # not "no such checkpoint": a refusal that needs it (``sink compact`` without it) would not be made
-    except (OSError, ValueError, AttributeError, CheckpointOpsError):
+    except (OSError, ValueError, AttributeError, BadInputError):  # an outage is raised: not 'no such checkpoint'
         return None
     return rec.checkpoint if _same_query(rec.query_id, query_id) else None
 
@@ -447,8 +445,6 @@ def paired_checkpoint(sink: SinkOutput, storage_options: dict | None = None) -> 
         return None
     try:
         ckpt = Checkpoint.open(url, storage_options)
-    except StoreUnavailableError:
-        raise
     except BadInputError:
         return None
     return ckpt if ckpt.kind == "structured" else None

@@ -30,7 +30,7 @@ import time
 import types
 from dataclasses import dataclass
 
-from .errors import BadInputError, StoreUnavailableError
+from .errors import BadInputError
 from .journal import ops_dir
 from .storage import CheckpointFileManager
 from .storage.paths import join
@@ -683,9 +683,7 @@ def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
     """Every record beside the checkpoint, newest first."""
     try:
         data = fm.read_bytes(profile_path(fm, root))
-    except StoreUnavailableError:
-        raise  # not "none recorded": a record written after it would drop every earlier one (``record_profile``)
-    except (FileNotFoundError, BadInputError):
+    except (FileNotFoundError, BadInputError):  # not an outage: "none recorded" then would drop every record
         return []
     try:
         doc = json.loads(data)
@@ -727,8 +725,6 @@ def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, 
     dropped. The same query as the newest one goes on: that record stays, from the batch it started at."""
     try:
         earlier = _records(fm, root)
-    except StoreUnavailableError:
-        raise
     except BadInputError:
         earlier = []  # unreadable: replaced (the error's own fix)
     query_id = checkpoint_query_id(fm, root)

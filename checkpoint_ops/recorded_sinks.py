@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnavailableError, param
+from .errors import BadInputError, RefusedError, param
 from .ledger import Ledger
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
@@ -101,8 +101,6 @@ def left_out(ckpt: Checkpoint, sinks: list[SinkOutput], ledger: Ledger | None, *
             there = fm.info(root) is not None if fm.strategy != "direct-put" else bool(fm.list(root))
             out.append(LeftOut(rec, None, gone=(f"no sink log ({SINK_LOG_DIR}/) there any more" if there else
                                                  "nothing there any more")))
-        except StoreUnavailableError:
-            raise
         except (OSError, BadInputError) as e:
             out.append(LeftOut(rec, None, unreadable=str(e).splitlines()[0]))
     return out
@@ -188,7 +186,7 @@ def _no_sink_given(ckpt: Checkpoint, target: int) -> list[str]:
 
     try:
         record = read_profile(ckpt.fm, ckpt.root)
-    except (OSError, ValueError, KeyError, TypeError, CheckpointOpsError):  # damaged, or the store failing: a hint
+    except (OSError, ValueError, KeyError, TypeError, BadInputError):  # damaged: no hint (an outage is raised)
         record = None
     sink = record.profile.sink if record is not None else None
     latest = ckpt.latest_commit

@@ -82,7 +82,7 @@ def find_journal(anchor: Anchor, want: str) -> tuple[Journal, str]:
         try:
             return load_journal(fm, join(ops, "journal", f.op_id)), f"fenced-{f.operation}"
         except BadInputError as e:
-            if isinstance(e, StoreUnavailableError) or not journal_elsewhere(f, anchor.url):
+            if not journal_elsewhere(f, anchor.url):
                 raise
             # fenced under another name (a link) or copied while fenced: the fence says where its journal is
             raise BadInputError(f"{e.problem} (the fence names its journal at {f.journal})", path=e.path,

@@ -28,7 +28,7 @@ import zipfile
 from datetime import datetime
 from typing import Iterator
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError, param, require_batch_number
+from .errors import BadInputError, RefusedError, param, require_batch_number
 from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
 from .ledger import diverged_at, ledger_or_none
@@ -199,8 +199,6 @@ class _Builder:
             if urls and not on_store(self.ckpt.fm, urls[0]):
                 return
             urls += input_urls(log, judged[1:])
-        except StoreUnavailableError:
-            raise  # not damage: the plan would lose its warning that re-running the batches loses rows
         except (BadInputError, LogFormatError, OSError):
             return  # damage in what the rollback removes: damage_in_removed names it
         found = find_missing(self.ckpt.fm, urls)
@@ -451,8 +449,6 @@ class _Builder:
                 return False
             try:
                 keep = [e for e in log.read([min(donors)])[min(donors)] if _batch(e) <= earlier]
-            except StoreUnavailableError:
-                raise  # not a donor that cannot serve: the refusal would name the wrong cause
             except (BadInputError, LogFormatError):
                 return False
             why = f"rebuilt from {log.rel(min(donors))} (entries carry batchId)"

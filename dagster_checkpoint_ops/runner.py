@@ -14,7 +14,7 @@ import dagster as dg
 from checkpoint_ops.activity import record_ended_run
 from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.collector import fewer_collections
-from checkpoint_ops.errors import CheckpointOpsError, StoreUnavailableError, parameter_names
+from checkpoint_ops.errors import BadInputError, CheckpointOpsError, StoreUnavailableError, parameter_names
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger, PairingRecord
@@ -129,7 +129,9 @@ def refuse_sink_of_another_query(query, files) -> None:
     names another checkpoint, or this location when its query was started again from scratch: Spark's file
     sink would skip every batch id that query logged there, so the run would commit batches whose rows never
     reach the output. Refused before the query starts (nothing changed). One read per sink, and of
-    ``metadata``; a record that cannot be read is left to the checks after the run."""
+    ``metadata``; a damaged record is left to the checks after the run. A store that does not answer stops the run
+    here (``StoreUnavailableError``): skipped, the refusal would let the query commit batches whose rows never
+    reach the output."""
     fm, root = files.file_manager(query.checkpoint)
     here = fm.url(root.rstrip("/"))
     query_id, known = None, True
@@ -137,14 +139,14 @@ def refuse_sink_of_another_query(query, files) -> None:
         query_id = json.loads(fm.read_bytes(join(root, "metadata"))).get("id")
     except FileNotFoundError:
         pass  # a new checkpoint, or one deleted: the query starts again from batch 0
-    except (OSError, ValueError, AttributeError, CheckpointOpsError):
+    except (OSError, ValueError, AttributeError, BadInputError):
         known = False  # unreadable: fsck and the compat step say so; judged by the record's checkpoint alone
     for url in query.sinks:
         sink_fm, sink_root = files.file_manager(url)
         where = join(sink_root, PAIRING_FILE)
         try:
             record = PairingRecord.parse(sink_fm.read_bytes(where), sink_fm.url(where))
-        except (OSError, CheckpointOpsError):
+        except (OSError, BadInputError):
             continue
         if not any(same_location(s, sink_fm.url(sink_root)) for s in record.sinks):
             continue  # a record copied with the directory: it says nothing about this output

@@ -18,8 +18,9 @@ import pytest
 from checkpoint_ops.storage.retry import RetryPolicy
 from tests.fault_runs import (INTERVALS, SOURCE_INTERVAL, Faults, backup_create, backup_prune, backup_restore,
                               fsck_clean, record, rollback_and_undo, rollback_resumed_through_outages, sink_compact,
-                              via)
+                              upload, via)
 from tests.helpers import cli_json
+from tests.test_rollback_spark import target_before_last_compaction
 
 LONG = os.environ.get("CHECKPOINT_OPS_FAULT_MATRIX") == "long"
 
@@ -101,3 +102,54 @@ def test_a_restores_resume_stopped_at_the_destination_names_itself(v2_run, fault
     code, done = cli_json("resume", ckpt, *via(faulty_s3), *SOURCE_INTERVAL)
     assert code == 0, done
     fsck_clean(ckpt, "--sink", out, *INTERVALS)
+
+
+_VOLATILE = {"requests", "retries"}  # what differs between two runs on a store that answers
+_LEASE_NOTES = ("took over the lease of ",  # after a run the store stopped, which left its lease to go stale
+                "the rollback's dry run (nothing was changed) completed, but its lease could not be released (")
+
+
+def _stable(doc):
+    """A command's JSON without its request and retry counts, or a note about its lease (taken over, or left
+    because the store failed its release)."""
+    if isinstance(doc, dict):
+        return {k: _stable(v) for k, v in doc.items() if k not in _VOLATILE}
+    if isinstance(doc, (list, tuple)):
+        return [_stable(v) for v in doc if not (isinstance(v, str) and v.startswith(_LEASE_NOTES))]
+    return doc
+
+
+def test_an_outage_anywhere_in_a_read_only_command_stops_it_and_is_never_read_as_damage(v2_run, faulty_s3, s3_server,
+                                                                                         bucket, monkeypatch):
+    """``inspect``, ``fsck`` and a rollback's ``--dry-run`` of a checkpoint on S3 (its ledger synced), with the store
+    down from the k-th request on: each run gives the answer it gives on a store that answers, or stops with
+    ``StoreUnavailableError`` (exit 2), and then the same command, run again as its message says, gives that answer.
+    Never a finding, a file named damaged, a warning lost or another plan: an outage is neither damage nor absence.
+    (``StoreUnavailableError`` was a ``BadInputError``, so every handler for damaged input caught outages too, and
+    each had to be found and told to let them go.) ``make test`` tries k a third and two thirds of the way
+    through each command's requests; the long form (``make reliability``) every k."""
+    monkeypatch.setenv("CHECKPOINT_OPS_RETRY_ATTEMPTS", "3")  # a request gives up in milliseconds
+    url = upload(v2_run.checkpoint, s3_server, bucket, "ckpt")
+    sink = v2_run.output  # on local disk, as Spark wrote it
+    code, synced = cli_json("ledger", "sync", url, "--sink", sink, *INTERVALS, *via(faulty_s3))
+    assert code == 0, synced
+    commands = {"inspect": ("inspect", url, "--sink", sink), "fsck": ("fsck", url, "--sink", sink),
+                "rollback --dry-run": ("rollback", url, "--to-batch", str(target_before_last_compaction(v2_run)),
+                                       "--sink", sink, "--dry-run")}
+    for name, args in commands.items():
+        args = (*args, *INTERVALS, *via(faulty_s3))
+        faulty_s3.reset_stats()
+        clean = _stable(cli_json(*args))
+        total = sum(faulty_s3.reset_stats().requests.values())
+        assert clean[0] == 0 and _stable(cli_json(*args)) == clean, (name, clean)  # comparable run to run
+        points = range(total) if LONG else (total // 3, 2 * total // 3)
+        stopped = []
+        for after in points:
+            faulty_s3.outage(0.5, after_requests=after)
+            got = _stable(cli_json(*args))
+            faulty_s3.wait_outage_over()
+            if got != clean:
+                assert got[0] == 2 and got[1]["error"] == "StoreUnavailableError", (name, after, got)
+                stopped.append(after)
+                assert _stable(cli_json(*args)) == clean, (name, after, "run again")
+        assert stopped, f"{name}: no outage stopped it (of {total} requests, tried {list(points)})"

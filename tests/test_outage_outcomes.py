@@ -3,8 +3,9 @@
 Our ``StoreUnavailableError`` (the store failed one request through every retry) says "nothing was changed; run
 the same command again". Where it escapes a cleanup on the way out (a lease or lock released, a scratch tree
 removed), it replaces the error that stopped an operation part-way (which names its resume) or turns work done into
-a failure. Where a catch-all for damage takes it in (it is a ``BadInputError``), an outage reads as damage or as
-"nothing there", and a refusal or a record is skipped. Each test here failed before its fix (a hostile review)."""
+a failure. Where a catch-all for damage took it in (it was a ``BadInputError`` until it became a
+``CheckpointOpsError`` of its own), an outage read as damage or as "nothing there", and a refusal or a record was
+skipped, or a refusal made that should not be. Each test here failed before its fix."""
 
 from __future__ import annotations
 
@@ -226,3 +227,29 @@ def test_fsck_does_not_pass_a_checkpoint_that_lost_its_state_when_the_profile_re
     with pytest.raises(StoreUnavailableError):
         run_fsck(ckpt)
     assert hit
+
+
+def test_a_batch_an_ended_run_left_planned_is_not_taken_for_a_running_query_while_the_store_fails(faulty_s3, s3_server,
+                                                                                                   bucket, tmp_path):
+    """The newest batch has no commit and was planned just now, by a Dagster run that failed and recorded so
+    (``record_ended_run``): no sign of a running query. With the store failing the read of that record through every
+    retry, the check stops with the store's error. Before, the failed read counted as "no record", and the rollback
+    that repairs the batch was refused as "a batch is being processed" (exit 1, ``--force`` to override)."""
+    import shutil
+
+    from checkpoint_ops.activity import ENDED_RUN_FILE, active_reasons, record_ended_run
+    from checkpoint_ops.journal import ops_dir
+    from checkpoint_ops.model.checkpoint import Checkpoint
+    from checkpoint_ops.storage.paths import join
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=10, partitions=1, retain_state=10)
+    shutil.copy(os.path.join(local, "offsets", "9"), os.path.join(local, "offsets", "10"))  # planned, no commit
+    url = upload(local, s3_server, bucket, "ck")
+    ckpt = Checkpoint.open(url, {"endpoint_url": faulty_s3.endpoint})
+    assert record_ended_run(ckpt.fm, ckpt.root, "dagster run r1 (q), which failed") == "offsets/10"
+    assert active_reasons(ckpt) == []
+    hit = fail_first_read(faulty_s3, ckpt.fm, join(ops_dir(ckpt.fm, ckpt.root), ENDED_RUN_FILE))
+    with pytest.raises(StoreUnavailableError):
+        active_reasons(ckpt)
+    assert hit and active_reasons(ckpt) == []

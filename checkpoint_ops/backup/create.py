@@ -283,7 +283,7 @@ def _require_named_as_logged(sink) -> None:
     try:
         line = next(lines, None)
         path = json.loads(line).get("path") if line is not None else None
-    except (CheckpointOpsError, OSError, ValueError, AttributeError):
+    except (BadInputError, OSError, ValueError, AttributeError):
         return  # a damaged log is judged by the restart set's check, with its own words
     finally:
         lines.close()

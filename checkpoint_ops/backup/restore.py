@@ -567,9 +567,7 @@ def hold_for_resume(record: dict, target_url: str, ex, storage_options: dict | N
     dest, backup_id = backup["destination"], backup["id"]
     try:
         repo = Repository.open(dest, storage_options)
-    except StoreUnavailableError:
-        raise  # the store kept failing: nothing is wrong with the destination (the resume says how to finish)
-    except BadInputError as e:
+    except BadInputError as e:  # not an outage: nothing is wrong with the destination then
         raise BadInputError(f"the backup destination this restore copies from cannot be read: {e.problem}",
                             path=dest, fix=f"mend it and resume again; or remove what the restore wrote with "
                             f"`checkpoint-ops undo {target_url}` and restore from another destination") from None
