@@ -192,7 +192,12 @@ def _finish(repo: Repository, manifest: Manifest, passed: bool, stage: str, caus
     record = {"passed": passed, "stage": stage, "cause": cause, "cause_files": list(cause_files),
               "drilled_at": drilled_at, "restore_s": round(restore_s, 3), "restart_s": round(restart_s, 3)}
     repo.record_drill(manifest.id, record)
-    point, age = recovery_point(repo)
+    try:
+        point, age = recovery_point(repo)
+    except StoreUnavailableError as e:  # not "nothing was changed": the verdict is recorded
+        raise e.finish_with(f"the drill of backup {manifest.id} {'passed' if passed else 'failed'} and is recorded; "
+                            f"only the recovery point could not be read after it: `checkpoint-ops backup list "
+                            f"{repo.url}` shows both once the store answers (no need to drill again)") from e.__cause__
     return DrillResult(repo.url, manifest.id, manifest.checkpoint_url, manifest.batch, manifest.created, drilled_at,
                        passed, stage, cause, cause_files, restore_s, restart_s, judge, point, age)
 

@@ -253,3 +253,28 @@ def test_a_batch_an_ended_run_left_planned_is_not_taken_for_a_running_query_whil
     with pytest.raises(StoreUnavailableError):
         active_reasons(ckpt)
     assert hit and active_reasons(ckpt) == []
+
+
+def test_a_drill_whose_verdict_is_recorded_says_so_when_the_store_fails_after_it(faulty_s3, s3_server, bucket,
+                                                                                 tmp_path):
+    """A drill recorded its verdict; reading the recovery point after it, the store fails through every retry. The
+    error says the verdict is recorded, with no need to drill again. Before, it said "nothing was changed; run the
+    same command again": the drill ran again, and recorded again."""
+    from checkpoint_ops.backup import Repository
+    from checkpoint_ops.backup.create import create_backup
+    from checkpoint_ops.drill import PASSED, _finish, drill_records
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=5, partitions=1, retain_state=5)
+    dest = f"s3://{bucket}/backups"
+    made = create_backup(local, dest, [], {"endpoint_url": s3_server})["backup_id"]
+    repo = Repository.open(dest, {"endpoint_url": faulty_s3.endpoint})
+    manifest = repo.manifest(made)
+    faulty_s3.outage(120, after_requests=1, of_kind="PUT")  # down once the verdict is written
+    try:
+        with pytest.raises(StoreUnavailableError) as got:
+            _finish(repo, manifest, True, PASSED, None, (), 1.0, 2.0, None)
+    finally:
+        faulty_s3.calm()
+    assert "passed and is recorded" in got.value.fix and "no need to drill again" in got.value.fix, got.value
+    assert drill_records(Repository.open(dest, {"endpoint_url": s3_server}))[made]["passed"] is True
