@@ -20,13 +20,15 @@ No PySpark import here: ``query`` is any object with ``isActive`` (a ``Streaming
 
 from __future__ import annotations
 
+import logging
 import threading
 
-from .errors import CheckpointOpsError, RefusedError
-from .lease import LeaseSet, acquire_all
+from .errors import CheckpointOpsError, RefusedError, StoreUnavailableError
+from .lease import LEASE_LEFT_BEHIND, LeaseSet, acquire_all, release_problem
 from .storage import open_file_manager
 
 POLL_SECONDS = 5.0
+_log = logging.getLogger(__name__)
 
 
 class ActiveQueryLease:
@@ -48,7 +50,10 @@ class ActiveQueryLease:
                 active = False
             if not active:
                 break
-        self.leases.release()
+        left = self.leases.release_quietly()  # on this thread: told, not a thread's traceback
+        if left is not None:
+            _log.warning("the streaming query's lease could not be released (%s); %s", release_problem(left),
+                         LEASE_LEFT_BEHIND)
 
     def release(self) -> None:
         """Release now (the query may go on, unprotected)."""
@@ -77,6 +82,10 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
         leases = acquire_all(sites, owner, stepwise=False)
     except CheckpointOpsError as e:
         stopped = _stop(query)
+        if isinstance(e, StoreUnavailableError):  # no other holder: the store did not answer
+            raise e.finish_with(f"the query {name} was {stopped}: it must not run without its lease; once the store "
+                                "answers, start the query again and call hold_lease_while_active right after "
+                                "start()") from e
         raise RefusedError(f"{e.problem}; the query {name} was {stopped}: it must not run while another holder "
                            "may be changing its checkpoint", path=e.path,
                            fix="wait until that holder is done (`checkpoint-ops lease show CHECKPOINT`), then start "

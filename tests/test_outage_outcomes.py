@@ -278,3 +278,61 @@ def test_a_drill_whose_verdict_is_recorded_says_so_when_the_store_fails_after_it
         faulty_s3.calm()
     assert "passed and is recorded" in got.value.fix and "no need to drill again" in got.value.fix, got.value
     assert drill_records(Repository.open(dest, {"endpoint_url": s3_server}))[made]["passed"] is True
+
+
+def test_a_query_whose_lease_the_store_does_not_answer_for_is_stopped_and_told_so(faulty_s3, bucket):
+    """``hold_lease_while_active`` on a store that does not answer: the query is stopped (it must not run
+    unguarded), and the error is the store's, saying to start it again once the store answers. Before, it was a
+    refusal saying to wait until "another holder" was done: there is none."""
+    from checkpoint_ops.spark import hold_lease_while_active
+    from checkpoint_ops.storage import open_file_manager
+
+    class Started:  # stands in for Spark's StreamingQuery: a name, and stop()
+        name, stopped = "events", False
+
+        def stop(self):
+            self.stopped = True
+
+    fm, root = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
+    fm.write_bytes(f"{root}/metadata", b'{"id":"x"}')
+    query = Started()
+    faulty_s3.outage(120)
+    try:
+        with pytest.raises(StoreUnavailableError) as got:
+            hold_lease_while_active(query, f"s3://{bucket}/ck", storage_options={"endpoint_url": faulty_s3.endpoint})
+    finally:
+        faulty_s3.calm()
+    assert query.stopped and "the query events was stopped" in got.value.fix, got.value
+
+
+def test_a_stopped_querys_lease_release_on_a_failing_store_is_logged_not_a_thread_traceback(faulty_s3, bucket,
+                                                                                             caplog, monkeypatch):
+    """The query stops; its lease is released on the watching thread, while the store keeps failing: a warning
+    says the lease is left to go stale. Before, the release's error escaped the thread (a traceback on stderr)."""
+    import logging
+
+    from checkpoint_ops.spark import hold_lease_while_active
+    from checkpoint_ops.storage import open_file_manager
+
+    class Running:  # stands in for Spark's StreamingQuery
+        name, isActive = "events", True
+
+        def stop(self):
+            self.isActive = False
+
+    escaped: list = []
+    monkeypatch.setattr(threading, "excepthook", escaped.append)
+    fm, root = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
+    fm.write_bytes(f"{root}/metadata", b'{"id":"x"}')
+    query = Running()
+    held = hold_lease_while_active(query, f"s3://{bucket}/ck", storage_options={"endpoint_url": faulty_s3.endpoint},
+                                   poll_s=0.05)
+    faulty_s3.outage(120)
+    try:
+        with caplog.at_level(logging.WARNING, logger="checkpoint_ops.spark"):
+            query.isActive = False
+            held._watch.join(60)
+    finally:
+        faulty_s3.calm()
+    assert not held._watch.is_alive() and escaped == [], escaped
+    assert any("lease could not be released" in r.getMessage() for r in caplog.records), caplog.text
