@@ -47,7 +47,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import BadInputError, RefusedError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StorageError, StoreUnavailableError
 from .fence import is_fence, parse_fence
 from .journal import utc_stamp
 from .ledger import Ledger, PairingRecord
@@ -422,17 +422,30 @@ def record_pairing_after(ckpt: Checkpoint, sinks: list[SinkOutput], ledger: Ledg
 def paired_checkpoint_url(sink: SinkOutput, storage_options: dict | None = None) -> str | None:
     """The location of the checkpoint the output's pairing record names, if its ``metadata`` is there with the
     same query id: two reads (the record, ``metadata``), no listing of the checkpoint. None when there is no
-    such record, or the checkpoint or its metadata cannot be read."""
+    such record, or the checkpoint is gone or its metadata is not a query's. A store that refuses the read (access
+    denied, misconfigured for it) is a ``StorageError`` and one that kept failing a ``StoreUnavailableError``:
+    neither says there is no such checkpoint, and a refusal that needs it (``sink compact`` without it) stops."""
     rec = sink_record(sink)
     if rec is None or not any(same_location(s, sink.url) for s in rec.sinks):
         return None
+    where = join(rec.checkpoint, "metadata")
     try:
         fm, root = open_file_manager(rec.checkpoint, storage_options)
+        where = fm.url(join(root, "metadata"))
         raw = fm.read_bytes(join(root, "metadata"))
         if is_fence(raw):  # an operation of ours is under way there: the query's own metadata is in the fence
             raw = parse_fence(raw).original_metadata
         query_id = json.loads(raw).get("id")
-    except (OSError, ValueError, AttributeError, BadInputError):  # an outage is raised: not 'no such checkpoint'
+    except (FileNotFoundError, NotADirectoryError, ValueError, AttributeError):
+        return None
+    except (StorageError, OSError) as e:
+        record = sink.fm.url(join(sink.root, PAIRING_FILE))
+        raise StorageError(f"the checkpoint this output's pairing record ({record}) names cannot be read: "
+                           f"{e.problem if isinstance(e, StorageError) else f'{type(e).__name__}: {e}'}", path=where,
+                           fix="read it with credentials (or --storage-options) that can, since it may be this "
+                               f"output's checkpoint; if that checkpoint no longer writes this output, move {record} "
+                               "away") from None
+    except BadInputError:  # a fence that is not one: its own commands name it
         return None
     return rec.checkpoint if _same_query(rec.query_id, query_id) else None
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from .errors import CheckpointOpsError, RefusedError, StoreUnavailableError
+from .errors import CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, is_storage_failure
 from .lease import LEASE_LEFT_BEHIND, LeaseSet, acquire_all, release_problem
 from .storage import open_file_manager
 
@@ -74,22 +74,30 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
     the query is active and released when it stops (module docstring)."""
     name = getattr(query, "name", None) or getattr(query, "id", None) or "a streaming query"
     owner = owner or f"spark query {name} (hold_lease_while_active)"
-    sites = []
-    for url in [checkpoint, *sinks]:
-        fm, root = open_file_manager(url, storage_options)
-        sites.append((fm, root, url))
+    again = "start the query again and call hold_lease_while_active right after start()"
     try:
+        sites = []
+        for url in [checkpoint, *sinks]:
+            fm, root = open_file_manager(url, storage_options)
+            sites.append((fm, root, url))
         leases = acquire_all(sites, owner, stepwise=False)
-    except CheckpointOpsError as e:
+    except BaseException as e:  # whatever kept the lease from it (a Ctrl-C too), the query must not run unguarded
         stopped = _stop(query)
         if isinstance(e, StoreUnavailableError):  # no other holder: the store did not answer
             raise e.finish_with(f"the query {name} was {stopped}: it must not run without its lease; once the store "
-                                "answers, start the query again and call hold_lease_while_active right after "
-                                "start()") from e
-        raise RefusedError(f"{e.problem}; the query {name} was {stopped}: it must not run while another holder "
-                           "may be changing its checkpoint", path=e.path,
-                           fix="wait until that holder is done (`checkpoint-ops lease show CHECKPOINT`), then start "
-                               "the query again and call hold_lease_while_active right after start()") from e
+                                f"answers, {again}") from e
+        if isinstance(e, RefusedError):  # another holder (LeaseHeld)
+            raise RefusedError(f"{e.problem}; the query {name} was {stopped}: it must not run while another holder "
+                               "may be changing its checkpoint", path=e.path,
+                               fix=f"wait until that holder is done (`checkpoint-ops lease show CHECKPOINT`), then "
+                                   f"{again}") from e
+        if isinstance(e, CheckpointOpsError) or is_storage_failure(e):  # refused (access denied, no space...)
+            problem = e.problem if isinstance(e, CheckpointOpsError) else f"{type(e).__name__}: {e}"
+            raise StorageError(f"the lease could not be taken: {problem}; the query {name} was {stopped}: it must "
+                               "not run without its lease", path=getattr(e, "path", None) or checkpoint,
+                               fix=f"mend what the store refused (credentials, permissions, space, storage options), "
+                                   f"then {again}") from e
+        raise  # a bug or an interrupt: the query is stopped all the same
     return ActiveQueryLease(query, leases, poll_s)
 
 

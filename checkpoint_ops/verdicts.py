@@ -59,6 +59,7 @@ import weakref
 from dataclasses import dataclass
 
 from . import __version__
+from .errors import STORE_FAILURES
 from .journal import ops_dir
 from .model.listing import Listing
 from .pairing import PAIRING_FILE
@@ -347,7 +348,7 @@ class VerdictCache:
         written is only slower next time: False (and ``save_error``), never an exception."""
         try:
             self.fm.write_bytes(self.path, self.to_bytes(), overwrite=True)
-        except OSError as e:
+        except (OSError, *STORE_FAILURES) as e:  # the store refused or kept failing: a healthy verdict stands
             self.save_error = str(e)
             return False
         return True

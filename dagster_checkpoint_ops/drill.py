@@ -68,7 +68,7 @@ def drill_query(context: dg.OpExecutionContext, query: StreamingQuery, spark, se
         result = run_drill(repo, None, spark, query.build, scratch_url=scratch, storage_options=opts,
                            warn=context.log.warning)
     except CheckpointOpsError as e:
-        raise dg.Failure(description=f"restore drill of {query.name} could not run: {e.render()}") from None
+        raise dg.Failure(description=f"restore drill of {query.name} stopped: {e.render()}") from None
     md = drill_metadata(result)
     context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md))
     context.log_event(dg.AssetCheckEvaluation(

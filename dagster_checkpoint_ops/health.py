@@ -6,7 +6,7 @@ import dagster as dg
 
 from checkpoint_ops.check_pass import shared_fsck
 from checkpoint_ops.collector import fewer_collections
-from checkpoint_ops.errors import CheckpointOpsError
+from checkpoint_ops.errors import CheckpointOpsError, StoreUnavailableError
 from checkpoint_ops.fsck import Finding
 from checkpoint_ops.model.sink import SinkOutput
 from checkpoint_ops.query_owner import not_started
@@ -49,6 +49,11 @@ def health_result(query: StreamingQuery, files: CheckpointFileManagerResource,
     keys = _keys(query)
     try:
         errors, md = fsck_metadata(query, files, findings)
+    except StoreUnavailableError as e:  # not judged, as the freshness and drill checks say: not an error found
+        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
+                                   description=f"the checkpoint's store did not answer ({e.problem}): not judged; "
+                                   "judged again at the next evaluation",
+                                   metadata={"problem": e.problem, "path": e.path or ""})
     except CheckpointOpsError as e:
         first = _before_first_run(query, files) if runs_here and findings is None else None
         if first is not None:
@@ -124,7 +129,8 @@ def record_findings(context: dg.RunFailureSensorContext, query: StreamingQuery,
     except Exception as e:  # the checkpoint itself may be unusable: say so on the asset
         errors, md = [e], {"fsck": dg.MetadataValue.text(f"fsck could not run: {e}")}
     md["failed_run"] = dg.MetadataValue.dagster_run(context.dagster_run.run_id)
+    found = ("not judged: its store did not answer" if len(errors) == 1 and isinstance(errors[0], StoreUnavailableError)
+             else f"{len(errors)} fsck error(s)")
     context.instance.report_runless_asset_event(
         dg.AssetObservation(asset_key=query.name, metadata=md,
-                            description=f"checkpoint after failed run {context.dagster_run.run_id}: "
-                            f"{len(errors)} fsck error(s)"))
+                            description=f"checkpoint after failed run {context.dagster_run.run_id}: {found}"))

@@ -32,7 +32,8 @@ These are the faults a plan picks from by default (``FAULTS``). Four more must b
 Which requests fail is decided per request from a seed: the *i*-th time the same request (method,
 path, query, range and body) comes, it fails when ``Random(f"{seed}|{request}|{i}")`` says so, so a run is
 reproducible however the client's threads interleave. ``outage(seconds)`` fails every request (reset or 503) for that long: the store is
-down. Counters say what went through and what was broken, by request kind (``request_kind``).
+down. ``deny(*keys)`` answers ``403 AccessDenied`` for those objects: the store refuses (the credentials may not).
+Counters say what went through and what was broken, by request kind (``request_kind``).
 
 Used in process (``FaultyS3(upstream).start()``, one asyncio loop on a daemon thread) by the fixture
 ``faulty_s3`` in ``tests/conftest.py``; clients reach it at ``.endpoint`` like any S3 endpoint.
@@ -51,7 +52,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 FAULTS = ("reset", "lost-reply", "500", "503", "slow", "truncate")  # a plan's default
 OPT_IN_FAULTS = ("key-errors", "key-denied", "corrupt", "copy-too-large")  # named in a plan's ``faults`` only
@@ -66,6 +67,7 @@ REQUEST_KINDS = ("LIST", "GET", "HEAD", "PUT", "PUT-IF-NONE-MATCH", "COPY", "DEL
 _ERRORS = {
     "500": (500, "Internal Server Error", "InternalError", "We encountered an internal error. Please try again."),
     "503": (503, "Slow Down", "SlowDown", "Please reduce your request rate."),
+    "403": (403, "Forbidden", "AccessDenied", "Access Denied"),  # an answer, not a failure: only ``deny`` gives it
     "copy-too-large": (400, "Bad Request", "InvalidRequest", "The specified copy source is larger than the maximum "
                        "allowable size for a copy source: 5368709120"),
 }
@@ -239,6 +241,7 @@ class FaultyS3:
         self._outage_seconds = 0.0
         self._outage_kind: str | None = None
         self._outage_requests = 0
+        self._denied: frozenset[str] = frozenset()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server = None
@@ -257,9 +260,16 @@ class FaultyS3:
             self._seen.clear()
             self._faulted.clear()
 
+    def deny(self, *keys: str) -> None:
+        """Answer ``403 AccessDenied`` to every request for these objects (``bucket/key``), as a store does to
+        credentials that may not read or write them, until ``calm`` or ``clear``."""
+        with self._lock:
+            self._denied = frozenset(k.strip("/") for k in keys)
+
     def calm(self) -> None:
         """No faults and no outage from now on (the counters stay)."""
         with self._lock:
+            self._denied = frozenset()
             self.plan = FaultPlan()
             self._outage_until = 0.0
             self._outage_after = None
@@ -268,6 +278,7 @@ class FaultyS3:
         """No faults, no outage, counters at zero."""
         with self._lock:
             self.plan = FaultPlan()
+            self._denied = frozenset()
             self._seen.clear()
             self._faulted.clear()
             self._outage_until = 0.0
@@ -346,6 +357,9 @@ class FaultyS3:
         """The fault for this request, or None; counts it."""
         with self._lock:
             self.stats.requests[req.kind] += 1
+            if self._denied and unquote(urlsplit(req.target).path).strip("/") in self._denied:
+                self.stats.faults[(req.kind, "403")] += 1
+                return "403"
             now = time.monotonic()
             down = now < self._outage_until
             if self._outage_after is not None and self._outage_kind in (None, req.kind):

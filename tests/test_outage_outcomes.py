@@ -36,6 +36,14 @@ def upload(local: str, endpoint: str, bucket: str, prefix: str) -> str:
     return f"s3://{bucket}/{prefix}"
 
 
+class StartedQuery:
+    """Stands in for Spark's StreamingQuery where only its name and ``stop()`` are used."""
+    name, stopped = "events", False
+
+    def stop(self):
+        self.stopped = True
+
+
 def fail_first_read(proxy, fm, path: str) -> list[int]:
     """Make the store fail the first read of ``path`` through ``fm`` through every retry (an outage started just
     before it, ended just after), then answer; the list it returns gets an entry once that read was made."""
@@ -121,11 +129,13 @@ def test_a_finished_prune_whose_lock_release_fails_reports_what_it_deleted(fault
     assert code == 0 and [b["id"] for b in listed["backups"]] == ids[1:], listed
 
 
+@pytest.mark.parametrize("store", ["down", "refusing"])
 def test_sink_compact_without_its_checkpoint_stops_while_the_checkpoints_store_is_down(faulty_s3, s3_server,
-                                                                                        bucket, tmp_path):
+                                                                                        bucket, tmp_path, store):
     """An output whose pairing record names a checkpoint is refused `sink compact` without `--checkpoint`. With that
-    checkpoint's store down, the refusal cannot be judged: the command stops, changing nothing. Before, it read as
-    "no such checkpoint" and the compaction was applied (exit 0), shrinking the checkpoint's rollback window."""
+    checkpoint's store down, or refusing the read (403 AccessDenied: the credentials may not read it), the refusal
+    cannot be judged: the command stops, changing nothing. Before, each read as "no such checkpoint" and the
+    compaction was applied (exit 0), shrinking the checkpoint's rollback window."""
     local = str(tmp_path / "ck")
     synthetic.write_local(local, batches=24, partitions=1, retain_state=24)
     ckpt = upload(local, s3_server, bucket, "ck")
@@ -140,12 +150,19 @@ def test_sink_compact_without_its_checkpoint_stops_while_the_checkpoints_store_i
     code, refused = cli_json("sink", "compact", out, *SINK, "--dry-run", *via(faulty_s3))
     assert code == 1 and f"file sink of checkpoint {ckpt}" in refused["problem"], refused  # store up: refused
     before = tree_snapshot(out)
-    faulty_s3.outage(120)  # only the checkpoint's store is down; the output is local
+    if store == "down":
+        faulty_s3.outage(120)  # only the checkpoint's store is down; the output is local
+    else:
+        faulty_s3.deny(f"{bucket}/ck/metadata")
     try:
         code, stopped = cli_json("sink", "compact", out, *SINK, "--yes", *via(faulty_s3))
     finally:
         faulty_s3.calm()
-    assert code == 2 and stopped["error"] == "StoreUnavailableError", stopped
+    if store == "down":
+        assert code == 2 and stopped["error"] == "StoreUnavailableError", stopped
+    else:
+        assert code == 2 and stopped["error"] == "StorageError" and "Access Denied" in stopped["problem"], stopped
+        assert stopped["path"] == f"{ckpt}/metadata" and "pairing record" in stopped["problem"], stopped
     assert tree_snapshot(out) == before
 
 
@@ -280,31 +297,6 @@ def test_a_drill_whose_verdict_is_recorded_says_so_when_the_store_fails_after_it
     assert drill_records(Repository.open(dest, {"endpoint_url": s3_server}))[made]["passed"] is True
 
 
-def test_a_query_whose_lease_the_store_does_not_answer_for_is_stopped_and_told_so(faulty_s3, bucket):
-    """``hold_lease_while_active`` on a store that does not answer: the query is stopped (it must not run
-    unguarded), and the error is the store's, saying to start it again once the store answers. Before, it was a
-    refusal saying to wait until "another holder" was done: there is none."""
-    from checkpoint_ops.spark import hold_lease_while_active
-    from checkpoint_ops.storage import open_file_manager
-
-    class Started:  # stands in for Spark's StreamingQuery: a name, and stop()
-        name, stopped = "events", False
-
-        def stop(self):
-            self.stopped = True
-
-    fm, root = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
-    fm.write_bytes(f"{root}/metadata", b'{"id":"x"}')
-    query = Started()
-    faulty_s3.outage(120)
-    try:
-        with pytest.raises(StoreUnavailableError) as got:
-            hold_lease_while_active(query, f"s3://{bucket}/ck", storage_options={"endpoint_url": faulty_s3.endpoint})
-    finally:
-        faulty_s3.calm()
-    assert query.stopped and "the query events was stopped" in got.value.fix, got.value
-
-
 def test_a_stopped_querys_lease_release_on_a_failing_store_is_logged_not_a_thread_traceback(faulty_s3, bucket,
                                                                                              caplog, monkeypatch):
     """The query stops; its lease is released on the watching thread, while the store keeps failing: a warning
@@ -336,3 +328,50 @@ def test_a_stopped_querys_lease_release_on_a_failing_store_is_logged_not_a_threa
         faulty_s3.calm()
     assert not held._watch.is_alive() and escaped == [], escaped
     assert any("lease could not be released" in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("store", ["down", "refusing"])
+def test_a_query_the_store_keeps_from_its_lease_is_stopped_and_told_so(faulty_s3, bucket, store):
+    """``hold_lease_while_active`` where the store does not answer, or refuses the lease's write (403 AccessDenied:
+    the query's credentials may not write there): the query is stopped (it must not run unguarded), and the error
+    says why and to start it again once that is mended. Before, an outage was a refusal saying to wait until
+    "another holder" was done (there is none), and a refusal escaped as the client's own error with the query left
+    running without its lease, so a rollback could change the checkpoint under it."""
+    from checkpoint_ops.errors import StorageError
+    from checkpoint_ops.spark import hold_lease_while_active
+    from checkpoint_ops.storage import open_file_manager
+
+    fm, root = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
+    fm.write_bytes(f"{root}/metadata", b'{"id":"x"}')
+    query = StartedQuery()
+    if store == "down":
+        faulty_s3.outage(120)
+    else:
+        faulty_s3.deny(f"{bucket}/ck/.checkpoint-ops.lease")
+    try:
+        with pytest.raises((StoreUnavailableError, StorageError)) as got:
+            hold_lease_while_active(query, f"s3://{bucket}/ck", storage_options={"endpoint_url": faulty_s3.endpoint})
+    finally:
+        faulty_s3.calm()
+    assert query.stopped and "the query events was stopped" in got.value.render(), got.value
+    if store == "down":
+        assert isinstance(got.value, StoreUnavailableError) and "once the store answers" in got.value.fix, got.value
+    else:
+        assert isinstance(got.value, StorageError) and "mend what the store refused" in got.value.fix, got.value
+
+
+def test_a_verdict_cache_the_store_fails_to_write_leaves_the_verdict_standing(faulty_s3, bucket):
+    """The verdict cache is an optimisation: a write the store keeps failing is only slower next time (``save``
+    returns False and says why). Before, the outage escaped: a healthy checkpoint's Dagster health check failed
+    (ERROR) and a materialization whose query committed batches failed after its run."""
+    from checkpoint_ops.storage import open_file_manager
+    from checkpoint_ops.verdicts import VerdictCache
+
+    fm, root = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
+    cache = VerdictCache.load(fm, f"{root}/verdicts.json")
+    faulty_s3.outage(120)
+    try:
+        assert cache.save() is False and "kept failing" in cache.save_error, cache.save_error
+    finally:
+        faulty_s3.calm()
+    assert cache.save() is True
