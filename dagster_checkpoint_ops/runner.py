@@ -353,11 +353,16 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         elif config.dry_run:
             return StreamRun({"dry_run": dg.MetadataValue.bool(True),
                               "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
-        with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
-            compat = check_before_run(context, query, config, spark, files)
-        md.update(compat.metadata)
-        record_owner(context, query, files, owner)
-        progress = run_query(context, query, spark, files, compat.writer, compat.sink)  # the query built once
+        try:
+            with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
+                compat = check_before_run(context, query, config, spark, files)
+            md.update(compat.metadata)
+            record_owner(context, query, files, owner)
+            progress = run_query(context, query, spark, files, compat.writer, compat.sink)  # the query built once
+        except (dg.Failure, CheckpointOpsError) as e:
+            if "rollback_op_id" not in md:
+                raise
+            raise after_rollback_failure(query, md, e) from None
         md.update(undo_metadata(query, md, progress))
         try:
             with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
@@ -369,6 +374,24 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
     return StreamRun(md, findings)
+
+
+def after_rollback_failure(query, md: dict, e) -> dg.Failure:
+    """The run's rollback was applied, then the run stopped before its query finished (a refusal, the query
+    failing, the store failing): the reason, without its "nothing ran, nothing changed" (the rollback did)."""
+    if isinstance(e, CheckpointOpsError):
+        reason, extra = e.problem if not e.path else f"{e.path}: {e.problem}", {"problem": e.problem,
+                                                                               "path": e.path or ""}
+        if not isinstance(e, StoreUnavailableError) and e.fix:
+            reason += f" (fix: {e.fix})"
+    else:
+        reason, extra = e.description or "", dict(e.metadata or {})
+    batch, op_id = md["rollback_target_batch"].value, md["rollback_op_id"].value
+    return dg.Failure(
+        description=f"asset {query.name}: its rollback to batch {batch} ({op_id}) was applied in this run and "
+        f"stands; then the run stopped before its query finished: {reason}. Once that is mended, materialize again: "
+        "the rollback need not be repeated",
+        metadata={**extra, "rollback_target_batch": batch, "rollback_op_id": op_id})
 
 
 def after_run_failure(query, e: CheckpointOpsError, progress: list[dict]) -> dg.Failure:

@@ -130,6 +130,19 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
         failure = r.get_step_failure_events()[0].step_failure_data.user_failure_data
         assert reason in failure.description, failure.description
         assert tree_snapshot(*roots) == before, config
+
+    # applied, then the run stops before its query starts (here its build fails): the failure says the rollback
+    # stands, not the build error's "nothing ran, nothing changed" alone
+    def build_fails(spark):
+        raise RuntimeError("the query's code is broken")
+
+    broken = StreamingQuery(name="timed", build=build_fails, checkpoint=query.checkpoint, sinks=query.sinks)
+    r = materialize(streaming_definitions([broken], home=str(tmp_path / "home"), spark_config=SESSION_CONF), "timed",
+                    instance, rollback_to_batch=good_until)
+    failure = r.get_step_failure_events()[0].step_failure_data.user_failure_data
+    assert not r.success and f"rollback to batch {good_until} (" in failure.description, failure.description
+    assert "was applied in this run and stands" in failure.description and "broken" in failure.description
+    assert Checkpoint.open(query.checkpoint).latest_commit == good_until
     unload_state_stores(spark)
 
 
