@@ -442,9 +442,11 @@ def paired_checkpoint_url(sink: SinkOutput, storage_options: dict | None = None)
         record = sink.fm.url(join(sink.root, PAIRING_FILE))
         raise StorageError(f"the checkpoint this output's pairing record ({record}) names cannot be read: "
                            f"{e.problem if isinstance(e, StorageError) else f'{type(e).__name__}: {e}'}", path=where,
-                           fix="read it with credentials (or --storage-options) that can, since it may be this "
-                               f"output's checkpoint; if that checkpoint no longer writes this output, move {record} "
-                               "away") from None
+                           fix="run it with credentials (--storage-options, or the environment) that can read both "
+                               "this output and that checkpoint, which may be its checkpoint (a 403 may also mean it is "
+                               "gone and these credentials may not list its bucket); if someone with access confirms "
+                               f"(`checkpoint-ops inspect {rec.checkpoint}`) that it no longer writes this output, move "
+                               f"{record} away") from None
     except BadInputError:  # a fence that is not one: its own commands name it
         return None
     return rec.checkpoint if _same_query(rec.query_id, query_id) else None
@@ -456,8 +458,12 @@ def paired_checkpoint(sink: SinkOutput, storage_options: dict | None = None) -> 
     url = paired_checkpoint_url(sink, storage_options)
     if url is None:
         return None
+    fm, root = open_file_manager(url, storage_options)
+    ckpt = Checkpoint(fm, root)
     try:
-        ckpt = Checkpoint.open(url, storage_options)
+        ckpt.require_checkpoint(url)
     except BadInputError:
+        if ckpt.listing.unreadable_dirs.get("") is not None:  # refused, not gone: what needs it cannot be judged
+            raise
         return None
     return ckpt if ckpt.kind == "structured" else None

@@ -80,7 +80,7 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
         for url in [checkpoint, *sinks]:
             fm, root = open_file_manager(url, storage_options)
             sites.append((fm, root, url))
-        leases = acquire_all(sites, owner, stepwise=False)
+        leases = acquire_all(sites, owner, stepwise=False, warn=_log.warning)  # told: what a refusal left behind
     except BaseException as e:  # whatever kept the lease from it (a Ctrl-C too), the query must not run unguarded
         stopped = _stop(query)
         if isinstance(e, StoreUnavailableError):  # no other holder: the store did not answer

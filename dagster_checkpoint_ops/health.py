@@ -49,11 +49,11 @@ def health_result(query: StreamingQuery, files: CheckpointFileManagerResource,
     keys = _keys(query)
     try:
         errors, md = fsck_metadata(query, files, findings)
-    except StoreUnavailableError as e:  # not judged, as the freshness and drill checks say: not an error found
-        return dg.AssetCheckResult(**keys, passed=False, severity=dg.AssetCheckSeverity.WARN,
-                                   description=f"the checkpoint's store did not answer ({e.problem}): not judged; "
+    except StoreUnavailableError as e:  # not judged (no finding), and still blocking: consumers wait for a verdict
+        return dg.AssetCheckResult(**keys, passed=False,
+                                   description=f"not judged: the checkpoint's store did not answer ({e.problem}); "
                                    "judged again at the next evaluation",
-                                   metadata={"problem": e.problem, "path": e.path or ""})
+                                   metadata={"judged": False, "problem": e.problem, "path": e.path or ""})
     except CheckpointOpsError as e:
         first = _before_first_run(query, files) if runs_here and findings is None else None
         if first is not None:

@@ -359,10 +359,11 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
             md.update(compat.metadata)
             record_owner(context, query, files, owner)
             progress = run_query(context, query, spark, files, compat.writer, compat.sink)  # the query built once
-        except (dg.Failure, CheckpointOpsError) as e:
+        except Exception as e:
             if "rollback_op_id" not in md:
                 raise
-            raise after_rollback_failure(query, md, e) from None
+            known = isinstance(e, (dg.Failure, CheckpointOpsError))  # their own words say it all
+            raise after_rollback_failure(query, md, e, files) from (None if known else e)
         md.update(undo_metadata(query, md, progress))
         try:
             with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
@@ -376,22 +377,33 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
     return StreamRun(md, findings)
 
 
-def after_rollback_failure(query, md: dict, e) -> dg.Failure:
-    """The run's rollback was applied, then the run stopped before its query finished (a refusal, the query
-    failing, the store failing): the reason, without its "nothing ran, nothing changed" (the rollback did)."""
+def after_rollback_failure(query, md: dict, e: BaseException, files) -> dg.Failure:
+    """The run's rollback was applied, then the run stopped before its query finished (a refusal, the build or the
+    query failing, the store): the reason, without its "nothing ran, nothing changed" (the rollback did change the
+    checkpoint), and not to repeat the rollback: run again with the same config, it would roll back what this run's
+    query committed since and hand those batches' rows to the sink a second time."""
     if isinstance(e, CheckpointOpsError):
-        reason, extra = e.problem if not e.path else f"{e.path}: {e.problem}", {"problem": e.problem,
-                                                                               "path": e.path or ""}
-        if not isinstance(e, StoreUnavailableError) and e.fix:
-            reason += f" (fix: {e.fix})"
+        reason = f"{e.path}: {e.problem}" if e.path else e.problem
+    elif isinstance(e, dg.Failure):
+        reason = e.description or type(e).__name__
     else:
-        reason, extra = e.description or "", dict(e.metadata or {})
+        reason = f"{type(e).__name__}: {str(e).strip()[:2000]}"
+    reason = re.sub(r"\s*\(?nothing ran, nothing changed\)?:?", "", reason)
     batch, op_id = md["rollback_target_batch"].value, md["rollback_op_id"].value
+    try:
+        latest = files.checkpoint(query.checkpoint).latest_commit
+    except Exception:  # noqa: BLE001 - the store may be what stopped the run: said without it
+        latest = None
+    since = (f" its query committed batches {batch + 1}..{latest} after it;" if latest is not None and latest > batch
+             else "")
     return dg.Failure(
         description=f"asset {query.name}: its rollback to batch {batch} ({op_id}) was applied in this run and "
-        f"stands; then the run stopped before its query finished: {reason}. Once that is mended, materialize again: "
-        "the rollback need not be repeated",
-        metadata={**extra, "rollback_target_batch": batch, "rollback_op_id": op_id})
+        f"stands;{since} then the run stopped: {reason}. Once that is mended, materialize again WITHOUT "
+        "rollback_to_batch or rollback_to_time: the same config would roll back again"
+        + (" what the query committed since, and hand those batches' rows to the sink a second time" if since
+           else ""),
+        metadata={"rollback_target_batch": batch, "rollback_op_id": op_id,
+                  "last_committed_batch": latest if latest is not None else -1, "stopped_by": reason[:2000]})
 
 
 def after_run_failure(query, e: CheckpointOpsError, progress: list[dict]) -> dg.Failure:

@@ -142,6 +142,7 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
     failure = r.get_step_failure_events()[0].step_failure_data.user_failure_data
     assert not r.success and f"rollback to batch {good_until} (" in failure.description, failure.description
     assert "was applied in this run and stands" in failure.description and "broken" in failure.description
+    assert "WITHOUT rollback_to_batch" in failure.description and "nothing changed" not in failure.description
     assert Checkpoint.open(query.checkpoint).latest_commit == good_until
     unload_state_stores(spark)
 

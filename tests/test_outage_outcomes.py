@@ -375,3 +375,30 @@ def test_a_verdict_cache_the_store_fails_to_write_leaves_the_verdict_standing(fa
     finally:
         faulty_s3.calm()
     assert cache.save() is True
+
+
+def test_the_health_check_on_a_store_that_keeps_failing_says_not_judged_and_still_blocks(faulty_s3, s3_server,
+                                                                                         bucket, tmp_path):
+    """The Dagster health check of a checkpoint whose store keeps failing: not judged (no finding), and still failed
+    with ERROR, so a blocking check keeps consumers waiting for a verdict. (The first form of this, WARN, crashed
+    with a KeyError before it could say so: a hostile review.)"""
+    import dagster as dg
+
+    from dagster_checkpoint_ops.health import health_result
+    from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
+    from dagster_checkpoint_ops.streaming import StreamingQuery
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=5, partitions=1, retain_state=5)
+    url = upload(local, s3_server, bucket, "ck")
+    query = StreamingQuery(name="events", build=lambda spark: None, checkpoint=url, sinks=[])
+    files = CheckpointFileManagerResource(endpoint_url=faulty_s3.endpoint)
+    assert health_result(query, files).passed
+    faulty_s3.outage(120)
+    try:
+        result = health_result(query, files)
+    finally:
+        faulty_s3.calm()
+    assert not result.passed and result.severity == dg.AssetCheckSeverity.ERROR, result
+    assert result.description.startswith("not judged: the checkpoint's store did not answer"), result.description
+    assert result.metadata["judged"].value is False
