@@ -33,6 +33,9 @@ Which requests fail is decided per request from a seed: the *i*-th time the same
 path, query, range and body) comes, it fails when ``Random(f"{seed}|{request}|{i}")`` says so, so a run is
 reproducible however the client's threads interleave. ``outage(seconds)`` fails every request (reset or 503) for that long: the store is
 down. ``deny(*keys)`` answers ``403 AccessDenied`` for those objects: the store refuses (the credentials may not).
+``hold_clock({key: when})`` makes the store's clock stand still for those objects: every reply (a GET's or a
+HEAD's ``Last-Modified``, a listing's ``<LastModified>``) gives each the time held, whenever it was written,
+as S3's one-second clock does to versions written within one tick.
 Counters say what went through and what was broken, by request kind (``request_kind``).
 
 Used in process (``FaultyS3(upstream).start()``, one asyncio loop on a daemon thread) by the fixture
@@ -52,7 +55,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit
+from datetime import datetime, timezone
+from email.utils import format_datetime
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 FAULTS = ("reset", "lost-reply", "500", "503", "slow", "truncate")  # a plan's default
 OPT_IN_FAULTS = ("key-errors", "key-denied", "corrupt", "copy-too-large")  # named in a plan's ``faults`` only
@@ -242,6 +247,7 @@ class FaultyS3:
         self._outage_kind: str | None = None
         self._outage_requests = 0
         self._denied: frozenset[str] = frozenset()
+        self._held: dict[str, datetime] = {}  # bucket/key -> the modification time every reply gives it
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server = None
@@ -266,10 +272,19 @@ class FaultyS3:
         with self._lock:
             self._denied = frozenset(k.strip("/") for k in keys)
 
+    def hold_clock(self, stamps: dict[str, datetime]) -> None:
+        """The store's clock stands still for these objects (``bucket/key`` -> an aware time, whole
+        seconds): every reply gives each that modification time, whatever its versions were written at,
+        until ``calm`` or ``clear``. Versions written within one tick of a one-second clock, without the
+        tick's deadline (a test on a loaded machine cannot make its work fit within one second)."""
+        with self._lock:
+            self._held = {k.strip("/"): when for k, when in stamps.items()}
+
     def calm(self) -> None:
         """No faults and no outage from now on (the counters stay)."""
         with self._lock:
             self._denied = frozenset()
+            self._held = {}
             self.plan = FaultPlan()
             self._outage_until = 0.0
             self._outage_after = None
@@ -279,6 +294,7 @@ class FaultyS3:
         with self._lock:
             self.plan = FaultPlan()
             self._denied = frozenset()
+            self._held = {}
             self._seen.clear()
             self._faulted.clear()
             self._outage_until = 0.0
@@ -432,6 +448,10 @@ class FaultyS3:
                 if resp is None:  # the server went away: the client sees it as a reset
                     _reset(writer)
                     return
+                with self._lock:
+                    held = dict(self._held)
+                if held and resp.status == 200:
+                    _restamp(req, resp, held)
                 if fault == "lost-reply" or (fault == "truncate" and len(resp.body) < 2):
                     _reset(writer)
                     return
@@ -487,6 +507,25 @@ class FaultyS3:
             kept.append(b"Content-Length: " + str(len(body)).encode())
             framed = True
         return _Response(status, kept, body, framed)
+
+
+def _restamp(req: _Request, resp: _Response, held: dict[str, datetime]) -> None:
+    """Give the held objects their held modification time in this reply (``FaultyS3.hold_clock``)."""
+    path = unquote(urlsplit(req.target).path).strip("/")
+    if req.kind in ("GET", "HEAD") and path in held:
+        stamp = format_datetime(held[path].astimezone(timezone.utc), usegmt=True).encode()
+        resp.head_lines = [b"Last-Modified: " + stamp if line.split(b":", 1)[0].strip().lower() == b"last-modified"
+                           else line for line in resp.head_lines]
+    elif req.kind == "LIST":
+        for name, when in held.items():
+            bucket, _, key = name.partition("/")
+            if bucket != path:
+                continue
+            stamp = when.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z").encode()  # as long as S3's own: the length stays
+            for spelled in {key, quote(key), quote(key, safe="")}:
+                resp.body = re.sub(rb"(<Key>" + re.escape(spelled.encode()) + rb"</Key>(?:(?!</Contents>).)*?<LastModified>)"
+                                   rb"[^<]*(</LastModified>)", lambda m: m.group(1) + stamp + m.group(2), resp.body,
+                                   flags=re.S)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
