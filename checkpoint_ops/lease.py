@@ -31,7 +31,8 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   heartbeat would let the record go stale while the query still runs, and any command take the lease
   and change the checkpoint under it. Their heartbeat renews while the record holds their token, however
   late, and a renewal the store failed is tried again at the next beat (``renew_errors``); only a record
-  that is not theirs stops it (then ``check`` fails, as the Dagster run checks after its query).
+  that is not theirs stops it. Then ``check`` fails, and their watchers (``spark.ActiveQueryLease``, the
+  Dagster runner, each checking every few seconds while the query runs) stop the query.
 * **Takeover.** A lease whose holder is a dead pid on this host, or whose heartbeat lapsed, is stale.
   Taking it over is race-free: the taker first creates ``.checkpoint-ops.lease.takeover-<token>`` (put-
   if-absent, named after the stale record's token, so only one process can claim a given stale lease),
@@ -122,6 +123,11 @@ class LeaseState:
 
 def lease_path(root: str) -> str:
     return join(root, LEASE_NAME)
+
+
+def lease_root(lease_url: str) -> str:
+    """The root a lease file's URL guards (what ``lease show`` takes)."""
+    return lease_url[: -len(LEASE_NAME)].rstrip("/") if lease_url.endswith("/" + LEASE_NAME) else lease_url
 
 
 _HELD_HERE: set[str] = set()  # tokens of the leases this process holds right now

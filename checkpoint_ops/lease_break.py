@@ -84,9 +84,13 @@ class LeaseBreakOperation(Operation):
 
 _STOPS = ("breaking the lease stops its operation at its next heartbeat, where `checkpoint-ops resume` finishes "
           "it")
-_DOES_NOT_STOP = ("breaking the lease does not stop it: it runs on, unprotected, nothing tells it, and it never "
-                  "takes the lease back, so the next command may change the checkpoint under it (the query then "
-                  "fails at its next batch, or worse); break it only if you know the query has stopped")
+
+
+def _stops_run(holder: Holder) -> str:
+    return (f"breaking the lease stops it at its next heartbeat (within {holder.ttl_s / 3:g} s): its holder stops the "
+            "query (a Dagster run fails) and never takes the lease back, but until then the query may commit another "
+            "batch, so let that time pass before changing the checkpoint; break it only if that holder is hung or "
+            "you know the query has stopped")
 
 
 def _what(holder: Holder) -> str:
@@ -101,11 +105,13 @@ def _live_remote_warning(holder: Holder) -> str:
     age = max(0, int(time.time() - holder.heartbeat_ms / 1000))
     head = f"its holder on host {holder.host} (pid {holder.pid}) renewed it {age} s ago and looks alive: "
     if holder.kind == RUN:
-        return head + f"it is {_what(holder)}; {_DOES_NOT_STOP}"
+        return head + f"it is {_what(holder)}; {_stops_run(holder)}"
     if holder.kind == OPERATION:
         return head + _STOPS
     return (head + f"if it is a checkpoint-ops operation, {_STOPS}; if it is a running query or Dagster run "
-            f"(owner: {holder.owner}), {_DOES_NOT_STOP}")
+            f"(owner: {holder.owner}), breaking the lease may not stop it: a record without its kind was written by an "
+            "older release, whose queries run on unprotected after a break and never take the lease back, so the next "
+            "command may change the checkpoint under them; break it only if you know the query has stopped")
 
 
 def _refuse_live_local(state: LeaseState) -> None:

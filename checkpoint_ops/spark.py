@@ -15,6 +15,12 @@ released when the query stops or the block ends. The query is started before the
 when the lease cannot be taken (an operation holds it: a rollback may be changing the checkpoint under the
 query right now), the helper stops the query (``query.stop()``) before it raises: left running, its next
 batch would plan or commit beside that operation. The error names the holder and says the query was stopped.
+
+The lease can also be taken from the query while it runs: by a command that judged it stale (its heartbeat
+lapsed: this process was paused, or could not reach the lease's store, for longer than the time to live) or
+by ``lease break``. The heartbeat finds the record not its own at its next renewal (every third of the time
+to live); the helper then stops the query (logged as an error on the ``checkpoint_ops.spark`` logger), and
+``release()`` (the ``with`` block's end) raises ``LeaseLost``: two writers never go on together.
 No PySpark import here: ``query`` is any object with ``isActive`` (a ``StreamingQuery``) and ``stop()``.
 """
 
@@ -24,7 +30,7 @@ import logging
 import threading
 
 from .errors import CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, is_storage_failure
-from .lease import LEASE_LEFT_BEHIND, LeaseSet, acquire_all, release_problem
+from .lease import LEASE_LEFT_BEHIND, LeaseLost, LeaseSet, acquire_all, lease_root, release_problem
 from .storage import open_file_manager
 
 POLL_SECONDS = 5.0
@@ -32,11 +38,13 @@ _log = logging.getLogger(__name__)
 
 
 class ActiveQueryLease:
-    """The leases of a running query's checkpoint (and file sinks), released when it stops."""
+    """The leases of a running query's checkpoint (and file sinks), released when it stops. ``lost``: why the
+    watcher stopped the query, the lease having been taken from it (None: it was not)."""
 
     def __init__(self, query, leases: LeaseSet, poll_s: float = POLL_SECONDS):
         self.query = query
         self.leases = leases
+        self.lost: LeaseLost | None = None
         self._stop = threading.Event()
         self._watch = threading.Thread(target=self._watch_query, args=(poll_s,), name="checkpoint-ops-query-lease",
                                        daemon=True)
@@ -44,6 +52,11 @@ class ActiveQueryLease:
 
     def _watch_query(self, poll_s: float) -> None:
         while not self._stop.wait(poll_s):
+            try:
+                self.leases.check()  # the heartbeat found the record another holder's
+            except LeaseLost as e:
+                self._taken(e)
+                break
             try:
                 active = bool(self.query.isActive)
             except Exception:  # noqa: BLE001 - the session is gone: so is the query
@@ -55,8 +68,27 @@ class ActiveQueryLease:
             _log.warning("the streaming query's lease could not be released (%s); %s", release_problem(left),
                          LEASE_LEFT_BEHIND)
 
+    def _taken(self, e: LeaseLost) -> None:
+        """Another holder has the lease: it may be changing the checkpoint now, so the query stops."""
+        name, where = _name(self.query), lease_root(e.path) if e.path else "CHECKPOINT"
+        self.lost = LeaseLost(
+            f"{e.problem}; the query {name} was {_stop(self.query)}: it must not run while another holder may be "
+            "changing its checkpoint", path=e.path,
+            fix=f"see who holds the lease now (`checkpoint-ops lease show {where}`): a command took it over because "
+                "this query's heartbeat lapsed (the process was paused, or could not reach the lease's store, for "
+                "longer than the lease's time to live), or it was broken by hand; once that holder is done, start the "
+                "query again and call hold_lease_while_active right after start()")
+        self.lost.__cause__ = e
+        _log.error("%s", self.lost.render())
+
     def release(self) -> None:
-        """Release now (the query may go on, unprotected)."""
+        """Release now (the query may go on, unprotected). Raises ``LeaseLost`` if the lease was taken from the
+        query meanwhile (the query was stopped then)."""
+        self._end()
+        if self.lost is not None:
+            raise self.lost
+
+    def _end(self) -> None:
         self._stop.set()
         if self._watch is not threading.current_thread():
             self._watch.join()
@@ -64,15 +96,21 @@ class ActiveQueryLease:
     def __enter__(self) -> "ActiveQueryLease":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.release()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._end()
+        if self.lost is not None and exc_type is None:  # an error on its way out is the one raised
+            raise self.lost
+
+
+def _name(query) -> str:
+    return getattr(query, "name", None) or getattr(query, "id", None) or "a streaming query"
 
 
 def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner: str | None = None,
                             storage_options: dict | None = None, poll_s: float = POLL_SECONDS) -> ActiveQueryLease:
     """Take the lease of ``checkpoint`` (and of each file sink output) for ``query``; it is renewed while
     the query is active and released when it stops (module docstring)."""
-    name = getattr(query, "name", None) or getattr(query, "id", None) or "a streaming query"
+    name = _name(query)
     owner = owner or f"spark query {name} (hold_lease_while_active)"
     again = "start the query again and call hold_lease_while_active right after start()"
     try:

@@ -18,7 +18,7 @@ from checkpoint_ops.errors import BadInputError, CheckpointOpsError, StoreUnavai
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger, PairingRecord
-from checkpoint_ops.lease import LeaseSet, acquire_all
+from checkpoint_ops.lease import LeaseLost, LeaseSet, acquire_all, lease_root
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.pairing import PAIRING_FILE, same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
@@ -33,6 +33,7 @@ from dagster_checkpoint_ops.compat import accept_after_run, check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
+LEASE_POLL_S = 1.0  # how often a run checks its leases while its query runs (the heartbeat finds a loss)
 
 # How the library's messages name parameters here: run-config keys, not CLI flags (errors.param).
 RUN_CONFIG_NAMES = {"to_batch": "rollback_to_batch", "to_time": "rollback_to_time", "dry_run": "dry_run",
@@ -273,11 +274,13 @@ def refuse_undeclared_sink(query, sink) -> None:
         metadata={"writer_sink": sink.path, "declared_sinks": dg.MetadataValue.json(list(query.sinks))})
 
 
-def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict]:
+def run_query(context, query, spark, files, writer=None, sink=None, leases: Optional[LeaseSet] = None) -> list[dict]:
     """Start the user's writer on the query's checkpoint with Trigger.AvailableNow (the run holds the
     checkpoint's lease). ``writer``: the one the compat step built and left as built (else built here);
     ``sink``: its sink as the compat step read it (else read here). A file sink other than the declared one
-    is refused before the query starts."""
+    is refused before the query starts. ``leases``: the run's, checked while the query runs: taken from the
+    run (its heartbeat lapsed and a command took them over, or they were broken by hand), the query is
+    stopped and the run fails."""
     _refuse_if_fenced(query, files)
     spark.conf.set(NUM_PROGRESS, "100000")  # metadata covers every batch of the run
     with query_spark_conf(spark, query):
@@ -290,7 +293,7 @@ def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict
         refuse_sink_of_another_query(query, files)
         started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
         try:
-            started.awaitTermination()
+            lost = _await_unless_taken(started, leases)
         except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
             # the batch it left planned is this run's (it held the lease): a rollback to repair it is not refused
             # for the planned batch looking recent (checkpoint_ops.activity); only once the query has stopped
@@ -303,9 +306,42 @@ def run_query(context, query, spark, files, writer=None, sink=None) -> list[dict
                 fm, root = files.file_manager(query.checkpoint)
                 record_ended_run(fm, root, f"dagster run {context.run.run_id} ({query.name}), which failed")
             raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
+        if lost is not None:
+            raise _taken_failure(query, started, lost) from None
     progress = [_progress(p) for p in started.recentProgress]
     release_state_stores(spark, any(p.get("stateOperators") for p in progress))
     return progress
+
+
+def _await_unless_taken(started, leases: Optional[LeaseSet]) -> Optional[LeaseLost]:
+    """Wait for the query to end, checking the run's leases every ``LEASE_POLL_S``: why they were taken from the
+    run, if they were (the query still runs then), else None."""
+    if leases is None:
+        started.awaitTermination()
+        return None
+    while not started.awaitTermination(LEASE_POLL_S):
+        try:
+            leases.check()  # the heartbeat found a record another holder's
+        except LeaseLost as e:
+            return e
+    return None
+
+
+def _taken_failure(query, started, lost: LeaseLost) -> dg.Failure:
+    """The run's lease was taken while its query ran: another holder may be changing the checkpoint, so the
+    query stops now, and nothing more is written under the lease (no ended-run record, no ledger)."""
+    try:
+        started.stop()
+        stopped = "stopped"
+    except Exception as e:  # noqa: BLE001 - said; the loss is the failure
+        stopped = f"left running (stopping it failed: {str(e).strip()[:500]}); stop it yourself now"
+    where = lease_root(lost.path) if lost.path else query.checkpoint
+    return dg.Failure(
+        description=f"streaming query {query.name} was {stopped}: {lost.path}: {lost.problem}. It must not run while "
+        f"another holder may be changing its checkpoint. See who holds the lease now (`checkpoint-ops lease show "
+        f"{where}`): a command took it over because this run's heartbeat lapsed (the process was paused, or could not "
+        "reach the lease's store, for longer than the lease's time to live), or it was broken by hand. The batches "
+        "the query committed before it stopped stay committed; once that holder is done, materialize again.")
 
 
 def query_spark_conf(spark, query):
@@ -358,7 +394,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
                 compat = check_before_run(context, query, config, spark, files)
             md.update(compat.metadata)
             record_owner(context, query, files, owner)
-            progress = run_query(context, query, spark, files, compat.writer, compat.sink)  # the query built once
+            progress = run_query(context, query, spark, files, compat.writer, compat.sink, leases)  # built once
         except Exception as e:
             if "rollback_op_id" not in md:
                 raise

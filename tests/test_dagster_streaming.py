@@ -498,3 +498,63 @@ def test_a_rollback_right_after_a_run_failed_mid_batch_is_not_refused(spark, tmp
     assert rolled.success, [e.message for e in rolled.all_events if e.is_failure]
     assert metadata(rolled, "poisoned")["rollback_target_batch"] == good
     unload_state_stores(spark)
+
+
+def test_a_run_whose_lease_is_taken_while_its_query_runs_stops_the_query(spark, tmp_path, instance, monkeypatch):
+    """Another host took the run's lease over while its query ran (the run's heartbeat lapsed: its process was
+    paused, or cut off from the lease's store, for longer than the time to live). The run finds the record not its
+    own at its next renewal, stops the query there and fails, naming the holder; it writes nothing more under the
+    lease and leaves the record alone. Once that holder is done, the next run finishes the input exactly once."""
+    import threading
+    import time
+
+    from checkpoint_ops.lease import LEASE_NAME
+    from checkpoint_ops.liveness import Holder
+    from tests.helpers import cli_json
+
+    monkeypatch.setenv("CHECKPOINT_OPS_LEASE_TTL", "3")  # the run renews every second
+    base = str(tmp_path / "q")
+    query, inp = counts_query(base, name="taken"), os.path.join(base, "input")
+    files = 20  # one batch each: seconds of work, so the query still runs when the lease is taken
+    write_event_files(inp, 0, files)
+    lease, first_commit = os.path.join(query.checkpoint, LEASE_NAME), os.path.join(query.checkpoint, "commits", "0")
+    now = int(time.time() * 1000)
+    other = Holder("checkpoint-ops rollback", "another-host.example", 4242, None, "beef" * 8, now, now, 600.0, None)
+
+    def take_over() -> None:  # as that host does once the run's record is stale: its own record in its place
+        deadline = time.monotonic() + 300
+        while not os.path.exists(first_commit) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        for _ in range(20):  # on local disk a renewal under way may land over it (lease.py): place it again
+            with open(lease + ".taker", "w") as f:
+                json.dump(other.to_dict(), f)
+            os.replace(lease + ".taker", lease)
+            time.sleep(0.2)
+            with open(lease) as f:
+                if json.load(f)["token"] == other.token:
+                    return
+
+    taker = threading.Thread(target=take_over, daemon=True)
+    taker.start()
+    defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    failed = materialize(defs, "taken", instance)
+    taker.join(timeout=60)
+    assert not failed.success
+    failure = failed.get_step_failure_events()[0].step_failure_data.user_failure_data
+    assert "streaming query taken was stopped" in failure.description, failure.description
+    assert "taken from this process" in failure.description and "another-host.example" in failure.description
+    assert f"lease show {query.checkpoint}" in failure.description, failure.description
+    committed = Checkpoint.open(query.checkpoint).latest_commit
+    assert committed is not None and committed < files - 1, f"the query ran on to batch {committed} without its lease"
+    with open(lease) as f:
+        assert json.load(f)["token"] == other.token  # the run's release left the holder's record alone
+    unload_state_stores(spark)
+
+    code, broken = cli_json("lease", "break", query.checkpoint, "--yes")  # that holder is done (and gone)
+    assert code == 0, broken
+    flush_files(inp, files - 1)
+    again = materialize(defs, "taken", instance)
+    assert again.success, [e.message for e in again.all_events if e.is_failure]
+    unload_state_stores(spark)
+    want = {k: [v] for k, v in expected_windows(range(files)).items()}
+    assert read_output(spark, query.sinks[0]) == want, "rows lost or counted twice after the lease was taken"
