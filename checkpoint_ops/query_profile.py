@@ -30,7 +30,7 @@ import time
 import types
 from dataclasses import dataclass
 
-from .errors import BadInputError
+from .errors import BadInputError, StorageError
 from .journal import ops_dir
 from .storage import CheckpointFileManager
 from .storage.paths import join
@@ -682,9 +682,19 @@ def read_profile(fm: CheckpointFileManager, root: str, as_of: int | None | objec
 def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
     """Every record beside the checkpoint, newest first."""
     try:
-        data = fm.read_bytes(profile_path(fm, root))
-    except (FileNotFoundError, BadInputError):  # not an outage: "none recorded" then would drop every record
+        path = profile_path(fm, root)
+    except BadInputError:  # a bucket root: no place beside it, so none recorded
         return []
+    try:
+        data = fm.read_bytes(path)
+    except FileNotFoundError:
+        return []
+    except (StorageError, OSError) as e:  # refused, like an outage, is not "none recorded": that would drop every
+        # record (``record_profile``) and pass a checkpoint whose state is gone (``restart``)
+        raise StorageError(f"the recorded query profile could not be read: "
+                           f"{e.problem if isinstance(e, StorageError) else f'{type(e).__name__}: {e}'}",
+                           path=fm.url(path), fix="give these credentials read and write access to the checkpoint-ops "
+                           "files beside the checkpoint (.checkpoint-ops/), then run the same command again") from e
     try:
         doc = json.loads(data)
         if doc.get("format", 0) > PROFILE_FORMAT:
@@ -725,6 +735,8 @@ def record_profile(fm: CheckpointFileManager, root: str, profile: QueryProfile, 
     dropped. The same query as the newest one goes on: that record stays, from the batch it started at."""
     try:
         earlier = _records(fm, root)
+    except StorageError:
+        raise  # refused: never replaced unread
     except BadInputError:
         earlier = []  # unreadable: replaced (the error's own fix)
     query_id = checkpoint_query_id(fm, root)

@@ -31,7 +31,7 @@ import zipfile
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from .errors import BadInputError
+from .errors import BadInputError, StorageError
 from .model.checkpoint import Checkpoint
 from .model.codecs import LZ4_MAGIC, CodecError, changelog_header, decompress_prefix
 from .model.compactible import CompactibleLog, LogEntry, all_valid_batches, is_compaction_batch
@@ -498,7 +498,9 @@ class RestartSets:
         try:
             query_id = ck.query_id
             record = read_profile(ck.fm, ck.root, as_of=ck.latest_commit, query_id=query_id)
-        except (BadInputError, OSError, LogFormatError):  # not an outage, which would pass a checkpoint that lost its state
+        except StorageError:
+            raise  # refused, like an outage (not caught here), would pass a checkpoint that lost its state
+        except (BadInputError, OSError, LogFormatError):
             return []  # an unreadable record or metadata is named elsewhere; this judges what Spark reads
         # only a record made for this very checkpoint (its query id): the profile beside it outlives a checkpoint
         # deleted by hand, and a stateless query started at the same place is not missing state (a second review)

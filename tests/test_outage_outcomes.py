@@ -19,7 +19,7 @@ import pytest
 import s3fs
 
 from benchmarks import synthetic
-from checkpoint_ops.errors import StoreUnavailableError
+from checkpoint_ops.errors import StorageError, StoreUnavailableError
 from tests.helpers import cli_json, tree_snapshot
 from tests.synthetic_sink import write_sink
 
@@ -221,8 +221,9 @@ def test_a_ctrl_c_held_while_a_claim_release_fails_is_raised_not_lost(faulty_s3,
 def test_fsck_does_not_pass_a_checkpoint_that_lost_its_state_when_the_profile_read_fails(faulty_s3, s3_server,
                                                                                         bucket, tmp_path):
     """`state/` deleted whole, beside a recorded stateful query: fsck names it (state-missing), from the recorded
-    profile. With the store failing that read through every retry, fsck stops with the store's error. Before, the
-    failed read counted as "nothing is known" and fsck passed a checkpoint Spark cannot restart."""
+    profile. With the store failing that read through every retry, or refusing it, fsck stops with the store's
+    error. Before, the failed or refused read counted as "nothing is known" and fsck passed a checkpoint Spark
+    cannot restart; a refused one also made the next record drop the queries recorded before it."""
     import shutil
 
     from checkpoint_ops.fsck import run_fsck
@@ -244,6 +245,16 @@ def test_fsck_does_not_pass_a_checkpoint_that_lost_its_state_when_the_profile_re
     with pytest.raises(StoreUnavailableError):
         run_fsck(ckpt)
     assert hit
+    # refused (these credentials may not read it) is not "nothing recorded" either: fsck stops, naming the file
+    faulty_s3.calm()
+    ckpt = Checkpoint.open(url, opts)
+    faulty_s3.deny(f"{bucket}/.checkpoint-ops/ck/query-profile.json")
+    with pytest.raises(StorageError) as refused:
+        run_fsck(ckpt)
+    assert refused.value.path.endswith("query-profile.json") and "could not be read" in refused.value.problem
+    assert "access" in refused.value.fix, refused.value.render()
+    with pytest.raises(StorageError):  # nor does recording the next query drop the queries recorded before it
+        record_profile(ckpt.fm, ckpt.root, stateful, True, 9)
 
 
 def test_a_batch_an_ended_run_left_planned_is_not_taken_for_a_running_query_while_the_store_fails(faulty_s3, s3_server,
