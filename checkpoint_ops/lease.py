@@ -40,7 +40,9 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   judged like a lease: a claim left by a takeover that was interrupted (killed, the store down) goes
   stale with its taker, and is then claimed in turn (``takeover-<the claim's token>``, put-if-absent
   again), up to ``MAX_CLAIM_CHAIN`` deep. A takeover that fails after its claim removes the claim. The
-  claims are removed when the new holder releases. A warning says whose lease was taken over and why; a
+  claims are removed when the new holder releases: its own, those it claimed past, and every other stale one
+  beside the lease (each names a lease record that is gone, so no takeover can go through it: a taker checks
+  the lease still holds the record it judged once its claim is stored). A warning says whose lease was taken over and why; a
   refusal because of a live claim names the claim file and ``lease break``.
 * **Release** deletes the lease if it is still ours (and our takeover claims), once no renewal is under
   way. On S3 it waits for one at most one renewal interval, then leaves it on its daemon thread: its
@@ -76,7 +78,10 @@ LEASE_NAME = ".checkpoint-ops.lease"
 TAKEOVER_PREFIX = LEASE_NAME + ".takeover-"
 # A holder goes on for this share of its time to live after a renewal starts, no longer (module docstring).
 VALID_SHARE = 5 / 6
-MAX_CLAIM_CHAIN = 3  # stale takeover claims claimed in turn before a takeover gives up
+# Stale takeover claims claimed in turn before a takeover gives up: each is a takeover interrupted between its claim and
+# its write (killed, or the store down), so the chain grows by one per such failure in a row; walking it costs one
+# read per claim. Deep enough that the next command, not a person, ends any such run of failures.
+MAX_CLAIM_CHAIN = 64
 
 
 def valid_for_s(ttl_s: float) -> float:
@@ -488,11 +493,13 @@ def _take_over(fm: CheckpointFileManager, root: str, stale: LeaseState, me: Hold
 
 
 def _claims_left_by(fm: CheckpointFileManager, root: str, stale: LeaseState, known: set[str]) -> list[str]:
-    """Names of the takeover claims the stale lease's own holder left: it took the lease over itself, then died
-    holding it (a killed undo after a killed rollback), so its claim, named after the lease before it, is one
-    no later taker would ever meet. Removed with ours at release; the same process wrote them, so none is live."""
-    if stale.holder is None:
-        return []
+    """Names of the takeover claims beside the lease, other than ``known``, that no takeover can go through any
+    more, removed with ours at release: those the stale lease's own holder left (it took the lease over itself,
+    then died holding it: a killed undo after a killed rollback, so its claim, named after the lease before it,
+    is one no later taker would ever meet; the same process wrote them, so none is live), and every stale one
+    (its taker gone or past its time to live: claims a taker walked past, left when that taker then died holding
+    the lease, are never met again either). A live claim of another taker stays: it finds the lease changed,
+    and removes its claim itself."""
     try:
         names = [f.name for f in fm.list(root)  # (a claim's .crc sidecar starts "..": not listed here)
                  if not f.is_dir and f.name.startswith(TAKEOVER_PREFIX) and f.name not in known]
@@ -501,7 +508,10 @@ def _claims_left_by(fm: CheckpointFileManager, root: str, stale: LeaseState, kno
     left = []
     for name in names:
         record = _read_record(fm, join(root, name))
-        if record.holder is not None and record.holder.token == stale.holder.token:
+        if not record.present:
+            continue
+        its_own = record.holder is not None and stale.holder is not None and record.holder.token == stale.holder.token
+        if its_own or record.stale_reason is not None:
             left.append(name)
     return left
 

@@ -242,11 +242,34 @@ def test_a_takeover_killed_after_its_claim_does_not_block_later_ones(tmp_path):
     assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
 
 
+def test_takeovers_killed_after_their_claims_many_times_in_a_row_do_not_need_a_person(tmp_path):
+    """Each takeover killed between its claim and its write leaves one more claim in the chain the next taker
+    walks. Six in a row (before, four needed `lease break`): the next command takes the lease over past all of
+    them, and its release leaves nothing."""
+    fm, root = open_file_manager(str(tmp_path))
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(_lapsed_holder()))
+    code = ("import sys; from checkpoint_ops.lease import acquire; from checkpoint_ops.storage import "
+            "open_file_manager; fm, root = open_file_manager(sys.argv[1]); acquire(fm, root, 'killed')")
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT="2")  # 1: its claim; 2: the lease, replaced
+    for killed in range(1, 7):
+        proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=env, capture_output=True)
+        assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+        claims = [n for n in os.listdir(tmp_path) if n.startswith(TAKEOVER_PREFIX)]
+        assert len(claims) == killed, claims
+    assert read_lease(fm, root).holder.owner == "a run on another host"  # never replaced
+
+    lease = acquire(fm, root, "next", heartbeat=False)
+    assert "took over the lease" in lease.notes[0] and "past 6 takeover claim(s)" in lease.notes[0], lease.notes
+    lease.release()
+    assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
+
+
 def test_a_takeover_removes_the_claims_the_dead_holder_left_itself(tmp_path):
     """A killed rollback's lease taken over by an undo that was killed too: the undo's claim (named after the
     rollback's lease, holding the undo's record) was left for ever, as no later taker meets that name (the next
     undo claims the undo's lease). A takeover now also removes, at release, the claims whose record is the stale
-    holder's own; another holder's claim stays."""
+    holder's own, and every stale claim (here one a dead taker left in a chain the undo walked past); a live
+    claim of another taker stays."""
     fm, root = open_file_manager(str(tmp_path))
     dead = _lapsed_holder("a killed undo")
     fm.write_bytes(os.path.join(root, LEASE_NAME), _record(dead))
@@ -256,10 +279,14 @@ def test_a_takeover_removes_the_claims_the_dead_holder_left_itself(tmp_path):
                           int(time.time() * 1000), 60.0)
     theirs = TAKEOVER_PREFIX + "5678ef01" * 4
     fm.write_bytes(os.path.join(root, theirs), _record(someone_else))
+    walked_past = TAKEOVER_PREFIX + "0123abce" * 4  # a dead taker's, in the chain of a lease long replaced
+    long_ago = int((time.time() - 3600) * 1000)
+    dead_taker = Holder("a killed rollback's taker", ELSEWHERE, 4343, None, "cafe0123" * 4, long_ago, long_ago, 60.0)
+    fm.write_bytes(os.path.join(root, walked_past), _record(dead_taker))
 
     lease = acquire(fm, root, "next", heartbeat=False)
     assert "took over the lease" in lease.notes[0], lease.notes
-    assert os.path.exists(tmp_path / its_own)  # while the lease is held
+    assert os.path.exists(tmp_path / its_own) and os.path.exists(tmp_path / walked_past)  # while the lease is held
     lease.release()
     left = sorted(n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n)
     assert left == [f".{theirs}.crc", theirs], left  # its own claim gone with its .crc sidecar
