@@ -575,7 +575,7 @@ class LeaseSet:
             return e
         return None
 
-    def _release_on_error(self) -> Exception | None:
+    def release_on_error(self) -> Exception | None:
         """``release_quietly`` while an error is on its way out: that error is the one raised, so even a bug in the
         release is only returned (to be told)."""
         try:
@@ -590,7 +590,7 @@ class LeaseSet:
         try:
             yield self
         except BaseException:
-            _told_left(self._release_on_error(), warn, "")
+            _told_left(self.release_on_error(), warn, "")
             raise
         _told_left(self.release_quietly(), warn, "it completed, but ")
 
@@ -601,7 +601,7 @@ class LeaseSet:
         if exc_type is None:
             self.release()
         else:  # the error on its way out is the one to raise (``held`` tells what the release left)
-            self._release_on_error()
+            self.release_on_error()
 
 
 LEASE_LEFT_BEHIND = ("it goes stale once this process ends (at once for the next command on this host), or when "
@@ -649,7 +649,7 @@ def acquire_all(locations: list[tuple[CheckpointFileManager, str, str]], owner: 
             if caught:
                 raise KeyboardInterrupt
         except BaseException:  # the refusal (or Ctrl-C) is what to report; a lease left goes stale, told
-            left = taken._release_on_error()
+            left = taken.release_on_error()
             if warn is not None:
                 _told_left(left, warn, "")
             raise

@@ -113,22 +113,29 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
     name = _name(query)
     owner = owner or f"spark query {name} (hold_lease_while_active)"
     again = "start the query again and call hold_lease_while_active right after start()"
+    leases = None
     try:
         sites = []
         for url in [checkpoint, *sinks]:
             fm, root = open_file_manager(url, storage_options)
             sites.append((fm, root, url))
         leases = acquire_all(sites, owner, stepwise=False, warn=_log.warning)  # told: what a refusal left behind
+        return ActiveQueryLease(query, leases, poll_s)
     except BaseException as e:  # whatever kept the lease from it (a Ctrl-C too), the query must not run unguarded
         stopped = _stop(query)
+        if leases is not None:  # taken, then interrupted before the caller got it: not left renewing
+            left = leases.release_on_error()
+            if left is not None:
+                _log.warning("the streaming query's lease could not be released (%s); %s", release_problem(left),
+                             LEASE_LEFT_BEHIND)
         if isinstance(e, StoreUnavailableError):  # no other holder: the store did not answer
             raise e.finish_with(f"the query {name} was {stopped}: it must not run without its lease; once the store "
                                 f"answers, {again}") from e
         if isinstance(e, RefusedError):  # another holder (LeaseHeld)
             raise RefusedError(f"{e.problem}; the query {name} was {stopped}: it must not run while another holder "
                                "may be changing its checkpoint", path=e.path,
-                               fix=f"wait until that holder is done (`checkpoint-ops lease show CHECKPOINT`), then "
-                                   f"{again}") from e
+                               fix=f"wait until that holder is done (`checkpoint-ops lease show "
+                                   f"{lease_root(e.path) if e.path else checkpoint}`), then {again}") from e
         if isinstance(e, CheckpointOpsError) or is_storage_failure(e):  # refused (access denied, no space...)
             problem = e.problem if isinstance(e, CheckpointOpsError) else f"{type(e).__name__}: {e}"
             raise StorageError(f"the lease could not be taken: {problem}; the query {name} was {stopped}: it must "
@@ -136,7 +143,6 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
                                fix=f"mend what the store refused (credentials, permissions, space, storage options), "
                                    f"then {again}") from e
         raise  # a bug or an interrupt: the query is stopped all the same
-    return ActiveQueryLease(query, leases, poll_s)
 
 
 def _stop(query) -> str:
