@@ -406,6 +406,15 @@ def symlink_loop(run, n):
     return (f"offsets/{n - 1}",)
 
 
+def fifo_instead_of_file(run, n):
+    """A named pipe where a log file was (made by hand, or by a copy tool that keeps special files): opening it
+    waits for a writer for ever. Every command must name it and end."""
+    p = ck(run, f"offsets/{n - 1}")
+    remove_with_sidecars(p)
+    os.mkfifo(p)
+    return (f"offsets/{n - 1}",)
+
+
 def directory_instead_of_file(run, n):
     p = ck(run, f"commits/{n}")
     remove_with_sidecars(p)
@@ -548,6 +557,7 @@ CASES = [
     Case("enormous_line", "hdfs", enormous_line, "restart", LOGS, offsets_shown=True),
     Case("symlink_loop", "rocksdb", symlink_loop, "restart", LOGS, offsets_shown=True),
     Case("directory_instead_of_file", "rocksdb_v2", directory_instead_of_file, "restart", LOGS, offsets_shown=True),
+    Case("fifo_instead_of_file", "hdfs", fifo_instead_of_file, "restart", LOGS, offsets_shown=True),
     Case("permission_denied", "hdfs", permission_denied, "restart", LOGS, unprivileged=True),
     # in what the rollback removes: a repair the plan announces
     Case("torn_latest_commit", "rocksdb_v2", torn_latest_commit, "removed", {"inspect", "ledger"}),
@@ -613,6 +623,8 @@ def tree_hash(*roots: str, skip: tuple[str, ...] = ()) -> str:
                 st = os.lstat(p)
                 if stat.S_ISLNK(st.st_mode):
                     h.update(b"link:" + os.readlink(p).encode())
+                elif not stat.S_ISREG(st.st_mode):  # a named pipe: opened, it would wait for a writer
+                    h.update(b"special:%o" % st.st_mode)
                 else:
                     h.update(b"%o:" % st.st_mode)
                     with open(p, "rb") as f:
@@ -743,6 +755,15 @@ def _unreadable_old_offsets(run, tmp):
     return run.checkpoint, [run.output], (f"offsets/{run.last_batch - 3}",)
 
 
+def _fifo_old_offsets(run, tmp):
+    """A named pipe in place of an older batch's offsets (not in the restart set): read only by the copy, which
+    waited for a writer for ever."""
+    p = ck(run, f"offsets/{run.last_batch - 3}")
+    remove_with_sidecars(p)
+    os.mkfifo(p)
+    return run.checkpoint, [run.output], (f"offsets/{run.last_batch - 3}",)
+
+
 def _unreadable_commits_dir(run, tmp):
     os.chmod(ck(run, "commits"), 0)
     return run.checkpoint, [run.output], ("commits",)
@@ -766,6 +787,7 @@ SOURCE_CASES = [
     SourceCase("source_sink_missing", "hdfs", _missing_sink),
     SourceCase("source_unreadable_file", "hdfs", _unreadable_old_offsets, unprivileged=True, existing=False),
     SourceCase("source_unreadable_directory", "rocksdb", _unreadable_commits_dir, unprivileged=True),
+    SourceCase("source_fifo_instead_of_a_file", "rocksdb_v2", _fifo_old_offsets),
     SourceCase("source_unreadable_checkpoint", "rocksdb_v2", _unreadable_checkpoint, unprivileged=True),
     SourceCase("source_no_commit_yet", "hdfs", _no_commit_yet, code=1),
     SourceCase("source_missing_metadata", "rocksdb", _at_last_commit(missing_metadata)),

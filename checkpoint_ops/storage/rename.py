@@ -75,6 +75,42 @@ class _LazyStatInfo(FileInfo):
         return getattr(self, "_identity", None)
 
 
+def _special_kind(mode: int) -> str | None:
+    """What a file that is neither a regular file nor a directory is (None for those two)."""
+    for test, kind in ((stat.S_ISFIFO, "named pipe (FIFO)"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device")):
+        if test(mode):
+            return kind
+    return None
+
+
+def open_file(path: str, dir_fd: int | None = None, flags: int = 0) -> int:
+    """A read-only descriptor of the regular file at ``path`` (through a link to one). A named pipe, a socket or
+    a device is refused with an ``OSError`` saying what it is, and never read: opening a named pipe waits for a
+    writer for ever, and reading a device may never end (a hand-made file in a checkpoint, or a link to one). A
+    directory raises ``IsADirectoryError``, as ``open`` does."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags, dir_fd=dir_fd)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        kind = _special_kind(mode)
+        if kind is not None:
+            raise OSError(errno.EINVAL, f"not a file but a {kind}: neither Spark nor checkpoint-ops can read it as a "
+                          "file (reading it could wait for ever); remove it, or put the file it stands for in its "
+                          "place", path)
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _read_open(path: str):
+    """``open(path, "rb")`` of a regular file only (``open_file``)."""
+    return os.fdopen(open_file(path), "rb")
+
+
 TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\.tmp$")
 
 
@@ -451,7 +487,7 @@ class LocalFileManager(CheckpointFileManager):
         if os.path.exists(dst_path):
             return False
         src.counter.add("read")
-        with open(src_path, "rb") as f:
+        with _read_open(src_path) as f:
             size = os.fstat(f.fileno()).st_size
 
             def fill(fd: int) -> None:
@@ -500,7 +536,7 @@ class LocalFileManager(CheckpointFileManager):
         if not self.hadoop_crc or os.path.exists(crc) or not os.path.exists(path):
             return
         h = HadoopCrc()
-        with open(path, "rb") as f:
+        with _read_open(path) as f:
             while chunk := f.read(8 * 2**20):
                 h.update(chunk)
         self._put_plain(crc, h.digest())
@@ -538,17 +574,17 @@ class LocalFileManager(CheckpointFileManager):
 
     def read_bytes(self, path: str) -> bytes:
         self.counter.add("read")
-        with open(path, "rb") as f:
+        with _read_open(path) as f:
             return f.read()
 
     def read_prefix(self, path: str, n: int) -> bytes:
         self.counter.add("read")
-        with open(path, "rb") as f:
+        with _read_open(path) as f:
             return f.read(n)
 
     def open_read(self, path: str):
         self.counter.add("read")
-        return open(path, "rb")
+        return _read_open(path)
 
     def info(self, path: str) -> FileInfo | None:
         self.counter.add("stat")
@@ -809,7 +845,7 @@ def _copy_across(src_dir: int, name: str, dst_dir: int, dst_name: str) -> bool:
         if stat.S_ISLNK(os.stat(name, dir_fd=src_dir, follow_symlinks=False).st_mode):
             link_target, src = os.readlink(name, dir_fd=src_dir), -1
         else:
-            link_target, src = None, os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_dir)
+            link_target, src = None, open_file(name, dir_fd=src_dir, flags=os.O_NOFOLLOW)
     except FileNotFoundError:
         return False
     if link_target is not None:
