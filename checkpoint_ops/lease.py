@@ -307,6 +307,11 @@ class Lease:
             self.fm.replace_if_same(self.path, json.dumps(renewed.to_dict()).encode(), state.version)
         except (FileChangedError, FileNotFoundError):
             now = read_lease(self.fm, self.root)
+            if now.holder is not None and now.holder.token == self.holder.token:
+                # an earlier renewal of this process that its retries gave up on was stored meanwhile: still ours
+                # (a holder without steps tries again at its next beat; a stepwise one stops, as for any failure)
+                raise StorageError("a renewal of the lease crossed an earlier one of this process that the store "
+                                   "stored late", path=now.url) from None
             raise LeaseLost(f"the lease was taken from this process while it renewed it (the store refused the "
                             f"late renewal): it is now {now.describe()}", path=now.url,
                             fix="the operation stopped where it was; finish it with `checkpoint-ops resume` once "
@@ -314,7 +319,33 @@ class Lease:
         lapse = self._lapse(stored_late=True) if self.stepwise else None
         if lapse is not None:
             raise lapse
+        if not self.stepwise and not self.fm.conditional_replace and \
+                time.monotonic() - self.renewed_at > valid_for_s(self.holder.ttl_s):
+            self._taken_while_late()
         self.holder, self.renewed_at = renewed, started
+
+    def _taken_while_late(self) -> None:
+        """A holder without steps whose renewal was stored late on a store without a conditional replace (the
+        process paused between its read and its write): it may have replaced the record of a process that took
+        the lease over meanwhile. That taker's claim, named after our record and kept until it releases, says
+        so: then the lease is not ours (the taker stops at its next renewal, finding our record)."""
+        claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
+        if self.fm.exists(claim):
+            taker = _read_record(self.fm, claim)
+            raise LeaseLost(f"the lease was taken over while this process did not renew it ({taker.describe()} "
+                            "claimed it), and a late renewal of this process was stored over the new holder's record "
+                            "(that holder stops at its next renewal)", path=self.fm.url(self.path),
+                            fix="the run stopped; once that holder is done, run it again")
+
+    def verify(self) -> None:
+        """``check``, then the record read now: ``LeaseLost`` if it is not ours, found at once rather than at the
+        next renewal (before a holder without steps writes anything more under it)."""
+        self.check()
+        state = read_lease(self.fm, self.root)
+        if state.holder is None or state.holder.token != self.holder.token:
+            self._lost = LeaseLost(f"the lease was taken from this process: it is now {state.describe()}",
+                                   path=state.url, fix="the run stopped; once that holder is done, run it again")
+            raise self._lost
 
     def start_heartbeat(self) -> None:
         if self._heartbeat is None:
@@ -550,6 +581,11 @@ class LeaseSet:
     def check(self) -> None:
         for lease in self.leases:
             lease.check()
+
+    def verify(self) -> None:
+        """``Lease.verify`` of each: one read of each record."""
+        for lease in self.leases:
+            lease.verify()
 
     def release(self) -> None:
         errors = []

@@ -10,10 +10,10 @@ puts a lease back.
 
 A lease whose holder is a **live process on this host** is never broken (refused, exit 1, naming the holder):
 that process can be stopped here, after which its lease is stale and taken over by the next command, while
-breaking it would stop nothing when it is a running query (``spark.hold_lease_while_active``) or a Dagster
-run: they hold it across a run with no steps to stop at, so the query runs on, unprotected, and nothing tells
-it. A live holder on another host is broken (that is what the command is for), with a warning that says what
-follows for its kind (``Holder.kind``): an operation stops at its next heartbeat, a query or run does not.
+breaking it stops it only at its next heartbeat, part-way (an operation), or at its next heartbeat and look (a
+running query under ``spark.hold_lease_while_active``, or a Dagster run), writing meanwhile. A live holder on
+another host is broken (that is what the command is for), with a warning that says what follows for its kind
+(``Holder.kind``) and how long to wait before changing what it guarded.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from .errors import RefusedError
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseState, is_lease_file, read_lease
-from .liveness import OPERATION, RUN, Holder
+from .liveness import OPERATION, RUN, RUN_LOOK_S, Holder
 from .operation import ApplyContext, Operation, Site, require_objects_under
 from .plan import Plan
 from .storage import open_file_manager
@@ -87,10 +87,12 @@ _STOPS = ("breaking the lease stops its operation at its next heartbeat, where `
 
 
 def _stops_run(holder: Holder) -> str:
-    return (f"breaking the lease stops it at its next heartbeat (within {holder.ttl_s / 3:g} s): its holder stops the "
-            "query (a Dagster run fails) and never takes the lease back, but until then the query may commit another "
-            "batch, so let that time pass before changing the checkpoint; break it only if that holder is hung or "
-            "you know the query has stopped")
+    beat = holder.ttl_s / 3
+    return (f"breaking the lease stops it once its process next renews the lease and looks (within about {beat:g} s "
+            f"plus {RUN_LOOK_S:g} s, while that process runs and reaches the store): its holder stops the query (a "
+            "Dagster run fails) and never takes the lease back, but until then the query may commit another batch, "
+            "so let that time pass before changing the checkpoint; a hung holder (its heartbeat renewing, its query "
+            "not stopping) does not stop: break it only if you know the query has stopped or will")
 
 
 def _what(holder: Holder) -> str:
@@ -124,7 +126,8 @@ def _refuse_live_local(state: LeaseState) -> None:
                 "and wait until it has ended: it releases the lease, or the next command takes over the lease of a "
                 "process gone from this host")
     raise RefusedError(f"the lease is held by a live process on this host: {holder.describe()}, {_what(holder)}. "
-                       "Breaking it would not stop that process"
-                       + (" (a query runs on, unprotected, and never takes the lease back)" if holder.kind != OPERATION
-                          else " until its next heartbeat, mid-way through its operation"),
+                       "Breaking it would not stop that process at once"
+                       + (" (a query runs on until its next heartbeat and look, and a hung one for ever)"
+                          if holder.kind != OPERATION else " (it goes on until its next heartbeat, then stops mid-way "
+                          "through its operation)"),
                        path=state.url, fix=f"{stop}; `lease break` is for a holder on another host, or hung there")

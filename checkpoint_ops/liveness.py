@@ -31,6 +31,9 @@ TTL_ENV = "CHECKPOINT_OPS_LEASE_TTL"  # seconds; tests and slow stores may chang
 # ``Holder.kind``
 OPERATION = "operation"
 RUN = "run"
+# How often, at most, a RUN holder's watcher looks at its lease by default (``spark.hold_lease_while_active``'s
+# poll; a Dagster run looks every second): what a break of its lease waits on after the holder's next heartbeat
+RUN_LOOK_S = 5.0
 
 
 def default_ttl() -> float:
@@ -87,7 +90,8 @@ class Holder:
     heartbeat_ms: int
     ttl_s: float
     # what kind of holder: OPERATION (a command that checks its lease between steps and stops once it lost
-    # it), RUN (a streaming query or a Dagster run holding it across one run: losing it stops nothing), or
+    # it), RUN (a streaming query or a Dagster run holding it across one run: its watcher stops the query once
+    # its heartbeat finds the lease lost, within ``RUN_LOOK_S`` of that), or
     # None (not said: a record written before 0.2, a backup intent, a prune lock)
     kind: str | None = None
     # the operation an OPERATION holder runs ("rollback", "undo", ... ``Operation.name``); None: not said (a

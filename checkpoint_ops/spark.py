@@ -19,8 +19,11 @@ batch would plan or commit beside that operation. The error names the holder and
 The lease can also be taken from the query while it runs: by a command that judged it stale (its heartbeat
 lapsed: this process was paused, or could not reach the lease's store, for longer than the time to live) or
 by ``lease break``. The heartbeat finds the record not its own at its next renewal (every third of the time
-to live); the helper then stops the query (logged as an error on the ``checkpoint_ops.spark`` logger), and
-``release()`` (the ``with`` block's end) raises ``LeaseLost``: two writers never go on together.
+to live), and the watcher learns it at its next look (every ``poll_s``); it then stops the query (logged as an
+error on the ``checkpoint_ops.spark`` logger), and ``release()`` (the ``with`` block's end) raises ``LeaseLost``.
+The two do not go on together once this process runs and reaches the lease's store again; while it is paused or
+cut off, Spark's JVM may still run the query beside the new holder, which no lease can prevent.
+
 No PySpark import here: ``query`` is any object with ``isActive`` (a ``StreamingQuery``) and ``stop()``.
 """
 
@@ -29,11 +32,13 @@ from __future__ import annotations
 import logging
 import threading
 
-from .errors import CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, is_storage_failure
+from .errors import (STORE_FAILURES, CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError,
+                     is_storage_failure)
 from .lease import LEASE_LEFT_BEHIND, LeaseLost, LeaseSet, acquire_all, lease_root, release_problem
+from .liveness import RUN_LOOK_S
 from .storage import open_file_manager
 
-POLL_SECONDS = 5.0
+POLL_SECONDS = RUN_LOOK_S
 _log = logging.getLogger(__name__)
 
 
@@ -63,6 +68,13 @@ class ActiveQueryLease:
                 active = False
             if not active:
                 break
+        if self.lost is None:  # taken since the last look (one read): said, not released as if it were ours
+            try:
+                self.leases.verify()
+            except LeaseLost as e:
+                self._taken(e)
+            except (OSError, *STORE_FAILURES):
+                pass  # the release below says what the store did
         left = self.leases.release_quietly()  # on this thread: told, not a thread's traceback
         if left is not None:
             _log.warning("the streaming query's lease could not be released (%s); %s", release_problem(left),
@@ -98,8 +110,12 @@ class ActiveQueryLease:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         self._end()
-        if self.lost is not None and exc_type is None:  # an error on its way out is the one raised
+        if self.lost is None:
+            return
+        if exc_type is None:
             raise self.lost
+        if isinstance(exc, BaseException):  # the error on its way out is raised (the other holder may have caused it)
+            exc.add_note(f"checkpoint-ops: {self.lost.render()}")
 
 
 def _name(query) -> str:

@@ -14,7 +14,8 @@ import dagster as dg
 from checkpoint_ops.activity import record_ended_run
 from checkpoint_ops.check_pass import run_check_pass
 from checkpoint_ops.collector import fewer_collections
-from checkpoint_ops.errors import BadInputError, CheckpointOpsError, StoreUnavailableError, parameter_names
+from checkpoint_ops.errors import (STORE_FAILURES, BadInputError, CheckpointOpsError, StoreUnavailableError,
+                                   parameter_names)
 from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger, PairingRecord
@@ -293,13 +294,21 @@ def run_query(context, query, spark, files, writer=None, sink=None, leases: Opti
         refuse_sink_of_another_query(query, files)
         started = writer.option("checkpointLocation", query.checkpoint).trigger(availableNow=True).start()
         try:
-            lost = _await_unless_taken(started, leases)
+            lost = _await_unless_taken(started, leases) or _taken_now(leases)
         except Exception as e:  # the query failed: its own message, not a py4j/gRPC stack
+            # taken meanwhile, the other holder's changes may be why: say so, and write nothing more
+            lost = _taken_now(leases)
+            if lost is not None:
+                raise _taken_failure(query, started, lost, spark, failed=e) from None
             # the batch it left planned is this run's (it held the lease): a rollback to repair it is not refused
             # for the planned batch looking recent (checkpoint_ops.activity); only once the query has stopped
-            # (a client-side error, e.g. a Spark Connect session lost, can leave it running on the server)
+            # (a client-side error, e.g. a Spark Connect session lost, can leave it running on the server: stopped
+            # here if it can be, as the leases are released next)
             try:
                 stopped = not started.isActive
+                if not stopped:
+                    started.stop()
+                    stopped = not started.isActive
             except Exception:  # cannot tell: the age rule stays
                 stopped = False
             if stopped:
@@ -307,7 +316,7 @@ def run_query(context, query, spark, files, writer=None, sink=None, leases: Opti
                 record_ended_run(fm, root, f"dagster run {context.run.run_id} ({query.name}), which failed")
             raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
         if lost is not None:
-            raise _taken_failure(query, started, lost) from None
+            raise _taken_failure(query, started, lost, spark) from None
     progress = [_progress(p) for p in started.recentProgress]
     release_state_stores(spark, any(p.get("stateOperators") for p in progress))
     return progress
@@ -327,18 +336,39 @@ def _await_unless_taken(started, leases: Optional[LeaseSet]) -> Optional[LeaseLo
     return None
 
 
-def _taken_failure(query, started, lost: LeaseLost) -> dg.Failure:
+def _taken_now(leases: Optional[LeaseSet]) -> Optional[LeaseLost]:
+    """Why the run's leases are not its own now (each record read), else None; None too when the store does not
+    answer (the run goes on as it would have: its own outcome says what the store did)."""
+    if leases is None:
+        return None
+    try:
+        leases.verify()
+    except LeaseLost as e:
+        return e
+    except (OSError, *STORE_FAILURES):
+        return None
+    return None
+
+
+def _taken_failure(query, started, lost: LeaseLost, spark, failed: Optional[Exception] = None) -> dg.Failure:
     """The run's lease was taken while its query ran: another holder may be changing the checkpoint, so the
-    query stops now, and nothing more is written under the lease (no ended-run record, no ledger)."""
+    query stops now, its state stores are let go (their maintenance must not write beside that holder), and
+    nothing more is written under the lease (no ended-run record, no ledger)."""
     try:
         started.stop()
         stopped = "stopped"
     except Exception as e:  # noqa: BLE001 - said; the loss is the failure
         stopped = f"left running (stopping it failed: {str(e).strip()[:500]}); stop it yourself now"
+    if not _is_connect(spark):  # a Spark Connect server unloads them at its own next maintenance
+        try:
+            release_state_stores(spark, True)
+        except Exception:  # noqa: BLE001 - the loss is the failure
+            pass
     where = lease_root(lost.path) if lost.path else query.checkpoint
+    then = f" (it had failed: {str(failed).strip()[:1000]})" if failed is not None else ""
     return dg.Failure(
-        description=f"streaming query {query.name} was {stopped}: {lost.path}: {lost.problem}. It must not run while "
-        f"another holder may be changing its checkpoint. See who holds the lease now (`checkpoint-ops lease show "
+        description=f"streaming query {query.name} was {stopped}{then}: {lost.path}: {lost.problem}. It must not run "
+        f"while another holder may be changing its checkpoint. See who holds the lease now (`checkpoint-ops lease show "
         f"{where}`): a command took it over because this run's heartbeat lapsed (the process was paused, or could not "
         "reach the lease's store, for longer than the lease's time to live), or it was broken by hand. The batches "
         "the query committed before it stopped stay committed; once that holder is done, materialize again.")

@@ -512,10 +512,10 @@ def test_a_run_whose_lease_is_taken_while_its_query_runs_stops_the_query(spark, 
     from checkpoint_ops.liveness import Holder
     from tests.helpers import cli_json
 
-    monkeypatch.setenv("CHECKPOINT_OPS_LEASE_TTL", "3")  # the run renews every second
+    monkeypatch.setenv("CHECKPOINT_OPS_LEASE_TTL", "1")  # the run renews every third of a second, looks every second
     base = str(tmp_path / "q")
     query, inp = counts_query(base, name="taken"), os.path.join(base, "input")
-    files = 20  # one batch each: seconds of work, so the query still runs when the lease is taken
+    files = 24  # one batch each: seconds of work, so the query still runs when the lease is taken
     write_event_files(inp, 0, files)
     lease, first_commit = os.path.join(query.checkpoint, LEASE_NAME), os.path.join(query.checkpoint, "commits", "0")
     now = int(time.time() * 1000)
