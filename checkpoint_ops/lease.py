@@ -22,10 +22,12 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   it never replaces the new holder's record (the late holder stops; the new one goes on). So is a
   takeover's write, if the record it judged stale was renewed meanwhile. Where the store has no
   conditional replace (local disk, HDFS: a rename cannot be made conditional) the replace is
-  unconditional: a renewal that has not written by that point does not write, and one whose write was
-  stored only after it may have replaced the record of a process that took the lease over meanwhile:
-  the holder treats the lease as lost (and stops), and the other process finds a record not its own at
-  its next renewal and stops too (it is resumable). Never two holders going on together.
+  unconditional (the file is checked against the version read just before the rename, which leaves a window
+  of a few system calls): a renewal that has not written by that point does not write, and one whose write
+  was stored only after it may have replaced the record of a process that took the lease over meanwhile.
+  The late holder looks for that taker's claim (kept until it releases, and holding its record): if it is
+  there, it writes the taker's record back and stops, and the taker goes on; if not, nobody took it over
+  (or the taker is done), and the late holder stops (a stepwise one) or goes on (one without steps).
 * **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
   run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
   heartbeat would let the record go stale while the query still runs, and any command take the lease
@@ -63,7 +65,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-from .errors import CheckpointOpsError, RefusedError, StorageError, store_kept_failing
+from .errors import CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, store_kept_failing
 from .interrupts import interrupts_held
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
@@ -131,8 +133,9 @@ def lease_path(root: str) -> str:
 
 
 def lease_root(lease_url: str) -> str:
-    """The root a lease file's URL guards (what ``lease show`` takes)."""
-    return lease_url[: -len(LEASE_NAME)].rstrip("/") if lease_url.endswith("/" + LEASE_NAME) else lease_url
+    """The root a lease file's (or a takeover claim's) URL guards: what ``lease show`` takes."""
+    parent, _, name = lease_url.rstrip("/").rpartition("/")
+    return parent if parent and name.startswith(LEASE_NAME) else lease_url
 
 
 _HELD_HERE: set[str] = set()  # tokens of the leases this process holds right now
@@ -151,6 +154,13 @@ def _left_here(holder: Holder) -> str | None:
         if holder.token in _HELD_HERE:
             return None
     return f"it was left by this process (pid {holder.pid}), which no longer holds it (its release failed)"
+
+
+def _json_or_none(data: bytes) -> object:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 def read_lease(fm: CheckpointFileManager, root: str, now: float | None = None) -> LeaseState:
@@ -247,6 +257,7 @@ class Lease:
     renew_errors: int = 0  # renewals of a holder without steps that failed and were tried again
     _heartbeat: Heartbeat | None = None
     _lost: LeaseLost | None = None  # once lost, lost for good (a later renewal must not revive it)
+    _overwrote: bool = False  # a late renewal of ours was stored over a taker's record: never delete it
 
     def __post_init__(self) -> None:
         with _HELD_LOCK:
@@ -316,26 +327,34 @@ class Lease:
                             f"late renewal): it is now {now.describe()}", path=now.url,
                             fix="the operation stopped where it was; finish it with `checkpoint-ops resume` once "
                             "the other holder is done") from None
+        if not self.fm.conditional_replace and time.monotonic() - self.renewed_at > valid_for_s(self.holder.ttl_s):
+            self._give_back_if_taken()
         lapse = self._lapse(stored_late=True) if self.stepwise else None
         if lapse is not None:
             raise lapse
-        if not self.stepwise and not self.fm.conditional_replace and \
-                time.monotonic() - self.renewed_at > valid_for_s(self.holder.ttl_s):
-            self._taken_while_late()
         self.holder, self.renewed_at = renewed, started
 
-    def _taken_while_late(self) -> None:
-        """A holder without steps whose renewal was stored late on a store without a conditional replace (the
-        process paused between its read and its write): it may have replaced the record of a process that took
-        the lease over meanwhile. That taker's claim, named after our record and kept until it releases, says
-        so: then the lease is not ours (the taker stops at its next renewal, finding our record)."""
+    def _give_back_if_taken(self) -> None:
+        """A renewal stored late on a store without a conditional replace (the process paused between its read
+        and its write) may have replaced the record of a process that took the lease over meanwhile. That taker's
+        claim, named after our record and kept until it releases, says so, and holds the taker's record as it wrote
+        it: written back, the taker goes on undisturbed, and this holder has lost the lease (its release leaves the
+        record alone, so no third process finds the lease free while the taker works)."""
         claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
-        if self.fm.exists(claim):
-            taker = _read_record(self.fm, claim)
-            raise LeaseLost(f"the lease was taken over while this process did not renew it ({taker.describe()} "
-                            "claimed it), and a late renewal of this process was stored over the new holder's record "
-                            "(that holder stops at its next renewal)", path=self.fm.url(self.path),
-                            fix="the run stopped; once that holder is done, run it again")
+        try:
+            body = self.fm.read_bytes(claim)
+        except FileNotFoundError:
+            return  # nobody holds it through a takeover: the record is ours (or was free, and a release deletes it)
+        self._overwrote = True
+        taker = Holder.from_dict(_json_or_none(body))
+        who = taker.describe() if taker is not None else "another process"
+        self.fm.write_bytes(self.path, body, overwrite=True)
+        self._lost = LeaseLost(f"the lease was taken over by {who} while this process did not renew it, and a late "
+                               "renewal of this process was stored over that holder's record (written back since)",
+                               path=self.fm.url(self.path),
+                               fix="this process stopped; once that holder is done, run it again (an operation: "
+                               "finish it with `checkpoint-ops resume`)")
+        raise self._lost
 
     def verify(self) -> None:
         """``check``, then the record read now: ``LeaseLost`` if it is not ours, found at once rather than at the
@@ -392,7 +411,8 @@ class Lease:
         with _HELD_LOCK:  # from now on not held, even if deleting the record fails
             _HELD_HERE.discard(self.holder.token)
         state = read_lease(self.fm, self.root)
-        if state.holder is not None and state.holder.token == self.holder.token:
+        # not a record a late renewal of ours wrote over a taker's (``_give_back_if_taken``): the taker's, still
+        if state.holder is not None and state.holder.token == self.holder.token and not self._overwrote:
             self.fm.delete(self.path)  # with its checksum sidecar, where the file system keeps one
         for name in self.claims:
             self.fm.delete(join(self.root, name))
@@ -519,7 +539,10 @@ def _take_over(fm: CheckpointFileManager, root: str, stale: LeaseState, me: Hold
     note = f"took over the lease of {fm.url(root)} from {stale.describe()}"
     if passed:
         note += f" (past {len(passed)} takeover claim(s) left by interrupted takeovers)"
-    left = _claims_left_by(fm, root, stale, {basename(claim), *passed})
+    try:  # best effort: the lease is ours already, and a claim left here is removed by a later holder
+        left = _claims_left_by(fm, root, stale, {basename(claim), *passed})
+    except (OSError, StoreUnavailableError, CheckpointOpsError):
+        left = []
     return Lease(fm, root, me, started, claims=[basename(claim), *passed, *left], notes=[note])
 
 

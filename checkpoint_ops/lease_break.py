@@ -89,7 +89,8 @@ _STOPS = ("breaking the lease stops its operation at its next heartbeat, where `
 def _stops_run(holder: Holder) -> str:
     beat = holder.ttl_s / 3
     return (f"breaking the lease stops it once its process next renews the lease and looks (within about {beat:g} s "
-            f"plus {RUN_LOOK_S:g} s, while that process runs and reaches the store): its holder stops the query (a "
+            f"plus its watcher's poll, {RUN_LOOK_S:g} s by default and a second for a Dagster run, while that process "
+            "runs and reaches the store): its holder stops the query (a "
             "Dagster run fails) and never takes the lease back, but until then the query may commit another batch, "
             "so let that time pass before changing the checkpoint; a hung holder (its heartbeat renewing, its query "
             "not stopping) does not stop: break it only if you know the query has stopped or will")

@@ -689,12 +689,19 @@ def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
         data = fm.read_bytes(path)
     except FileNotFoundError:
         return []
-    except (StorageError, OSError) as e:  # refused, like an outage, is not "none recorded": that would drop every
-        # record (``record_profile``) and pass a checkpoint whose state is gone (``restart``)
+    except (StorageError, PermissionError) as e:  # refused, like an outage, is not "none recorded": that would drop
+        # every record (``record_profile``) and pass a checkpoint whose state is gone (``restart``)
         raise StorageError(f"the recorded query profile could not be read: "
                            f"{e.problem if isinstance(e, StorageError) else f'{type(e).__name__}: {e}'}",
                            path=fm.url(path), fix="give these credentials read and write access to the checkpoint-ops "
                            "files beside the checkpoint (.checkpoint-ops/), then run the same command again") from e
+    except (IsADirectoryError, NotADirectoryError) as e:  # a thing in its place: damaged, as unparsable bytes are
+        raise BadInputError(f"the recorded query profile is not a file ({type(e).__name__})", path=fm.url(path),
+                            fix="remove what is there: the next accepted run records the query again") from None
+    except OSError as e:  # a named pipe (refused by its type), a symlink loop, an I/O error: not "none recorded"
+        raise StorageError(f"the recorded query profile could not be read: {e.strerror or e}", path=fm.url(path),
+                           fix="check the storage and what is at that path (a file the next accepted run rewrites "
+                           "may be removed), then run the same command again") from e
     try:
         doc = json.loads(data)
         if doc.get("format", 0) > PROFILE_FORMAT:

@@ -315,6 +315,12 @@ def run_query(context, query, spark, files, writer=None, sink=None, leases: Opti
                 fm, root = files.file_manager(query.checkpoint)
                 record_ended_run(fm, root, f"dagster run {context.run.run_id} ({query.name}), which failed")
             raise dg.Failure(description=f"streaming query {query.name} failed: {str(e).strip()[:2000]}") from e
+        except BaseException:  # the run terminated (Dagster's interrupt, Ctrl-C): the leases go next, so the query too
+            try:
+                started.stop()
+            except Exception:  # noqa: BLE001 - the interrupt is what is raised
+                pass
+            raise
         if lost is not None:
             raise _taken_failure(query, started, lost, spark) from None
     progress = [_progress(p) for p in started.recentProgress]

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from checkpoint_ops.storage import open_file_manager
+from checkpoint_ops.storage import FileChangedError, open_file_manager
 from checkpoint_ops.storage.checksums import hadoop_crc_bytes, hadoop_crc_matches
 from tests.helpers import race_create_atomic
 
@@ -57,16 +57,28 @@ def test_overwrite_false_never_replaces(tmp_path):
     assert (tmp_path / "commits" / "3").read_bytes() == b"first"
 
 
-def test_replace_if_same_is_unconditional_on_local_disk(tmp_path):
-    """A rename cannot be made conditional: local disk says so (``conditional_replace``), names no
-    version, and replaces whatever is there (leases then detect a late renewal instead: lease.py)."""
+def test_replace_if_same_checks_the_version_just_before_it_replaces_on_local_disk(tmp_path):
+    """A rename cannot be made conditional: local disk says so (``conditional_replace``: leases detect a late
+    renewal too, lease.py). But it names a version (inode, mtime, size), and checks it just before the rename, so
+    a write that comes late does not replace what another process wrote, or deleted, since it read the file."""
     fm, root = open_file_manager(str(tmp_path))
     path = os.path.join(root, "record")
     fm.write_bytes(path, b"v1")
-    assert not fm.conditional_replace and fm.read_versioned(path) == (b"v1", None)
+    data, version = fm.read_versioned(path)
+    assert not fm.conditional_replace and data == b"v1" and version is not None
     fm.write_bytes(path, b"someone else's", overwrite=True)
-    fm.replace_if_same(path, b"v2", None)
+    with pytest.raises(FileChangedError):
+        fm.replace_if_same(path, b"v2", version)
+    assert fm.read_bytes(path) == b"someone else's"
+    data, version = fm.read_versioned(path)
+    fm.replace_if_same(path, b"v2", version)
     assert fm.read_bytes(path) == b"v2"
+    os.remove(path)
+    with pytest.raises(FileNotFoundError):  # deleted since (a release, a break): not written back
+        fm.replace_if_same(path, b"v3", version)
+    assert not os.path.exists(path)
+    fm.replace_if_same(path, b"v4", None)  # no version: unconditional
+    assert fm.read_bytes(path) == b"v4"
 
 
 def test_overwrite_true_regenerates_stale_crc(tmp_path):

@@ -66,7 +66,7 @@ def _remote(root: str, kind: str | None) -> None:
 
 
 @pytest.mark.parametrize("kind, says", [
-    (RUN, ["another-host.example", "within about 20 s plus 5 s", "let that time pass"]),
+    (RUN, ["another-host.example", "within about 20 s plus its watcher's poll, 5 s by default", "let that time pass"]),
     (None, ["if it is a checkpoint-ops operation", "may not stop it"]),  # a record without its kind: both
 ])
 def test_a_live_remote_query_is_broken_with_a_warning_of_what_follows(tmp_path, kind, says):

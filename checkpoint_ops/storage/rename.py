@@ -28,7 +28,7 @@ from .checksums import (
     spark_checksum_json,
     spark_checksum_name,
 )
-from .manager import COPY_CHUNK, AtomicWriter, CheckpointFileManager, FileInfo
+from .manager import COPY_CHUNK, AtomicWriter, CheckpointFileManager, FileChangedError, FileInfo
 from .paths import Location, basename, dirname, join
 
 
@@ -86,24 +86,33 @@ def _special_kind(mode: int) -> str | None:
 
 def open_file(path: str, dir_fd: int | None = None, flags: int = 0) -> int:
     """A read-only descriptor of the regular file at ``path`` (through a link to one). A named pipe, a socket or
-    a device is refused with an ``OSError`` saying what it is, and never read: opening a named pipe waits for a
-    writer for ever, and reading a device may never end (a hand-made file in a checkpoint, or a link to one). A
-    directory raises ``IsADirectoryError``, as ``open`` does."""
+    a device is refused with an ``OSError`` saying what it is, and never opened: opening a named pipe waits for a
+    writer for ever, a socket cannot be opened, opening a device may act and reading one may never end (a
+    hand-made file in a checkpoint, or a link to one). A directory raises ``IsADirectoryError``, as ``open`` does."""
+    _refuse_special(os.stat(path, dir_fd=dir_fd, follow_symlinks=not flags & os.O_NOFOLLOW).st_mode, path)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | flags, dir_fd=dir_fd)
     try:
-        mode = os.fstat(fd).st_mode
+        mode = os.fstat(fd).st_mode  # what was opened: it may have been replaced since the stat
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        kind = _special_kind(mode)
-        if kind is not None:
-            raise OSError(errno.EINVAL, f"not a file but a {kind}: neither Spark nor checkpoint-ops can read it as a "
-                          "file (reading it could wait for ever); remove it, or put the file it stands for in its "
-                          "place", path)
+        _refuse_special(mode, path)
         os.set_blocking(fd, True)
         return fd
     except BaseException:
         os.close(fd)
         raise
+
+
+def _refuse_special(mode: int, path: str) -> None:
+    kind = _special_kind(mode)
+    if kind is not None:
+        raise OSError(errno.EINVAL, f"not a file but a {kind}: neither Spark nor checkpoint-ops can read it as a "
+                      "file (reading it could wait for ever); remove it, or put the file it stands for in its place",
+                      path)
+
+
+def _version(st: os.stat_result) -> str:
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
 
 
 def _read_open(path: str):
@@ -576,6 +585,25 @@ class LocalFileManager(CheckpointFileManager):
         self.counter.add("read")
         with _read_open(path) as f:
             return f.read()
+
+    def read_versioned(self, path: str) -> tuple[bytes, str | None]:
+        """The file and its version: inode, modification time and size of what was read (a replace makes a new
+        inode), for ``replace_if_same``."""
+        self.counter.add("read")
+        with _read_open(path) as f:
+            st = os.fstat(f.fileno())
+            return f.read(), _version(st)
+
+    def replace_if_same(self, path: str, data: bytes, version: str | None) -> None:
+        """``CheckpointFileManager.replace_if_same``: the file is checked against ``version`` just before it is
+        replaced (``FileChangedError`` or ``FileNotFoundError``, and nothing written, if it changed or went), so
+        a write that comes late (the process paused after its read) does not replace what another process wrote
+        or deleted meanwhile; a rename cannot be made conditional, so a few system calls' window remains
+        (``conditional_replace`` stays False)."""
+        if version is not None:
+            if _version(os.stat(path)) != version:
+                raise FileChangedError(f"{path} changed since it was read")
+        self.write_bytes(path, data, overwrite=True)
 
     def read_prefix(self, path: str, n: int) -> bytes:
         self.counter.add("read")
