@@ -22,12 +22,13 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   it never replaces the new holder's record (the late holder stops; the new one goes on). So is a
   takeover's write, if the record it judged stale was renewed meanwhile. Where the store has no
   conditional replace (local disk, HDFS: a rename cannot be made conditional) the replace is
-  unconditional (the file is checked against the version read just before the rename, which leaves a window
-  of a few system calls): a renewal that has not written by that point does not write, and one whose write
-  was stored only after it may have replaced the record of a process that took the lease over meanwhile.
-  The late holder looks for that taker's claim (kept until it releases, and holding its record): if it is
-  there, it writes the taker's record back and stops, and the taker goes on; if not, nobody took it over
-  (or the taker is done), and the late holder stops (a stepwise one) or goes on (one without steps).
+  unconditional (on local disk the file's content is compared with what was read just before the write,
+  which leaves the write itself as a window; HDFS compares nothing): a renewal that has not written by that
+  point does not write, and one whose write was stored only after it may have replaced the record of a
+  process that took the lease over meanwhile.
+  The late holder looks for that taker's claim (kept until it releases): if it is there, it stops and leaves
+  its record to go stale, and the taker stops at its next renewal, finding it; if not, nobody took it over (or
+  the taker is done), and the late holder stops (a stepwise one) or goes on (one without steps).
 * **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
   run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
   heartbeat would let the record go stale while the query still runs, and any command take the lease
@@ -336,10 +337,13 @@ class Lease:
 
     def _give_back_if_taken(self) -> None:
         """A renewal stored late on a store without a conditional replace (the process paused between its read
-        and its write) may have replaced the record of a process that took the lease over meanwhile. That taker's
-        claim, named after our record and kept until it releases, says so, and holds the taker's record as it wrote
-        it: written back, the taker goes on undisturbed, and this holder has lost the lease (its release leaves the
-        record alone, so no third process finds the lease free while the taker works)."""
+        and its write) may have replaced the record of a process that took the lease over meanwhile: its claim,
+        named after our record and kept until it releases, says so. Then this holder has lost the lease and
+        stops; its record stays (its release leaves it, and this process does not judge it its own leftover), so
+        no third process finds the lease free or stale while the taker works; the taker finds it at its next
+        renewal and stops too, and the record goes stale a time to live after this write. (Writing the taker's
+        record back instead could restore a record older than the taker's last renewal, or that of a taker
+        interrupted long ago: a second review.) A leftover claim of an interrupted takeover stops it as well."""
         claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
         try:
             body = self.fm.read_bytes(claim)
@@ -348,12 +352,13 @@ class Lease:
         self._overwrote = True
         taker = Holder.from_dict(_json_or_none(body))
         who = taker.describe() if taker is not None else "another process"
-        self.fm.write_bytes(self.path, body, overwrite=True)
         self._lost = LeaseLost(f"the lease was taken over by {who} while this process did not renew it, and a late "
-                               "renewal of this process was stored over that holder's record (written back since)",
+                               "renewal of this process was stored over that holder's record: both stop (that holder "
+                               "at its next renewal), and the record goes stale after its time to live",
                                path=self.fm.url(self.path),
-                               fix="this process stopped; once that holder is done, run it again (an operation: "
-                               "finish it with `checkpoint-ops resume`)")
+                               fix="this process stopped; once that holder has stopped (`checkpoint-ops lease show`), "
+                               "run it again (an operation: finish it with `checkpoint-ops resume`; the other holder's "
+                               "operation too)")
         raise self._lost
 
     def verify(self) -> None:
@@ -409,7 +414,8 @@ class Lease:
             self._heartbeat.stop(timeout=self.holder.ttl_s / 3 if self.fm.conditional_replace else None)
             self._heartbeat = None
         with _HELD_LOCK:  # from now on not held, even if deleting the record fails
-            _HELD_HERE.discard(self.holder.token)
+            if not self._overwrote:  # (that record is left to go stale by age, here too: ``_give_back_if_taken``)
+                _HELD_HERE.discard(self.holder.token)
         state = read_lease(self.fm, self.root)
         # not a record a late renewal of ours wrote over a taker's (``_give_back_if_taken``): the taker's, still
         if state.holder is not None and state.holder.token == self.holder.token and not self._overwrote:

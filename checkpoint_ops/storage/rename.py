@@ -111,8 +111,8 @@ def _refuse_special(mode: int, path: str) -> None:
                       path)
 
 
-def _version(st: os.stat_result) -> str:
-    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_size}"
+def _version(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _read_open(path: str):
@@ -587,22 +587,19 @@ class LocalFileManager(CheckpointFileManager):
             return f.read()
 
     def read_versioned(self, path: str) -> tuple[bytes, str | None]:
-        """The file and its version: inode, modification time and size of what was read (a replace makes a new
-        inode), for ``replace_if_same``."""
-        self.counter.add("read")
-        with _read_open(path) as f:
-            st = os.fstat(f.fileno())
-            return f.read(), _version(st)
+        """The file and its version: the digest of what was read (a lease record's bytes name its holder and its
+        heartbeat, so each write differs), for ``replace_if_same``."""
+        data = self.read_bytes(path)
+        return data, _version(data)
 
     def replace_if_same(self, path: str, data: bytes, version: str | None) -> None:
-        """``CheckpointFileManager.replace_if_same``: the file is checked against ``version`` just before it is
-        replaced (``FileChangedError`` or ``FileNotFoundError``, and nothing written, if it changed or went), so
-        a write that comes late (the process paused after its read) does not replace what another process wrote
-        or deleted meanwhile; a rename cannot be made conditional, so a few system calls' window remains
-        (``conditional_replace`` stays False)."""
-        if version is not None:
-            if _version(os.stat(path)) != version:
-                raise FileChangedError(f"{path} changed since it was read")
+        """``CheckpointFileManager.replace_if_same``: the file is read and compared with ``version`` just before
+        it is replaced (``FileChangedError`` or ``FileNotFoundError``, and nothing written, if it changed or
+        went), so a write that comes late (the process paused after its read) does not replace what another
+        process wrote or deleted meanwhile. A rename cannot be made conditional: the write itself (a temp file
+        written and synced, then renamed) remains a window, and ``conditional_replace`` stays False."""
+        if version is not None and _version(self.read_bytes(path)) != version:
+            raise FileChangedError(f"{path} changed since it was read")
         self.write_bytes(path, data, overwrite=True)
 
     def read_prefix(self, path: str, n: int) -> bytes:
