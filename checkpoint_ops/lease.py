@@ -329,13 +329,13 @@ class Lease:
                             fix="the operation stopped where it was; finish it with `checkpoint-ops resume` once "
                             "the other holder is done") from None
         if not self.fm.conditional_replace and time.monotonic() - self.renewed_at > valid_for_s(self.holder.ttl_s):
-            self._give_back_if_taken()
+            self._stop_if_taken_while_late()
         lapse = self._lapse(stored_late=True) if self.stepwise else None
         if lapse is not None:
             raise lapse
         self.holder, self.renewed_at = renewed, started
 
-    def _give_back_if_taken(self) -> None:
+    def _stop_if_taken_while_late(self) -> None:
         """A renewal stored late on a store without a conditional replace (the process paused between its read
         and its write) may have replaced the record of a process that took the lease over meanwhile: its claim,
         named after our record and kept until it releases, says so. Then this holder has lost the lease and
@@ -343,7 +343,7 @@ class Lease:
         no third process finds the lease free or stale while the taker works; the taker finds it at its next
         renewal and stops too, and the record goes stale a time to live after this write. (Writing the taker's
         record back instead could restore a record older than the taker's last renewal, or that of a taker
-        interrupted long ago: a second review.) A leftover claim of an interrupted takeover stops it as well."""
+        interrupted long ago: a third review.) A leftover claim of an interrupted takeover stops it as well."""
         claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
         try:
             body = self.fm.read_bytes(claim)
@@ -414,10 +414,10 @@ class Lease:
             self._heartbeat.stop(timeout=self.holder.ttl_s / 3 if self.fm.conditional_replace else None)
             self._heartbeat = None
         with _HELD_LOCK:  # from now on not held, even if deleting the record fails
-            if not self._overwrote:  # (that record is left to go stale by age, here too: ``_give_back_if_taken``)
+            if not self._overwrote:  # that record goes stale by age, here too (``_stop_if_taken_while_late``)
                 _HELD_HERE.discard(self.holder.token)
         state = read_lease(self.fm, self.root)
-        # not a record a late renewal of ours wrote over a taker's (``_give_back_if_taken``): the taker's, still
+        # not a record a late renewal of ours wrote over a taker's (``_stop_if_taken_while_late``): left to go stale
         if state.holder is not None and state.holder.token == self.holder.token and not self._overwrote:
             self.fm.delete(self.path)  # with its checksum sidecar, where the file system keeps one
         for name in self.claims:
