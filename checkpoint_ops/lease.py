@@ -45,8 +45,8 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   again), up to ``MAX_CLAIM_CHAIN`` deep. A takeover that fails after its claim removes the claim. The
   claims are removed when the new holder releases: its own, those it claimed past, and every other stale one
   beside the lease (each names a lease record that is gone, so no takeover can go through it: a taker checks
-  the lease still holds the record it judged once its claim is stored). A warning says whose lease was taken over and why; a
-  refusal because of a live claim names the claim file and ``lease break``.
+  the lease still holds the record it judged once its claim is stored). A warning says whose lease was taken
+  over and why; a refusal because of a live claim names the claim file and ``lease break``.
 * **Release** deletes the lease if it is still ours (and our takeover claims), once no renewal is under
   way. On S3 it waits for one at most one renewal interval, then leaves it on its daemon thread: its
   ``If-Match`` names a record that is gone by the time it lands, so the store refuses it. Where the replace
