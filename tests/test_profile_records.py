@@ -88,3 +88,32 @@ def test_the_records_of_a_checkpoint_deleted_by_hand_are_not_read_for_a_new_one_
     code, r = cli_json("rollback", ckpt, "--to-batch", "1", "--dry-run")
     assert code == 0, r
     assert read_profile(fm, root, as_of=3, query_id="11111111-2222-3333-4444-555555555555") is None
+
+
+def test_something_else_where_the_profile_belongs_is_damage_not_a_refusal(tmp_path):
+    """A file where the checkpoint-ops directory should be, or a directory where the profile should be, is damage
+    beside the checkpoint, not a store refusing these credentials: reading the profile names it with "remove
+    what is there", and fsck, which judges what Spark reads, passes the checkpoint as before."""
+    import pytest
+
+    from checkpoint_ops.errors import BadInputError, StorageError
+
+    ckpt = str(tmp_path / "ck")
+    synthetic.write_local(ckpt, batches=5, partitions=1, retain_state=5)
+    fm, root = open_file_manager(ckpt)
+    path = profile_path(fm, root)
+    with open(tmp_path / ".checkpoint-ops", "w") as f:  # a file where the directory belongs
+        f.write("notes")
+    with pytest.raises(BadInputError) as under_a_file:
+        read_profile(fm, root)
+    assert not isinstance(under_a_file.value, StorageError), under_a_file.value.render()
+    assert "not a file" in under_a_file.value.problem and "remove" in under_a_file.value.fix
+    code, report = cli_json("fsck", ckpt)
+    assert code == 0 and report["findings"] == [], report
+    os.remove(tmp_path / ".checkpoint-ops")
+    os.makedirs(path)  # a directory where the profile belongs
+    with pytest.raises(BadInputError) as a_directory:
+        read_profile(fm, root)
+    assert not isinstance(a_directory.value, StorageError) and a_directory.value.path.endswith("query-profile.json")
+    code, report = cli_json("fsck", ckpt)
+    assert code == 0 and report["findings"] == [], report
