@@ -106,9 +106,8 @@ def open_file(path: str, dir_fd: int | None = None, flags: int = 0) -> int:
 def _refuse_special(mode: int, path: str) -> None:
     kind = _special_kind(mode)
     if kind is not None:
-        raise OSError(errno.EINVAL, f"not a file but a {kind}: neither Spark nor checkpoint-ops can read it as a "
-                      "file (reading it could wait for ever); remove it, or put the file it stands for in its place",
-                      path)
+        raise OSError(errno.EINVAL, f"not a file but a {kind}: checkpoint-ops does not open it (opening or reading "
+                      "it could wait for ever); remove it, or put the file it stands for in its place", path)
 
 
 def _version(data: bytes) -> str:
