@@ -255,7 +255,9 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     afterwards). It is changed only when Spark's restart ran (``report.judge`` is not None: its sink was
     replaced by ``noop`` and it was started on the copy); otherwise it is as built, and may be started.
     """
-    fresh = len(ckpt.listing) == 0  # a new query: Spark creates the checkpoint at its first batch
+    # a new query: Spark creates the checkpoint at its first batch (a run stopped while Spark wrote its first
+    # metadata left only that write's temp file, which Spark never reads: it starts afresh there too)
+    fresh = ckpt.listing.only_unfinished_writes()
     if not fresh and ckpt.kind != "structured":
         what = ("a legacy DStream checkpoint" if ckpt.kind == "dstream" else
                 "not a Structured Streaming checkpoint (no metadata, offsets/ or commits/: an output directory, or "

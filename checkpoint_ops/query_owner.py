@@ -132,12 +132,12 @@ class NotStarted:
 
 
 def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[SinkOutput] = ()) -> NotStarted | None:
-    """None when anything is at ``root`` (fsck judges it), else what an empty location means for the query
-    ``name`` that creates its checkpoint there. ``sinks``: its file sinks, listed for their logs alone
-    (``SinkOutput(..., data=False)``). Reads the listing of ``root``, the owner record and each sink's log
-    listing; writes nothing."""
+    """None when anything Spark reads is at ``root`` (fsck judges it), else what an empty location (or one holding
+    only the temp files of writes that never finished) means for the query ``name`` that creates its checkpoint
+    there. ``sinks``: its file sinks, listed for their logs alone (``SinkOutput(..., data=False)``). Reads the
+    listing of ``root``, the owner record and each sink's log listing; writes nothing."""
     listing = Listing.scan(fm, root.rstrip("/"))
-    if len(listing) or listing.unreadable_dirs:
+    if not listing.only_unfinished_writes() or listing.unreadable_dirs:
         return None
     here = fm.url(root.rstrip("/"))
     found = claim(fm, root, name, "", write=False)

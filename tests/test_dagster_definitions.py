@@ -90,6 +90,20 @@ def test_a_check_run_on_its_own_starts_neither_spark_nor_the_query(tmp_path):
     assert result.success, [e.message for e in result.all_events if e.is_failure]
 
 
+def test_the_health_check_of_a_location_holding_only_an_unfinished_first_write_says_not_run_yet(tmp_path):
+    """A first run stopped while Spark wrote the checkpoint's first ``metadata`` leaves only that write's temp file
+    and its ``.crc``: Spark never reads them and starts the query afresh there, so the health check passes, as for
+    an empty location (before: fsck's "not a Spark checkpoint" failed it, blocking every later run)."""
+    defs = make_defs(tmp_path, names=("alpha",), spark_config={"spark.master": "no-such-master"})
+    ckpt = tmp_path / "ckpt" / "alpha"
+    os.makedirs(ckpt)
+    (ckpt / ".metadata.5f0c1b9e-0d7e-4c55-9b57-3f1a9f1c2d11.tmp").write_bytes(b'{"id":"')
+    (ckpt / "..metadata.5f0c1b9e-0d7e-4c55-9b57-3f1a9f1c2d11.tmp.crc").write_bytes(b"crc\0")
+    _result, verdicts = run_checks_only(defs)
+    health = verdicts["checkpoint_health_check"]
+    assert health.passed and health.description.startswith("not run yet: nothing at "), health.description
+
+
 def test_a_missing_checkpoint_fails_the_health_check_once_the_query_ran_or_its_sink_has_a_log(tmp_path):
     """Nothing at the checkpoint's location is unsafe when the asset's query ran there before (its owner
     record, and the batch ledger its run's pass synced, say so: a run now starts again from batch 0 and reads

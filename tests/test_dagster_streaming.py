@@ -398,6 +398,47 @@ def test_a_killed_materialization_leaves_a_lease_the_next_run_takes_over(spark, 
     assert got == want, "rows lost or counted twice after the takeover"
 
 
+def test_a_first_run_stopped_while_spark_wrote_its_metadata_runs_again(spark, tmp_path, instance):
+    """A first materialization killed while Spark wrote the checkpoint's first ``metadata`` (CI caught the kill
+    above landing there) leaves the temp file of that write, and its ``.crc``, and nothing else Spark reads.
+    Spark starts such a query afresh. Before, the compat check called the location "not a Structured Streaming
+    checkpoint" and refused every later run until someone deleted the file by hand; now the health check says
+    "not run yet", the run succeeds with every row counted once, and fsck only warns of the temp file."""
+    import uuid
+
+    from checkpoint_ops.storage.checksums import hadoop_crc_bytes
+    from tests.helpers import cli_json
+
+    base, home = str(tmp_path / "q"), str(tmp_path / "home")
+    query = counts_query(base)
+    write_event_files(os.path.join(base, "input"), 0, GOOD_FIRST)
+    os.makedirs(query.checkpoint)
+    temp = f".metadata.{uuid.uuid4()}.tmp"
+    part = b'{"id":"'  # Spark's metadata record, cut off mid-write
+    with open(os.path.join(query.checkpoint, temp), "wb") as f:
+        f.write(part)
+    with open(os.path.join(query.checkpoint, f".{temp}.crc"), "wb") as f:
+        f.write(hadoop_crc_bytes(part))
+
+    code, shown = cli_json("inspect", query.checkpoint)
+    assert code == 2 and "no checkpoint yet: only the temp file of a write that never finished" in shown["problem"] \
+        and temp in shown["problem"], shown
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    result = materialize(defs, query.name, instance)
+    assert result.success, [e.message for e in result.all_events if e.is_failure]
+    assert checks(result)["checkpoint_health_check"]
+    inp = os.path.join(base, "input")
+    write_event_files(inp, GOOD_FIRST, GOOD_FIRST + 2)
+    flush_files(inp, GOOD_FIRST + 1)  # the watermark passes the last window of the first files
+    unload_state_stores(spark)
+    assert materialize(defs, query.name, instance).success
+    got = read_output(spark, query.sinks[0])
+    assert got == {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}, "rows lost or counted twice"
+    code, report = cli_json("fsck", query.checkpoint, "--sink", query.sinks[0])
+    found = [f for f in report["findings"] if f["severity"] != "info"]
+    assert code == 1 and [(f["severity"], f["code"]) for f in found] == [("warning", "temp-file")], found
+
+
 def test_a_fenced_checkpoint_fails_the_run_with_how_to_finish_it(spark, tmp_path, instance):
     """A rollback killed after it fenced the checkpoint: the next materialization fails before Spark starts,
     naming the interrupted operation and the command that finishes it, with the compat check (its own

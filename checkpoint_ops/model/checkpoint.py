@@ -77,6 +77,15 @@ class Checkpoint:
                 path=url,
                 fix="check the path (and --storage-options / AWS_ENDPOINT_URL for object stores)",
             )
+        if self.kind == "unknown" and self.listing.only_unfinished_writes():
+            temp = min(self.listing.files, key=lambda rel: (rel.endswith(".crc"), rel))
+            raise BadInputError(
+                f"no checkpoint yet: only the temp file of a write that never finished ({temp}; a query stopped "
+                "while Spark wrote its first metadata leaves one)",
+                path=url,
+                fix="start the query: Spark never reads a temp file and starts it afresh here (or delete the temp "
+                "file and its .crc)",
+            )
         if self.kind == "unknown":
             raise BadInputError(
                 "not a Spark checkpoint: no metadata, offsets/, commits/ or checkpoint-<time> files",

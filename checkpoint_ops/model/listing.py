@@ -27,6 +27,11 @@ def is_hidden_temp(name: str) -> bool:
     return name.startswith(".") and name.endswith(".tmp")
 
 
+def is_unfinished_write(name: str) -> bool:
+    """Whether ``name`` is a hidden ``.*.tmp`` file or the Hadoop ``.crc`` sidecar of one (``..*.tmp.crc``)."""
+    return is_hidden_temp(name) or (name.startswith("..") and name.endswith(".tmp.crc"))
+
+
 class Listing:
     """Files under ``root``, keyed by path relative to ``root`` ("offsets/5")."""
 
@@ -134,6 +139,12 @@ class Listing:
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def only_unfinished_writes(self) -> bool:
+        """Whether no file is listed but the leftovers of writes that never finished (or none at all): what a
+        query stopped while Spark wrote its first ``metadata`` leaves (its ``.metadata.<uuid>.tmp`` and that
+        file's ``.crc``). Spark never reads a temp file: it starts a query at such a location afresh."""
+        return all(is_unfinished_write(rel.rpartition("/")[2]) for rel in self.files)
 
 
 def require_no_dir_links(listing: Listing, what: str) -> None:
