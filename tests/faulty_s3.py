@@ -307,14 +307,19 @@ class FaultyS3:
             stats, self.stats = self.stats, FaultStats()
             return stats
 
-    def outage(self, seconds: float, after_requests: int = 0, of_kind: str | None = None) -> None:
+    def outage(self, seconds: float, after_requests: int = 0, of_kind: str | None = None,
+               at_next_request: bool = False) -> None:
         """Every request fails for ``seconds``, starting now or once ``after_requests`` more requests
         (of the kind ``of_kind``, if given: say, part-way through an operation's copies) have gone
-        through."""
+        through. ``at_next_request`` (with ``after_requests`` 0): starting with the next request, not now,
+        so that a command slow to reach the store (CI under load) cannot outlast the outage before its
+        first request."""
         with self._lock:
             self._outage_seconds = seconds
             self._outage_kind = of_kind
-            if after_requests <= 0:
+            if after_requests <= 0 and at_next_request:
+                self._outage_after = 0  # _decide starts it with the next request (of the kind)
+            elif after_requests <= 0:
                 self._outage_until = time.monotonic() + seconds
                 self._outage_after = None
             else:
@@ -378,7 +383,11 @@ class FaultyS3:
                 return "403"
             now = time.monotonic()
             down = now < self._outage_until
-            if self._outage_after is not None and self._outage_kind in (None, req.kind):
+            if self._outage_after == 0 and self._outage_kind in (None, req.kind):  # armed for this request
+                self._outage_after = None
+                self._outage_until = now + self._outage_seconds
+                down = True
+            elif self._outage_after is not None and self._outage_kind in (None, req.kind):
                 self._outage_after -= 1  # this request still goes through; the outage may start after it
                 if self._outage_after <= 0:
                     self._outage_after = None

@@ -95,7 +95,7 @@ def test_a_restores_resume_stopped_at_the_destination_names_itself(v2_run, fault
     else:
         raise AssertionError(f"no outage stopped the restore part-way: {stop}")
     for after in (0, 1, 3):  # down at once (its destination opened), after the intent, after part of the listing
-        faulty_s3.outage(OUTAGE_S, after_requests=after)
+        faulty_s3.outage(OUTAGE_S, after_requests=after, at_next_request=True)  # however long it takes to get there
         code, again = cli_json("resume", ckpt, *via(faulty_s3), *SOURCE_INTERVAL)
         assert code == 2 and again["error"] == "StoreUnavailableError" and resume in again["fix"], (after, again)
         faulty_s3.wait_outage_over()
@@ -145,7 +145,7 @@ def test_an_outage_anywhere_in_a_read_only_command_stops_it_and_is_never_read_as
         points = range(total) if LONG else (total // 3, 2 * total // 3)
         stopped = []
         for after in points:
-            faulty_s3.outage(0.5, after_requests=after)
+            faulty_s3.outage(0.5, after_requests=after, at_next_request=True)
             got = _stable(cli_json(*args))
             faulty_s3.wait_outage_over()
             if got != clean:
