@@ -26,9 +26,10 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   which leaves the write itself as a window; HDFS compares nothing): a renewal that has not written by that
   point does not write, and one whose write was stored only after it may have replaced the record of a
   process that took the lease over meanwhile.
-  The late holder looks for that taker's claim (kept until it releases): if it is there, it stops and leaves
-  its record to go stale, and the taker stops at its next renewal, finding it; if not, nobody took it over (or
-  the taker is done), and the late holder stops (a stepwise one) or goes on (one without steps).
+  The late holder looks for that taker's claim (kept until it releases): if it is there, it stops, stamps its
+  record once more (the late write's stamp predates the pause) and leaves it to go stale a time to live later,
+  and the taker stops at its next renewal, finding it; if not, nobody took it over (or the taker is done), and
+  the late holder stops (a stepwise one) or goes on (one without steps).
 * **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
   run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
   heartbeat would let the record go stale while the query still runs, and any command take the lease
@@ -339,17 +340,23 @@ class Lease:
         """A renewal stored late on a store without a conditional replace (the process paused between its read
         and its write) may have replaced the record of a process that took the lease over meanwhile: its claim,
         named after our record and kept until it releases, says so. Then this holder has lost the lease and
-        stops; its record stays (its release leaves it, and this process does not judge it its own leftover), so
-        no third process finds the lease free or stale while the taker works; the taker finds it at its next
-        renewal and stops too, and the record goes stale a time to live after this write. (Writing the taker's
-        record back instead could restore a record older than the taker's last renewal, or that of a taker
-        interrupted long ago: a third review.) A leftover claim of an interrupted takeover stops it as well."""
+        stops. Its record stays, stamped once more now (the late write carries the time of the renewal's read,
+        before the pause, so it may be stale already; a test found a third process taking the lease over at
+        once): its release leaves it, and this process does not judge it its own leftover, so no third process
+        finds the lease free or stale for a time to live while the taker and this holder stop; the taker finds
+        it at its next renewal and stops too. (Writing the taker's record back instead could restore a record
+        older than the taker's last renewal, or that of a taker interrupted long ago: a third review.) A
+        leftover claim of an interrupted takeover stops it as well."""
         claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
         try:
             body = self.fm.read_bytes(claim)
         except FileNotFoundError:
             return  # nobody holds it through a takeover: the record is ours (or was free, and a release deletes it)
         self._overwrote = True
+        try:  # stamped now: the late write's stamp predates its pause, so that record may be stale already
+            self.fm.replace_if_same(self.path, json.dumps(self.holder.renewed().to_dict()).encode(), None)
+        except Exception:  # noqa: BLE001 - the store failed: the late record stands, stale a ttl after its stamp
+            pass
         taker = Holder.from_dict(_json_or_none(body))
         who = taker.describe() if taker is not None else "another process"
         self._lost = LeaseLost(f"the lease was taken over by {who} while this process did not renew it, and a late "

@@ -102,6 +102,67 @@ def test_a_holder_whose_renewal_is_stuck_stops_before_its_lease_can_be_taken_ove
     assert _s3_keys(s3_server, bucket) == []  # B removed its record and its takeover claim
 
 
+def test_a_late_renewal_stored_over_a_takers_record_stops_both_and_nobody_finds_the_lease_free(tmp_path, monkeypatch):
+    """Where a replace cannot be conditional (HDFS; here the rename strategy on local disk), a run's renewal that
+    paused between its read and its write for longer than the time to live, while another process took the lease
+    over, is stored over the taker's record. The late holder finds the taker's claim (named after its own record)
+    and stops (``LeaseLost``, naming the taker); its release leaves that record; the taker finds the record not its
+    own and stops; no third process finds the lease free or stale until the record has aged a time to live, then
+    one takes it over, and its release leaves nothing. The pause is injected at the store, before the write."""
+    import threading
+
+    monkeypatch.setenv("CHECKPOINT_OPS_FILE_MANAGER", "rename")
+    fm_a, root = open_file_manager(str(tmp_path))
+    fm_b, _ = open_file_manager(str(tmp_path))
+    assert not fm_a.conditional_replace
+    paused, resume = threading.Event(), threading.Event()
+    real_replace = fm_a.replace_if_same
+
+    def paused_replace(path, data, version):  # the renewal has read A's record; its write waits
+        paused.set()
+        resume.wait(30)
+        return real_replace(path, data, version)
+
+    ttl = 3.0  # room for a slow machine between the steps below
+    a = acquire(fm_a, root, "A", ttl_s=ttl, stepwise=False)  # a query's run: renews however late
+    b = c = None
+    try:
+        fm_a.replace_if_same = paused_replace
+        assert paused.wait(5), "A never renewed"
+        time.sleep(ttl + 0.2)  # past A's time to live: its record is stale
+        b = acquire(fm_b, root, "B", ttl_s=ttl, heartbeat=False)
+        assert "took over the lease" in b.notes[0], b.notes
+        resume.set()  # A's renewal lands over B's record
+        deadline = time.monotonic() + 10
+        while _passes(a):
+            assert time.monotonic() < deadline, "A went on after its late renewal replaced B's record"
+            time.sleep(0.05)
+        with pytest.raises(LeaseLost, match="while this process did not renew it") as lost:
+            a.check()
+        assert "taken over by B (host " in str(lost.value), lost.value
+        assert read_lease(fm_b, root).holder.owner == "A"  # what the late write left
+        with pytest.raises(LeaseLost):
+            b.verify()  # B finds the record not its own and stops
+        a.release()
+        b.release()
+        state = read_lease(fm_b, root)
+        assert state.holder is not None and state.holder.owner == "A", "a release deleted the record"
+        with pytest.raises(LeaseHeld):
+            acquire(fm_b, root, "C", heartbeat=False)  # not free, not stale: both may still be finishing
+        time.sleep(ttl + 0.1)
+        c = acquire(fm_b, root, "C", heartbeat=False)
+        assert "took over the lease" in c.notes[0], c.notes
+    finally:
+        resume.set()
+        for lease in (a, b, c):
+            if lease is not None:
+                try:
+                    lease.release()
+                except Exception:  # noqa: BLE001 - released already above
+                    pass
+    assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
+
+
 def test_release_does_not_wait_for_a_renewal_hung_on_the_store(faulty_s3, s3_server, bucket):
     """A renewal PUT held up 8 s by the store (ttl 3 s: a renewal every second). Release waits for it at
     most one renewal interval, then deletes the record; when the late renewal reaches the store, its
