@@ -30,6 +30,12 @@ class CheckpointOpsError(Exception):
         return {"error": type(self).__name__, "path": self.path, "problem": self.problem, "fix": self.fix}
 
 
+def problem_of(error: BaseException) -> str:
+    """What went wrong, for a message that wraps ``error``: our own error's problem (its path and fix are said by
+    the wrapper), else the exception's type and text."""
+    return error.problem if isinstance(error, CheckpointOpsError) else f"{type(error).__name__}: {error}"
+
+
 class BadInputError(CheckpointOpsError):
     """The input is unusable: not a checkpoint, unreadable, malformed."""
 

@@ -47,7 +47,7 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .errors import BadInputError, RefusedError, StorageError, StoreUnavailableError
+from .errors import BadInputError, RefusedError, StorageError, StoreUnavailableError, problem_of
 from .fence import is_fence, parse_fence
 from .journal import utc_stamp
 from .ledger import Ledger, PairingRecord
@@ -441,7 +441,7 @@ def paired_checkpoint_url(sink: SinkOutput, storage_options: dict | None = None)
     except (StorageError, OSError) as e:
         record = sink.fm.url(join(sink.root, PAIRING_FILE))
         raise StorageError(f"the checkpoint this output's pairing record ({record}) names cannot be read: "
-                           f"{e.problem if isinstance(e, StorageError) else f'{type(e).__name__}: {e}'}", path=where,
+                           f"{problem_of(e)}", path=where,
                            fix="run it with credentials (--storage-options, or the environment) that can read both "
                                "this output and that checkpoint, which may be its checkpoint (a 403 may also mean it is "
                                "gone and these credentials may not list its bucket); if someone with access confirms "

@@ -30,7 +30,7 @@ import time
 import types
 from dataclasses import dataclass
 
-from .errors import BadInputError, StorageError
+from .errors import BadInputError, StorageError, problem_of
 from .journal import ops_dir
 from .storage import CheckpointFileManager
 from .storage.paths import join
@@ -692,7 +692,7 @@ def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
     except (StorageError, PermissionError) as e:  # refused, like an outage, is not "none recorded": that would drop
         # every record (``record_profile``) and pass a checkpoint whose state is gone (``restart``)
         raise StorageError(f"the recorded query profile could not be read: "
-                           f"{e.problem if isinstance(e, StorageError) else f'{type(e).__name__}: {e}'}",
+                           f"{problem_of(e)}",
                            path=fm.url(path), fix="give these credentials read and write access to the checkpoint-ops "
                            "files beside the checkpoint (.checkpoint-ops/), then run the same command again") from e
     except (IsADirectoryError, NotADirectoryError) as e:  # a thing in its place: damaged, as unparsable bytes are

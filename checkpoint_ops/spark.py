@@ -33,7 +33,7 @@ import logging
 import threading
 
 from .errors import (STORE_FAILURES, CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError,
-                     is_storage_failure)
+                     is_storage_failure, problem_of)
 from .lease import LEASE_LEFT_BEHIND, LeaseLost, LeaseSet, acquire_all, lease_root, release_problem
 from .liveness import RUN_LOOK_S
 from .storage import open_file_manager
@@ -153,8 +153,7 @@ def hold_lease_while_active(query, checkpoint: str, sinks: list[str] = (), owner
                                fix=f"wait until that holder is done (`checkpoint-ops lease show "
                                    f"{lease_root(e.path) if e.path else checkpoint}`), then {again}") from e
         if isinstance(e, CheckpointOpsError) or is_storage_failure(e):  # refused (access denied, no space...)
-            problem = e.problem if isinstance(e, CheckpointOpsError) else f"{type(e).__name__}: {e}"
-            raise StorageError(f"the lease could not be taken: {problem}; the query {name} was {stopped}: it must "
+            raise StorageError(f"the lease could not be taken: {problem_of(e)}; the query {name} was {stopped}: it must "
                                "not run without its lease", path=getattr(e, "path", None) or checkpoint,
                                fix=f"mend what the store refused (credentials, permissions, space, storage options), "
                                    f"then {again}") from e
