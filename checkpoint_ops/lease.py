@@ -27,8 +27,9 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   point does not write, and one whose write was stored only after it may have replaced the record of a
   process that took the lease over meanwhile.
   The late holder looks for that taker's claim (kept until it releases): if it is there, it stops, stamps its
-  record once more (the late write's stamp predates the pause) and leaves it to go stale a time to live later,
-  and the taker stops at its next renewal, finding it; if not, nobody took it over (or the taker is done), and
+  record once more (the late write's stamp predates the pause), to be judged by age alone (not by its process,
+  which may exit at once), and leaves it to go stale a time to live later, and the taker stops at its next
+  renewal, finding it; if not, nobody took it over (or the taker is done), and
   the late holder stops (a stepwise one) or goes on (one without steps).
 * **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
   run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
@@ -65,7 +66,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 from .errors import CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, store_kept_failing
 from .interrupts import interrupts_held
@@ -340,11 +341,13 @@ class Lease:
         """A renewal stored late on a store without a conditional replace (the process paused between its read
         and its write) may have replaced the record of a process that took the lease over meanwhile: its claim,
         named after our record and kept until it releases, says so. Then this holder has lost the lease and
-        stops. Its record stays, stamped once more now (the late write carries the time of the renewal's read,
-        before the pause, so it may be stale already; a test found a third process taking the lease over at
-        once): its release leaves it, and this process does not judge it its own leftover, so no third process
-        finds the lease free or stale for a time to live while the taker and this holder stop; the taker finds
-        it at its next renewal and stops too. (Writing the taker's record back instead could restore a record
+        stops. Its record stays, stamped once more now if it is still ours (the late write carries the time of
+        the renewal's read, before the pause, so it may be stale already) and marked to be judged by age alone
+        (``Holder.outlives_process``: this process may exit at once, and a dead process's record is otherwise
+        stale at once, while the taker's claim goes stale by age a time to live after the takeover; a review
+        showed a third process taking the lease over then). Its release leaves it, and this process does not
+        judge it its own leftover, so no third process finds the lease free or stale for a time to live while
+        the taker and this holder stop; the taker finds it at its next renewal and stops too. (Writing the taker's record back instead could restore a record
         older than the taker's last renewal, or that of a taker interrupted long ago: a third review.) A
         leftover claim of an interrupted takeover stops it as well."""
         claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
@@ -353,9 +356,12 @@ class Lease:
         except FileNotFoundError:
             return  # nobody holds it through a takeover: the record is ours (or was free, and a release deletes it)
         self._overwrote = True
-        try:  # stamped now: the late write's stamp predates its pause, so that record may be stale already
-            self.fm.replace_if_same(self.path, json.dumps(self.holder.renewed().to_dict()).encode(), None)
-        except Exception:  # noqa: BLE001 - the store failed: the late record stands, stale a ttl after its stamp
+        try:  # stamped now (the late write's stamp predates its pause) and judged by age alone, if still ours
+            state = read_lease(self.fm, self.root)
+            if state.holder is not None and state.holder.token == self.holder.token:
+                held = replace(self.holder.renewed(), outlives_process=True)
+                self.fm.replace_if_same(self.path, json.dumps(held.to_dict()).encode(), state.version)
+        except Exception:  # noqa: BLE001 - the store failed (or the taker renewed meanwhile): the record stands
             pass
         taker = Holder.from_dict(_json_or_none(body))
         who = taker.describe() if taker is not None else "another process"

@@ -97,6 +97,10 @@ class Holder:
     # the operation an OPERATION holder runs ("rollback", "undo", ... ``Operation.name``); None: not said (a
     # RUN, or a record written before 0.3). What ``undo`` weighs when a command died holding the lease.
     operation: str | None = None
+    # stale by age alone, even once its process is gone: the record a holder that lost its lease to a takeover
+    # leaves (``lease.Lease._stop_if_taken_while_late``), so that nobody takes the lease over while the process
+    # that took it stops, however soon this one exits
+    outlives_process: bool = False
 
     @classmethod
     def me(cls, owner: str, ttl_s: float | None = None, now: float | None = None,
@@ -112,7 +116,8 @@ class Holder:
     # -- judging ---------------------------------------------------------------------------------
     def stale_reason(self, now: float | None = None) -> str | None:
         """Why this claim no longer holds (None: it does)."""
-        if self.host == socket.gethostname() and not pid_running(self.pid, self.pid_start):
+        if not self.outlives_process and self.host == socket.gethostname() and not pid_running(self.pid,
+                                                                                                 self.pid_start):
             return f"its process (pid {self.pid} on this host) is gone"
         ms = _now_ms(now)
         if ms - self.heartbeat_ms > self.ttl_s * 1000:
@@ -140,7 +145,8 @@ class Holder:
                        None if doc.get("pid_start") is None else str(doc["pid_start"]), str(doc["token"]),
                        int(doc["acquired_ms"]), int(doc["heartbeat_ms"]), float(doc["ttl_s"]),
                        doc["kind"] if doc.get("kind") in (OPERATION, RUN) else None,
-                       doc["operation"] if isinstance(doc.get("operation"), str) else None)
+                       doc["operation"] if isinstance(doc.get("operation"), str) else None,
+                       doc.get("outlives_process") is True)
         except (KeyError, TypeError, ValueError):
             return None
 

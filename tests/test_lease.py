@@ -102,65 +102,95 @@ def test_a_holder_whose_renewal_is_stuck_stops_before_its_lease_can_be_taken_ove
     assert _s3_keys(s3_server, bucket) == []  # B removed its record and its takeover claim
 
 
+_LATE_HOLDER = """
+import os, sys, time
+from checkpoint_ops.lease import LeaseLost, acquire
+from checkpoint_ops.storage import open_file_manager
+
+where, signals, ttl = sys.argv[1], sys.argv[2], float(sys.argv[3])
+fm, root = open_file_manager(where)
+real_replace = fm.replace_if_same
+
+def paused_replace(path, data, version):  # this renewal has read its record; its write waits
+    open(os.path.join(signals, "paused"), "w").close()
+    while not os.path.exists(os.path.join(signals, "go")):
+        time.sleep(0.01)
+    return real_replace(path, data, version)
+
+lease = acquire(fm, root, "A", ttl_s=ttl, stepwise=False)  # a query's run: it renews however late
+fm.replace_if_same = paused_replace
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    try:
+        lease.check()
+    except LeaseLost as lost:
+        print("LOST", lost.problem, flush=True)
+        break
+    time.sleep(0.05)
+lease.release()
+"""
+
+
 def test_a_late_renewal_stored_over_a_takers_record_stops_both_and_nobody_finds_the_lease_free(tmp_path, monkeypatch):
     """Where a replace cannot be conditional (HDFS; here the rename strategy on local disk), a run's renewal that
     paused between its read and its write for longer than the time to live, while another process took the lease
-    over, is stored over the taker's record. The late holder finds the taker's claim (named after its own record)
-    and stops (``LeaseLost``, naming the taker); its release leaves that record; the taker finds the record not its
-    own and stops; no third process finds the lease free or stale until the record has aged a time to live, then
-    one takes it over, and its release leaves nothing. The pause is injected at the store, before the write."""
-    import threading
+    over, is stored over the taker's record. The late holder finds the taker's claim (named after its own record),
+    stamps its record once more, to be judged by age alone, stops (``LeaseLost``, naming the taker) and exits; the
+    taker finds the record not its own and stops. No third process finds the lease free or stale meanwhile, even
+    once the taker's claim has aged past the time to live and the late holder's process is gone (before: its record
+    carried the stamp of the renewal's read, and a dead process's record is stale at once). A time to live after
+    that stamp, one takes it over, and its release leaves nothing. The pause is injected at the store, before the
+    write."""
+    import subprocess
+    import sys
 
     monkeypatch.setenv("CHECKPOINT_OPS_FILE_MANAGER", "rename")
-    fm_a, root = open_file_manager(str(tmp_path))
-    fm_b, _ = open_file_manager(str(tmp_path))
-    assert not fm_a.conditional_replace
-    paused, resume = threading.Event(), threading.Event()
-    real_replace = fm_a.replace_if_same
-
-    def paused_replace(path, data, version):  # the renewal has read A's record; its write waits
-        paused.set()
-        resume.wait(30)
-        return real_replace(path, data, version)
-
-    ttl = 3.0  # room for a slow machine between the steps below
-    a = acquire(fm_a, root, "A", ttl_s=ttl, stepwise=False)  # a query's run: renews however late
+    ttl = 3.0
+    where, signals = tmp_path / "root", tmp_path / "signals"
+    os.makedirs(where)
+    os.makedirs(signals)
+    fm_b, root = open_file_manager(str(where))
+    assert not fm_b.conditional_replace
+    late = subprocess.Popen([sys.executable, "-c", _LATE_HOLDER, str(where), str(signals), str(ttl)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     b = c = None
     try:
-        fm_a.replace_if_same = paused_replace
-        assert paused.wait(5), "A never renewed"
+        deadline = time.monotonic() + 60
+        while not os.path.exists(signals / "paused"):  # A's renewal read its record and waits to write
+            assert late.poll() is None and time.monotonic() < deadline, late.communicate()
+            time.sleep(0.02)
         time.sleep(ttl + 0.2)  # past A's time to live: its record is stale
         b = acquire(fm_b, root, "B", ttl_s=ttl, heartbeat=False)
+        took_over = time.monotonic()
         assert "took over the lease" in b.notes[0], b.notes
-        resume.set()  # A's renewal lands over B's record
-        deadline = time.monotonic() + 10
-        while _passes(a):
-            assert time.monotonic() < deadline, "A went on after its late renewal replaced B's record"
-            time.sleep(0.05)
-        with pytest.raises(LeaseLost, match="while this process did not renew it") as lost:
-            a.check()
-        assert "taken over by B (host " in str(lost.value), lost.value
-        assert read_lease(fm_b, root).holder.owner == "A"  # what the late write left
+        time.sleep(0.8 * ttl)
+        (signals / "go").touch()  # A's renewal lands over B's record, late in B's claim's time to live
+        out, err = late.communicate(timeout=60)
+        assert late.returncode == 0 and "LOST" in out and "taken over by B (host " in out, (out, err)
+        state = read_lease(fm_b, root)
+        assert state.holder.owner == "A" and state.holder.outlives_process, state.describe()
         with pytest.raises(LeaseLost):
             b.verify()  # B finds the record not its own and stops
-        a.release()
-        b.release()
-        state = read_lease(fm_b, root)
-        assert state.holder is not None and state.holder.owner == "A", "a release deleted the record"
+        time.sleep(max(0.0, took_over + ttl + 0.2 - time.monotonic()))  # B's claim is past its time to live
         with pytest.raises(LeaseHeld):
-            acquire(fm_b, root, "C", heartbeat=False)  # not free, not stale: both may still be finishing
+            acquire(fm_b, root, "C", heartbeat=False)  # not free, not stale: B may still be stopping
+        b.release()
         time.sleep(ttl + 0.1)
         c = acquire(fm_b, root, "C", heartbeat=False)
         assert "took over the lease" in c.notes[0], c.notes
+        c.release()
     finally:
-        resume.set()
-        for lease in (a, b, c):
+        (signals / "go").touch()
+        if late.poll() is None:
+            late.kill()
+        for lease in (b, c):
             if lease is not None:
                 try:
                     lease.release()
                 except Exception:  # noqa: BLE001 - released already above
                     pass
-    assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
+    left = [n for n in os.listdir(where) if "checkpoint-ops.lease" in n]
+    assert not left, left
 
 
 def test_release_does_not_wait_for_a_renewal_hung_on_the_store(faulty_s3, s3_server, bucket):
