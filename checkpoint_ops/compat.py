@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
+from .journal import operation_stopped_at
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
@@ -257,6 +258,11 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     """
     # a new query: Spark creates the checkpoint at its first batch (a run stopped while Spark wrote its first
     # metadata left only that write's temp file, which Spark never reads: it starts afresh there too)
+    if ckpt.listing.unreadable_dirs:
+        rel, error = min(ckpt.listing.unreadable_dirs.items())
+        raise BadInputError(f"{rel + '/' if rel else 'the checkpoint directory'} cannot be listed "
+                            f"({error.strerror or error}): compat cannot judge what it holds", path=ckpt.url,
+                            fix="make it readable by this user (or fix the storage permissions)")
     fresh = ckpt.listing.only_unfinished_writes()
     if not fresh and ckpt.kind != "structured":
         what = ("a legacy DStream checkpoint" if ckpt.kind == "dstream" else
@@ -264,6 +270,13 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
                 "another directory?)")
         raise BadInputError(f"{what}: compat judges Structured Streaming checkpoints", path=ckpt.url,
                             fix="point it at the query's checkpointLocation")
+    if fresh:
+        stopped = operation_stopped_at(ckpt.fm, ckpt.root)
+        if stopped is not None:  # a restore into an empty location, stopped before (or while) it wrote metadata
+            raise BadInputError(f"{stopped} stopped part-way at this location before it wrote the checkpoint: a new "
+                                "query started here would run where that operation puts (or changes) a checkpoint",
+                                path=ckpt.url, fix=f"run `checkpoint-ops resume {ckpt.url}` first: it finishes that "
+                                "operation, or drops it and says what to do if it had changed nothing yet")
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:

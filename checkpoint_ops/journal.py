@@ -174,6 +174,32 @@ def scan_journals(fm: CheckpointFileManager, ops: str) -> dict[str, set[str]]:
     return {p: found[p] for p in sorted(found) if "plan.json" in found[p]}
 
 
+def unfinished_journals(fm: CheckpointFileManager, ops: str) -> list[str]:
+    """Journal directories of operations that stopped part-way, oldest first: neither applied, undone nor
+    abandoned, or with an undo under way. ``resume`` or ``undo`` ends each."""
+    return [path for path, markers in scan_journals(fm, ops).items()
+            if ("undoing" in markers and "undone" not in markers)
+            or not markers & {"applied", "undone", "abandoned"}]
+
+
+def operation_stopped_at(fm: CheckpointFileManager, root: str) -> str | None:
+    """What stopped part-way at ``root`` ("a checkpoint-ops restore, journaled in <url>"): the newest unfinished
+    journal beside it, or None (also for a bucket root, where none can be). One listing of the journals, and a
+    read of that journal's plan for its operation's name."""
+    try:
+        ops = ops_dir(fm, root)
+    except BadInputError:
+        return None
+    found = unfinished_journals(fm, ops)
+    if not found:
+        return None
+    try:
+        name = load_journal(fm, found[-1]).record.get("operation") or "operation"
+    except BadInputError:  # damaged: still an operation that stopped there (resume and undo name the damage)
+        name = "operation"
+    return f"a checkpoint-ops {name}, journaled in {fm.url(found[-1])}"
+
+
 def list_journals(fm: CheckpointFileManager, ops: str) -> list[str]:
     """Journal directories, oldest first (op ids start with a UTC timestamp)."""
     return list(scan_journals(fm, ops))

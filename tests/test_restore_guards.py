@@ -17,6 +17,7 @@ import os
 import shutil
 
 import boto3
+import pytest
 
 from benchmarks.check_pass import INTERVAL, Stream
 from tests.helpers import cli_json, sigint_as_ctrl_c
@@ -366,3 +367,66 @@ def test_ctrl_c_as_a_finished_prune_releases_its_lock_leaves_the_prune_done(tmp_
     assert not os.path.isdir(locks) or not os.listdir(locks), os.listdir(locks)
     code, listed = cli_json("backup", "list", dest)
     assert code == 0 and len(listed["backups"]) == 1, listed
+
+
+def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_query(tmp_path):
+    """A restore into a new location killed as it writes its fence (the first file it puts there) leaves the
+    location empty, or holding only that write's temp file, with its journal beside it. A query started there would
+    start afresh where the restore puts a checkpoint: the compat check refuses, and the health check fails, each
+    naming the resume (before, both called the location a query not run yet); the resume then finishes the restore
+    and the location is the checkpoint it restores."""
+    import subprocess
+    import sys
+    import uuid
+
+    from checkpoint_ops.compat import check_compat
+    from checkpoint_ops.errors import BadInputError
+    from checkpoint_ops.model.checkpoint import Checkpoint
+    from checkpoint_ops.query_owner import not_started
+    from checkpoint_ops.storage import open_file_manager
+
+    dest = str(tmp_path / "dest")
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(4):
+        s.batch()
+    code, r = cli_json("backup", "create", s.ckpt, dest, *I)
+    assert code == 0, r
+
+    def restore(target: str, env: dict) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "restore", dest, r["backup_id"],
+                               target, "--yes"], capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, **env))
+
+    trace = str(tmp_path / "trace.txt")
+    traced = str(tmp_path / "traced")
+    done = restore(traced, {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    fence = min(int(k) for k, what in steps if what == f"{traced}/metadata")
+    assert not [what for k, what in steps if int(k) < fence and what.startswith(traced + "/")
+                and ".checkpoint-ops.lease" not in what], steps  # the first file it puts there but its lease
+    for temp in (False, True):
+        target = str(tmp_path / f"target-{temp}")
+        stopped = restore(target, {"CHECKPOINT_OPS_KILL_AT": str(fence)})
+        assert stopped.returncode == -9, stopped.stderr
+        os.makedirs(target, exist_ok=True)
+        if temp:  # killed during that write rather than before it
+            with open(os.path.join(target, f".metadata.{uuid.uuid4()}.tmp"), "wb") as f:
+                f.write(b'{"id":"')
+        assert all(n.endswith(".tmp") or "checkpoint-ops.lease" in n for n in os.listdir(target)), os.listdir(target)
+        resume = f"checkpoint-ops resume {target}"
+        judged = not_started(*open_file_manager(target), "q")
+        assert judged is not None and "a checkpoint-ops restore, journaled in " in judged.problem, judged
+        assert resume in judged.fix, judged
+        with pytest.raises(BadInputError, match="stopped part-way at this location") as refused:
+            check_compat(Checkpoint(*open_file_manager(target)), None, lambda spark: None)
+        assert resume in refused.value.fix, refused.value.render()
+        code, dropped = cli_json("resume", target, *I)  # it had changed nothing: dropped, to be planned again
+        assert code == 1 and "plan the restore again" in dropped["fix"], dropped
+        assert not_started(*open_file_manager(target), "q").problem is None  # nothing under way there any more
+        code, again = cli_json("backup", "restore", dest, r["backup_id"], target, "--yes")
+        assert code == 0, again
+        assert not_started(*open_file_manager(target), "q") is None  # a checkpoint is there now
+        assert _files(target) == _files(traced), target  # the checkpoint the backup holds
+        code, report = cli_json("fsck", target, *I)
+        assert code in (0, 1) and not [f for f in report["findings"] if f["severity"] == "error"], report

@@ -141,10 +141,12 @@ class Listing:
         return len(self.files)
 
     def only_unfinished_writes(self) -> bool:
-        """Whether no file is listed but the leftovers of writes that never finished (or none at all): what a
-        query stopped while Spark wrote its first ``metadata`` leaves (its ``.metadata.<uuid>.tmp`` and that
-        file's ``.crc``). Spark never reads a temp file: it starts a query at such a location afresh."""
-        return all(is_unfinished_write(rel.rpartition("/")[2]) for rel in self.files)
+        """Whether no file is listed but, in the root itself, the leftovers of writes that never finished (or
+        none at all): what a query stopped while Spark wrote its first ``metadata`` leaves (its
+        ``.metadata.<uuid>.tmp`` and that file's ``.crc``). Spark never reads a temp file, and starts a query at
+        such a location afresh. (Not a temp file in a subdirectory: Spark refuses to start a new query while
+        ``offsets/``, ``commits/`` or ``state/`` holds anything, STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY.)"""
+        return all("/" not in rel and is_unfinished_write(rel) for rel in self.files)
 
 
 def require_no_dir_links(listing: Listing, what: str) -> None:
