@@ -37,6 +37,26 @@ def _backup(root: str, dest: str, batches: int) -> str:
     return r["backup_id"]
 
 
+def _checkpoint_backup(root: str, dest: str) -> str:
+    """A synthetic query of 4 batches (no sink) backed up into ``dest``: the backup id."""
+    s = Stream(root, retain=100)
+    for _ in range(4):
+        s.batch()
+    code, r = cli_json("backup", "create", s.ckpt, dest, *I)
+    assert code == 0, r
+    return r["backup_id"]
+
+
+def _restore_in_a_process(dest: str, backup_id: str, target: str, env: dict, **kw):
+    """``checkpoint-ops backup restore`` of ``backup_id`` into ``target`` as a process of its own (``env`` added to
+    the environment; ``kw`` to ``subprocess.run``)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "restore", dest, backup_id, target,
+                           "--yes"], capture_output=True, text=True, timeout=300, env=dict(os.environ, **env), **kw)
+
+
 def _files(top: str) -> dict[str, str]:
     """rel path -> sha256 of every file under ``top`` (hidden ones, ours, included)."""
     return {os.path.relpath(os.path.join(d, n), top): hashlib.sha256(open(os.path.join(d, n), "rb").read()).hexdigest()
@@ -270,21 +290,11 @@ def test_ctrl_c_as_a_restore_releases_its_intent_leaves_no_intent(tmp_path):
     """Ctrl-C just as a finished restore deletes its intent in the destination: the intent was left there until it
     went stale (a review). The first Ctrl-C is now held until the intent is deleted: the restore says it finished,
     and nothing of it is left in the destination."""
-    import subprocess
-    import sys
-
     dest = str(tmp_path / "dest")
-    s = Stream(str(tmp_path / "q"), retain=100)
-    for _ in range(4):
-        s.batch()
-    code, r = cli_json("backup", "create", s.ckpt, dest, *I)
-    assert code == 0, r
-    backup_id = r["backup_id"]
+    backup_id = _checkpoint_backup(str(tmp_path / "q"), dest)
 
-    def restore(target: str, env: dict) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "restore", dest, backup_id, target,
-                               "--yes"], capture_output=True, text=True, timeout=300, env=dict(os.environ, **env),
-                              preexec_fn=sigint_as_ctrl_c)
+    def restore(target: str, env: dict):
+        return _restore_in_a_process(dest, backup_id, target, env, preexec_fn=sigint_as_ctrl_c)
 
     trace = str(tmp_path / "trace.txt")
     done = restore(str(tmp_path / "traced"), {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
@@ -373,10 +383,8 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
     """A restore into a new location killed as it writes its fence (the first file it puts there) leaves the
     location empty, or holding only that write's temp file, with its journal beside it. A query started there would
     start afresh where the restore puts a checkpoint: the compat check refuses, and the health check fails, each
-    naming the resume (before, both called the location a query not run yet); the resume then finishes the restore
-    and the location is the checkpoint it restores."""
-    import subprocess
-    import sys
+    naming the resume (before, both called the location a query not run yet); the resume then drops the restore
+    (it had changed nothing), and the restore run again puts the checkpoint there."""
     import uuid
 
     from checkpoint_ops.compat import check_compat
@@ -386,16 +394,10 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
     from checkpoint_ops.storage import open_file_manager
 
     dest = str(tmp_path / "dest")
-    s = Stream(str(tmp_path / "q"), retain=100)
-    for _ in range(4):
-        s.batch()
-    code, r = cli_json("backup", "create", s.ckpt, dest, *I)
-    assert code == 0, r
+    backup_id = _checkpoint_backup(str(tmp_path / "q"), dest)
 
-    def restore(target: str, env: dict) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "backup", "restore", dest, r["backup_id"],
-                               target, "--yes"], capture_output=True, text=True, timeout=300,
-                              env=dict(os.environ, **env))
+    def restore(target: str, env: dict):
+        return _restore_in_a_process(dest, backup_id, target, env)
 
     trace = str(tmp_path / "trace.txt")
     traced = str(tmp_path / "traced")
@@ -424,7 +426,7 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
         code, dropped = cli_json("resume", target, *I)  # it had changed nothing: dropped, to be planned again
         assert code == 1 and "plan the restore again" in dropped["fix"], dropped
         assert not_started(*open_file_manager(target), "q").problem is None  # nothing under way there any more
-        code, again = cli_json("backup", "restore", dest, r["backup_id"], target, "--yes")
+        code, again = cli_json("backup", "restore", dest, backup_id, target, "--yes")
         assert code == 0, again
         assert not_started(*open_file_manager(target), "q") is None  # a checkpoint is there now
         assert _files(target) == _files(traced), target  # the checkpoint the backup holds
