@@ -278,6 +278,9 @@ def _lease_text(lease: dict) -> str:
     who = f"{h['owner']} (host {h['host']}, pid {h['pid']})" if h else "an unreadable lease record"
     if lease["state"] == "stale":
         return f"stale, held by {who}: {lease['stale_reason']} (the next operation takes it over)"
+    if h and h.get("outlives_process"):
+        return (f"held by {who}, which lost it to a takeover: every operation is refused until the record goes stale "
+                "(a time to live after its last heartbeat)")
     return f"held by {who}: every operation is refused until it is released"
 
 

@@ -51,7 +51,8 @@ class LeaseBreakOperation(Operation):
 
     def plan(self, stage: bool) -> Plan:
         holder = self.state.holder
-        if holder is not None and self.state.stale_reason is None and holder.host == socket.gethostname():
+        if holder is not None and self.state.stale_reason is None and holder.host == socket.gethostname() \
+                and not holder.outlives_process:
             _refuse_live_local(self.state)
         plan = Plan(self.name, {ROOT: self.fm.url(self.root)}, None)
         names = sorted(f.name for f in self.fm.list(self.root) if not f.is_dir and is_lease_file(f.name))
@@ -70,7 +71,7 @@ class LeaseBreakOperation(Operation):
         if claims:
             plan.summary["takeover_claims"] = len(claims)
         if holder is not None and self.state.stale_reason is None:
-            plan.warnings.append(_live_remote_warning(holder))
+            plan.warnings.append(_kept_warning(holder) if holder.outlives_process else _live_remote_warning(holder))
         return plan
 
     def apply(self, plan: Plan, ctx: ApplyContext) -> AppliedOperation:
@@ -102,6 +103,15 @@ def _what(holder: Holder) -> str:
     if holder.kind == OPERATION:
         return "a checkpoint-ops operation"
     return f"whatever its owner ({holder.owner}) is: its record does not say whether a query or an operation"
+
+
+def _kept_warning(holder: Holder) -> str:
+    """The record a holder that lost the lease to a takeover left (``Holder.outlives_process``)."""
+    until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.heartbeat_ms / 1000 + holder.ttl_s))
+    return (f"this record was left by {holder.owner} (host {holder.host}, pid {holder.pid}) when it found its lease "
+            "taken over while it did not renew it: it and the process that took the lease over both stop (that one at "
+            f"its next renewal), and the record keeps the lease from others until {until}, when it goes stale by "
+            "itself; broken now, the next command may start before that process has stopped")
 
 
 def _live_remote_warning(holder: Holder) -> str:

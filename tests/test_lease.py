@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -411,6 +412,29 @@ def test_lease_break_removes_takeover_claims_left_beside_a_free_lease(tmp_path):
     code, r = cli_json("lease", "break", str(tmp_path), "--yes")
     assert code == 0 and r["plan"]["summary"]["takeover_claims"] == 1, r
     assert not [n for n in os.listdir(tmp_path) if "checkpoint-ops.lease" in n], os.listdir(tmp_path)
+
+
+def test_a_record_kept_by_a_holder_that_lost_its_lease_is_shown_and_broken_for_what_it_is(tmp_path):
+    """The record a late holder leaves after it lost the lease (``Holder.outlives_process``), its process gone from
+    this host: held until it ages out, whatever its pid; ``lease show`` says it holds, and ``lease break`` breaks it
+    with a warning of when it would go stale by itself (before, the break was refused as "held by a live process on
+    this host ... kill <pid>", naming a process that is gone; a review)."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(gone.stdout)
+    now = int(time.time() * 1000)
+    kept = Holder("a query's run", socket.gethostname(), pid, None, "cafe" * 8, now - 60_000, now, 600.0, "run",
+                  outlives_process=True)
+    fm, root = open_file_manager(str(tmp_path))
+    fm.write_bytes(os.path.join(root, LEASE_NAME), _record(kept))
+    with pytest.raises(LeaseHeld):
+        acquire(fm, root, "another command", heartbeat=False)
+    code, shown = cli_json("lease", "show", str(tmp_path))
+    assert code == 0 and shown["state"] == "held" and shown["holder"]["outlives_process"] is True, shown
+    code, r = cli_json("lease", "break", str(tmp_path), "--yes")
+    assert code == 0 and r["result"] is not None, r
+    [warning] = r["plan"]["warnings"]
+    assert "found its lease taken over" in warning and "goes stale by itself" in warning, warning
+    assert not os.path.exists(os.path.join(root, LEASE_NAME))
 
 
 # ---- the operation layer checks the leases before it writes anything ---------------------------------------
