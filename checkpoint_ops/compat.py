@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
-from .journal import operation_stopped_at
+from .journal import restore_stopped_at
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
@@ -271,12 +271,13 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
         raise BadInputError(f"{what}: compat judges Structured Streaming checkpoints", path=ckpt.url,
                             fix="point it at the query's checkpointLocation")
     if fresh:
-        stopped = operation_stopped_at(ckpt.fm, ckpt.root)
+        stopped = restore_stopped_at(ckpt.fm, ckpt.root)
         if stopped is not None:  # a restore into an empty location, stopped before (or while) it wrote metadata
-            raise BadInputError(f"{stopped} stopped part-way at this location before it wrote the checkpoint: a new "
-                                "query started here would run where that operation puts (or changes) a checkpoint",
-                                path=ckpt.url, fix=f"run `checkpoint-ops resume {ckpt.url}` first: it finishes that "
-                                "operation, or drops it and says what to do if it had changed nothing yet")
+            what, command = stopped
+            raise BadInputError(f"{what} stopped part-way at this location: a new query started here would run where "
+                                "that operation puts (or removes) a checkpoint", path=ckpt.url,
+                                fix=f"run `{command}` first: it finishes that operation, or drops it and says what to "
+                                "do if it had changed nothing yet")
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:

@@ -174,30 +174,35 @@ def scan_journals(fm: CheckpointFileManager, ops: str) -> dict[str, set[str]]:
     return {p: found[p] for p in sorted(found) if "plan.json" in found[p]}
 
 
-def unfinished_journals(fm: CheckpointFileManager, ops: str) -> list[str]:
-    """Journal directories of operations that stopped part-way, oldest first: neither applied, undone nor
-    abandoned, or with an undo under way. ``resume`` or ``undo`` ends each."""
-    return [path for path, markers in scan_journals(fm, ops).items()
-            if ("undoing" in markers and "undone" not in markers)
-            or not markers & {"applied", "undone", "abandoned"}]
-
-
-def operation_stopped_at(fm: CheckpointFileManager, root: str) -> str | None:
-    """What stopped part-way at ``root`` ("a checkpoint-ops restore, journaled in <url>"): the newest unfinished
-    journal beside it, or None (also for a bucket root, where none can be). One listing of the journals, and a
-    read of that journal's plan for its operation's name."""
+def restore_stopped_at(fm: CheckpointFileManager, root: str) -> tuple[str, str] | None:
+    """A restore into ``root`` that stopped part-way, or its undo: (what, the command that ends it), judged as
+    ``resume`` and ``undo`` judge the journal they act on (the newest one neither undone nor abandoned); None when
+    that journal is not a restore's, or is applied (also for a bucket root, where no journal can be). Only a restore
+    puts a checkpoint where there was none, so only its journal speaks for an empty location. One listing of the
+    journals, and a read of that journal's plan."""
     try:
         ops = ops_dir(fm, root)
     except BadInputError:
         return None
-    found = unfinished_journals(fm, ops)
-    if not found:
-        return None
-    try:
-        name = load_journal(fm, found[-1]).record.get("operation") or "operation"
-    except BadInputError:  # damaged: still an operation that stopped there (resume and undo name the damage)
-        name = "operation"
-    return f"a checkpoint-ops {name}, journaled in {fm.url(found[-1])}"
+    for path, markers in reversed(scan_journals(fm, ops).items()):
+        if "undone" in markers or "abandoned" in markers:
+            continue
+        try:
+            record = load_journal(fm, path).record
+        except BadInputError:  # damaged: resume and undo name it; it says nothing of what was planned here
+            return None
+        if not record.get("undoable", True) and "applied" in markers:
+            continue  # history only (a lease break)
+        if record.get("operation") != "restore":
+            return None
+        url = fm.url(root)
+        if "undoing" in markers:
+            return (f"an undo of a checkpoint-ops restore (journaled in {fm.url(path)})",
+                    f"checkpoint-ops undo {url}")
+        if "applied" in markers:
+            return None
+        return f"a checkpoint-ops restore (journaled in {fm.url(path)})", f"checkpoint-ops resume {url}"
+    return None
 
 
 def list_journals(fm: CheckpointFileManager, ops: str) -> list[str]:

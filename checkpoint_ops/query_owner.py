@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from .errors import BadInputError, CheckpointOpsError
 from .activity import ENDED_RUN_FILE
-from .journal import operation_stopped_at, ops_dir
+from .journal import ops_dir, restore_stopped_at
 from .ledger import ledger_at
 from .model.listing import Listing
 from .model.sink import SINK_LOG_DIR, SinkOutput
@@ -140,14 +140,14 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
     if not listing.only_unfinished_writes() or listing.unreadable_dirs:
         return None
     here = fm.url(root.rstrip("/"))
-    stopped = operation_stopped_at(fm, root.rstrip("/"))
+    stopped = restore_stopped_at(fm, root.rstrip("/"))
     if stopped is not None:
+        what, command = stopped
         return NotStarted(
-            here, f"no checkpoint here yet, but {stopped} stopped part-way at this location before it wrote the "
-            "checkpoint; a run now would start a new query where that operation puts (or changes) one",
-            f"run `checkpoint-ops resume {here}` first: it finishes that operation, or drops it and says what to do "
-            "if it had changed nothing yet",
-            here)
+            here, f"no checkpoint here yet, but {what} stopped part-way at this location; a run now would start a new "
+            "query where that operation puts (or removes) a checkpoint",
+            f"run `{command}` first: it finishes that operation, or drops it and says what to do if it had changed "
+            "nothing yet", here)
     found = claim(fm, root, name, "", write=False)
     ran = found.other.name if found.other is not None else name if found.recorded else None
     if ran is not None and _left_a_trace(fm, root):

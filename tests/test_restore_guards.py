@@ -384,7 +384,10 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
     location empty, or holding only that write's temp file, with its journal beside it. A query started there would
     start afresh where the restore puts a checkpoint: the compat check refuses, and the health check fails, each
     naming the resume (before, both called the location a query not run yet); the resume then drops the restore
-    (it had changed nothing), and the restore run again puts the checkpoint there."""
+    (it had changed nothing), and the restore run again puts the checkpoint there. An undo of a restore stopped
+    part-way is named with its undo."""
+    import subprocess
+    import sys
     import uuid
 
     from checkpoint_ops.compat import check_compat
@@ -418,7 +421,7 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
         assert all(n.endswith(".tmp") or "checkpoint-ops.lease" in n for n in os.listdir(target)), os.listdir(target)
         resume = f"checkpoint-ops resume {target}"
         judged = not_started(*open_file_manager(target), "q")
-        assert judged is not None and "a checkpoint-ops restore, journaled in " in judged.problem, judged
+        assert judged is not None and "a checkpoint-ops restore (journaled in " in judged.problem, judged
         assert resume in judged.fix, judged
         with pytest.raises(BadInputError, match="stopped part-way at this location") as refused:
             check_compat(Checkpoint(*open_file_manager(target)), None, lambda spark: None)
@@ -432,3 +435,25 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
         assert _files(target) == _files(traced), target  # the checkpoint the backup holds
         code, report = cli_json("fsck", target, *I)
         assert code in (0, 1) and not [f for f in report["findings"] if f["severity"] == "error"], report
+
+    # an undo of a restore stopped part-way (as it marks the journal undone): its undo ends it, not a resume, which
+    # would put the restored checkpoint back (a hostile review)
+    def undo(target: str, env: dict):
+        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "undo", target, "--yes"], capture_output=True,
+                              text=True, timeout=300, env=dict(os.environ, **env))
+
+    for name in ("undo-traced", "undo-killed"):
+        assert _restore_in_a_process(dest, backup_id, str(tmp_path / name), {}).returncode == 0
+    undo_trace = str(tmp_path / "undo-trace.txt")
+    traced_undo = undo(str(tmp_path / "undo-traced"), {"CHECKPOINT_OPS_KILL_AT": "1000000",
+                                                      "CHECKPOINT_OPS_KILL_TRACE": undo_trace})
+    assert traced_undo.returncode == 0, traced_undo.stderr
+    undone = max(int(k) for k, what in (line.split("\t", 1) for line in open(undo_trace).read().splitlines())
+                 if what.endswith("/undone"))
+    target = str(tmp_path / "undo-killed")
+    assert undo(target, {"CHECKPOINT_OPS_KILL_AT": str(undone)}).returncode == -9
+    judged = not_started(*open_file_manager(target), "q")
+    assert judged is not None and "an undo of a checkpoint-ops restore" in judged.problem, judged
+    assert f"checkpoint-ops undo {target}" in judged.fix and "resume" not in judged.fix, judged
+    assert undo(target, {}).returncode == 0
+    assert not_started(*open_file_manager(target), "q").problem is None  # undone: a new query may start there
