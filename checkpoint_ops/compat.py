@@ -273,11 +273,9 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     if fresh:
         stopped = restore_stopped_at(ckpt.fm, ckpt.root)
         if stopped is not None:  # a restore into an empty location, stopped before (or while) it wrote metadata
-            what, command = stopped
-            raise BadInputError(f"{what} stopped part-way at this location: a new query started here would run where "
-                                "that operation puts (or removes) a checkpoint", path=ckpt.url,
-                                fix=f"run `{command}` first: it finishes that operation, or drops it and says what to "
-                                "do if it had changed nothing yet")
+            raise BadInputError(f"{stopped.what} stopped part-way at this location: a new query started here would "
+                                "run where that operation puts (or removes) a checkpoint", path=ckpt.url,
+                                fix=stopped.fix)
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:

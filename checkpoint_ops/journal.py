@@ -174,34 +174,56 @@ def scan_journals(fm: CheckpointFileManager, ops: str) -> dict[str, set[str]]:
     return {p: found[p] for p in sorted(found) if "plan.json" in found[p]}
 
 
-def restore_stopped_at(fm: CheckpointFileManager, root: str) -> tuple[str, str] | None:
-    """A restore into ``root`` that stopped part-way, or its undo: (what, the command that ends it), judged as
-    ``resume`` and ``undo`` judge the journal they act on (the newest one neither undone nor abandoned); None when
-    that journal is not a restore's, or is applied (also for a bucket root, where no journal can be). Only a restore
-    puts a checkpoint where there was none, so only its journal speaks for an empty location. One listing of the
-    journals, and a read of that journal's plan."""
+@dataclass(frozen=True)
+class StoppedRestore:
+    """A restore into a location that stopped part-way, or an undo of one: what it is, the command that ends it
+    and what that command does."""
+
+    what: str  # "a checkpoint-ops restore (journaled in <url>)"
+    command: str  # "checkpoint-ops resume <url>" or "checkpoint-ops undo <url>"
+    undoing: bool  # an undo of the restore stopped part-way
+
+    @property
+    def fix(self) -> str:
+        if self.undoing:
+            return f"run `{self.command}` first: it finishes removing what the restore put there"
+        return (f"run `{self.command}` first: it finishes the restore, or drops it and says what to do if it had "
+                "changed nothing yet")
+
+
+def restore_stopped_at(fm: CheckpointFileManager, root: str) -> StoppedRestore | None:
+    """A restore into ``root`` that stopped part-way, or its undo, judged on the journal ``resume`` and ``undo`` act
+    on (the newest one neither undone nor abandoned, past those of commands that are never undone, such as a lease
+    break); None when that journal is not a restore's, or is applied (also for a bucket root, where no journal can
+    be). Only a restore puts a checkpoint where there was none, so only its journal speaks for an empty location. A
+    journal that cannot be read (damaged, or written by a newer release) counts when its name says restore:
+    ``resume`` then names what is wrong with it. One listing of the journals, and a read of that journal's plan."""
     try:
         ops = ops_dir(fm, root)
     except BadInputError:
         return None
+    url = fm.url(root)
     for path, markers in reversed(scan_journals(fm, ops).items()):
         if "undone" in markers or "abandoned" in markers:
             continue
+        journaled = f"(journaled in {fm.url(path)})"
         try:
             record = load_journal(fm, path).record
-        except BadInputError:  # damaged: resume and undo name it; it says nothing of what was planned here
-            return None
-        if not record.get("undoable", True) and "applied" in markers:
-            continue  # history only (a lease break)
+        except BadInputError:
+            if "-restore-" not in basename(path):
+                return None
+            return StoppedRestore(f"a checkpoint-ops restore {journaled}, whose journal cannot be read,",
+                                  f"checkpoint-ops resume {url}", False)
+        if not record.get("undoable", True):
+            continue  # history only (a lease break): it puts no checkpoint anywhere
         if record.get("operation") != "restore":
             return None
-        url = fm.url(root)
         if "undoing" in markers:
-            return (f"an undo of a checkpoint-ops restore (journaled in {fm.url(path)})",
-                    f"checkpoint-ops undo {url}")
+            return StoppedRestore(f"an undo of a checkpoint-ops restore {journaled}", f"checkpoint-ops undo {url}",
+                                  True)
         if "applied" in markers:
             return None
-        return f"a checkpoint-ops restore (journaled in {fm.url(path)})", f"checkpoint-ops resume {url}"
+        return StoppedRestore(f"a checkpoint-ops restore {journaled}", f"checkpoint-ops resume {url}", False)
     return None
 
 

@@ -11,7 +11,9 @@ puts a lease back.
 A lease whose holder is a **live process on this host** is never broken (refused, exit 1, naming the holder):
 that process can be stopped here, after which its lease is stale and taken over by the next command, while
 breaking it stops it only at its next heartbeat, part-way (an operation), or at its next heartbeat and look (a
-running query under ``spark.hold_lease_while_active``, or a Dagster run), writing meanwhile. A live holder on
+running query under ``spark.hold_lease_while_active``, or a Dagster run), writing meanwhile. (Except the record a
+holder left when it found its lease taken over, ``Holder.outlives_process``: judged by age alone, it is broken
+with a warning of when it goes stale by itself, and whether its process still runs.) A live holder on
 another host is broken (that is what the command is for), with a warning that says what follows for its kind
 (``Holder.kind``) and how long to wait before changing what it guarded.
 """
@@ -24,7 +26,7 @@ import time
 from .errors import RefusedError
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from .lease import LEASE_NAME, TAKEOVER_PREFIX, LeaseState, is_lease_file, read_lease
-from .liveness import OPERATION, RUN, RUN_LOOK_S, Holder
+from .liveness import OPERATION, RUN, RUN_LOOK_S, Holder, pid_running
 from .operation import ApplyContext, Operation, Site, require_objects_under
 from .plan import Plan
 from .storage import open_file_manager
@@ -108,10 +110,13 @@ def _what(holder: Holder) -> str:
 def _kept_warning(holder: Holder) -> str:
     """The record a holder that lost the lease to a takeover left (``Holder.outlives_process``)."""
     until = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(holder.heartbeat_ms / 1000 + holder.ttl_s))
+    alive = holder.host == socket.gethostname() and pid_running(holder.pid, holder.pid_start)
     return (f"this record was left by {holder.owner} (host {holder.host}, pid {holder.pid}) when it found its lease "
-            "taken over while it did not renew it: it and the process that took the lease over both stop (that one at "
-            f"its next renewal), and the record keeps the lease from others until {until}, when it goes stale by "
-            "itself; broken now, the next command may start before that process has stopped")
+            "taken over while it did not renew it: it stops (a query at its watcher's next look, an operation at its "
+            "next step; a hung one does not), and so does the process that took the lease over, at its next renewal "
+            "(an operation part-way: `checkpoint-ops resume` finishes it); the record keeps the lease from others "
+            f"until {until}, when it goes stale by itself. Broken now, the next command may start before they have "
+            "stopped" + (f"; pid {holder.pid} is still running on this host" if alive else ""))
 
 
 def _live_remote_warning(holder: Holder) -> str:

@@ -142,12 +142,9 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
     here = fm.url(root.rstrip("/"))
     stopped = restore_stopped_at(fm, root.rstrip("/"))
     if stopped is not None:
-        what, command = stopped
         return NotStarted(
-            here, f"no checkpoint here yet, but {what} stopped part-way at this location; a run now would start a new "
-            "query where that operation puts (or removes) a checkpoint",
-            f"run `{command}` first: it finishes that operation, or drops it and says what to do if it had changed "
-            "nothing yet", here)
+            here, f"{stopped.what} stopped part-way at this location; a run now would start a new query where that "
+            "operation puts (or removes) a checkpoint", stopped.fix, here)
     found = claim(fm, root, name, "", write=False)
     ran = found.other.name if found.other is not None else name if found.recorded else None
     if ran is not None and _left_a_trace(fm, root):

@@ -434,7 +434,21 @@ def test_a_record_kept_by_a_holder_that_lost_its_lease_is_shown_and_broken_for_w
     assert code == 0 and r["result"] is not None, r
     [warning] = r["plan"]["warnings"]
     assert "found its lease taken over" in warning and "goes stale by itself" in warning, warning
+    assert "still running" not in warning, warning
     assert not os.path.exists(os.path.join(root, LEASE_NAME))
+    # its process still running here (its query or operation not stopped yet): broken, and the warning says so
+    from checkpoint_ops.liveness import process_start
+
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        running = Holder("a query's run", socket.gethostname(), alive.pid, process_start(alive.pid), "beef" * 8,
+                         now - 60_000, int(time.time() * 1000), 600.0, "run", outlives_process=True)
+        fm.write_bytes(os.path.join(root, LEASE_NAME), _record(running))
+        code, r = cli_json("lease", "break", str(tmp_path), "--yes")
+        assert code == 0 and f"pid {alive.pid} is still running on this host" in r["plan"]["warnings"][0], r
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 # ---- the operation layer checks the leases before it writes anything ---------------------------------------

@@ -439,8 +439,8 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
     # an undo of a restore stopped part-way (as it marks the journal undone): its undo ends it, not a resume, which
     # would put the restored checkpoint back (a hostile review)
     def undo(target: str, env: dict):
-        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "undo", target, "--yes"], capture_output=True,
-                              text=True, timeout=300, env=dict(os.environ, **env))
+        return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "undo", target, "--yes"],
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, **env))
 
     for name in ("undo-traced", "undo-killed"):
         assert _restore_in_a_process(dest, backup_id, str(tmp_path / name), {}).returncode == 0
@@ -457,3 +457,41 @@ def test_a_restore_into_an_empty_location_stopped_before_its_fence_is_no_new_que
     assert f"checkpoint-ops undo {target}" in judged.fix and "resume" not in judged.fix, judged
     assert undo(target, {}).returncode == 0
     assert not_started(*open_file_manager(target), "q").problem is None  # undone: a new query may start there
+
+
+@pytest.mark.parametrize("journals, expected", [
+    ([("restore", '{"operation": "restore"}', ())], "resume"),
+    ([("restore", '{"operation": "restore"}', ("applied",))], None),  # its checkpoint deleted since: a fresh start
+    ([("restore", '{"operation": "restore"}', ("applied", "undoing"))], "undo"),
+    ([("restore", '{"operation": "restore"}', ("applied", "undoing", "undone"))], None),
+    ([("rollback", '{"operation": "rollback"}', ())], None),  # beside a checkpoint deleted on purpose: no block
+    ([("restore", '{"operation": "restore"}', ()),
+      ("lease-break", '{"operation": "lease-break", "undoable": false}', ())], "resume"),  # looked past
+    ([("restore", '{"operation": "restore"}', ()), ("rollback", '{"operation": "rollback"}', ("applied",))], None),
+    ([("restore", "{", ())], "resume"),  # damaged: resume names the damage
+    ([("restore", '{"operation": "restore", "format": 99}', ())], "resume"),  # a newer release's
+    ([("rollback", "{", ())], None),
+], ids=["unfinished", "applied", "undoing", "undone", "rollback", "past-a-lease-break", "under-a-newer-one",
+        "damaged", "newer-format", "damaged-rollback"])
+def test_which_journal_beside_an_empty_location_makes_it_no_new_query(tmp_path, journals, expected):
+    """``restore_stopped_at`` judges the journal ``resume`` and ``undo`` act on, and only a restore's speaks for an
+    empty location (a review: an undo stopped part-way was named with resume, a rollback's journal left beside a
+    checkpoint deleted on purpose blocked a fresh start, a damaged restore journal let one through)."""
+    from checkpoint_ops.journal import restore_stopped_at
+    from checkpoint_ops.storage import open_file_manager
+
+    target = tmp_path / "ck"
+    target.mkdir()
+    for n, (operation, plan, markers) in enumerate(journals):
+        journal = tmp_path / ".checkpoint-ops" / "ck" / "journal" / f"20261130T00000{n}.000000Z-{operation}-0a1b2c3d"
+        journal.mkdir(parents=True)
+        whole = plan.replace('"operation"', f'"format": 2, "op_id": "{journal.name}", "operation"')
+        (journal / "plan.json").write_text(plan if plan == "{" or "format" in plan else whole)
+        for marker in markers:
+            (journal / marker).write_text("{}")
+    stopped = restore_stopped_at(*open_file_manager(str(target)))
+    if expected is None:
+        assert stopped is None, stopped
+    else:
+        assert stopped is not None and stopped.command == f"checkpoint-ops {expected} {target}", stopped
+        assert stopped.fix.startswith(f"run `checkpoint-ops {expected} {target}` first"), stopped.fix
