@@ -29,8 +29,8 @@ query runs; a user's own query can hold it too (``checkpoint_ops.spark.hold_leas
   The late holder looks for that taker's claim (kept until it releases): if it is there, it stops, stamps its
   record once more (the late write's stamp predates the pause), to be judged by age alone (not by its process,
   which may exit at once), and leaves it to go stale a time to live later, and the taker stops at its next
-  renewal, finding it; if not, nobody took it over (or the taker is done), and
-  the late holder stops (a stepwise one) or goes on (one without steps).
+  renewal, finding it; if not, nobody took it over (or the taker is done), and the late holder stops (a
+  stepwise one) or goes on (one without steps).
 * **Holders without steps.** A streaming query's lease (``spark.hold_lease_while_active``) and a Dagster
   run's (held across the Spark run) guard one opaque run, not steps that can stop: stopping their
   heartbeat would let the record go stale while the query still runs, and any command take the lease
@@ -347,9 +347,10 @@ class Lease:
         stale at once, while the taker's claim goes stale by age a time to live after the takeover; a review
         showed a third process taking the lease over then). Its release leaves it, and this process does not
         judge it its own leftover, so no third process finds the lease free or stale for a time to live while
-        the taker and this holder stop; the taker finds it at its next renewal and stops too. (Writing the taker's record back instead could restore a record
-        older than the taker's last renewal, or that of a taker interrupted long ago: a third review.) A
-        leftover claim of an interrupted takeover stops it as well."""
+        the taker and this holder stop; the taker finds it at its next renewal and stops too. (Writing the
+        taker's record back instead could restore a record older than the taker's last renewal, or that of a
+        taker interrupted long ago: a third review.) A leftover claim of an interrupted takeover stops it as
+        well. If the store fails the re-stamp, the late record stands with its early stamp."""
         claim = join(self.root, TAKEOVER_PREFIX + self.holder.token)
         try:
             body = self.fm.read_bytes(claim)
