@@ -14,11 +14,11 @@ from dagster_checkpoint_ops.streaming import StreamingQuery
 from tests.spark_runs import FLAVOURS
 
 
-def counts_query(base: str, name: str = "counts") -> StreamingQuery:
+def counts_query(base: str, name: str = "counts", flavour: str = "rocksdb_v2") -> StreamingQuery:
     inp, out = os.path.join(base, "input"), os.path.join(base, "output")
 
     def build(spark):
-        for k, v in FLAVOURS["rocksdb_v2"].items():
+        for k, v in FLAVOURS[flavour].items():
             spark.conf.set(k, v)
         return counts_writer(spark, inp, out)
 

@@ -555,7 +555,10 @@ def test_a_run_whose_lease_is_taken_while_its_query_runs_stops_the_query(spark, 
 
     monkeypatch.setenv("CHECKPOINT_OPS_LEASE_TTL", "1")  # the run renews every third of a second, looks every second
     base = str(tmp_path / "q")
-    query, inp = counts_query(base, name="taken"), os.path.join(base, "input")
+    # HDFS state: stopped between its file sink's commit of a batch and the commit log, a query with RocksDB state
+    # checkpoint format V2 is not restarted by Spark 4.3 (the re-run batch, skipped by the sink, reports no state
+    # checkpoint ids: "CheckpointInfo length: 0"), whatever stopped it; this test is about the lease
+    query, inp = counts_query(base, name="taken", flavour="hdfs"), os.path.join(base, "input")
     files = 24  # one batch each: seconds of work, so the query still runs when the lease is taken
     write_event_files(inp, 0, files)
     lease, first_commit = os.path.join(query.checkpoint, LEASE_NAME), os.path.join(query.checkpoint, "commits", "0")
