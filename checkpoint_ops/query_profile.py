@@ -691,8 +691,7 @@ def _records(fm: CheckpointFileManager, root: str) -> list[ProfileRecord]:
         return []
     except (StorageError, PermissionError) as e:  # refused, like an outage, is not "none recorded": that would drop
         # every record (``record_profile``) and pass a checkpoint whose state is gone (``restart``)
-        raise StorageError(f"the recorded query profile could not be read: "
-                           f"{problem_of(e)}",
+        raise StorageError(f"the recorded query profile could not be read: {problem_of(e)}",
                            path=fm.url(path), fix="give these credentials read and write access to the checkpoint-ops "
                            "files beside the checkpoint (.checkpoint-ops/), then run the same command again") from e
     except (IsADirectoryError, NotADirectoryError) as e:  # a thing in its place: damaged, as unparsable bytes are

@@ -15,6 +15,7 @@ from typing import Iterator
 
 from ..errors import BadInputError
 from ..storage import CheckpointFileManager, FileInfo
+from ..storage.checksums import hadoop_crc_target, is_hadoop_crc_name
 
 
 # The lease and takeover claims of lease.py (and their Hadoop .crc sidecars), in the listed root only.
@@ -29,7 +30,7 @@ def is_hidden_temp(name: str) -> bool:
 
 def is_unfinished_write(name: str) -> bool:
     """Whether ``name`` is a hidden ``.*.tmp`` file or the Hadoop ``.crc`` sidecar of one (``..*.tmp.crc``)."""
-    return is_hidden_temp(name) or (name.startswith("..") and name.endswith(".tmp.crc"))
+    return is_hidden_temp(name) or (is_hadoop_crc_name(name) and is_hidden_temp(hadoop_crc_target(name)))
 
 
 class Listing:
