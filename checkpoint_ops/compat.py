@@ -44,6 +44,7 @@ from typing import Callable, Sequence
 
 from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
 from .journal import restore_stopped_at
+from .lag import sink_ahead_of_commits
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
@@ -296,7 +297,8 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     batch = ckpt.latest_commit
     if batch is None:
         notes.append("nothing committed yet: Spark starts this query from its first batch")
-        return CompatReport(ckpt.url, None, True, None, (), tuple(notes), profile, None, record)
+        diffs = _uncommitted_sink_differences(spark, ckpt, profile, storage_options)
+        return CompatReport(ckpt.url, None, not diffs, None, tuple(diffs), tuple(notes), profile, None, record)
     restart_files(ckpt, batch)  # damage is unusable input, before anything runs
     offsets = ckpt.offsets(batch)
     if ckpt.latest_offset is not None and ckpt.latest_offset > batch:
@@ -304,7 +306,7 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
                      f"judge restarts from the last committed batch {batch}")
     diffs: list[Difference] = []
     diffs += conf_differences(spark, offsets, batch)
-    diffs += sink_differences(spark, profile, record, old_sinks, batch, storage_options)
+    diffs += sink_differences(spark, profile, record, old_sinks, batch, storage_options, ckpt=ckpt)
     outcome = None
     if reuse_judged and record is not None and record.proven(profile.fingerprint, batch):
         notes.append(f"Spark already accepted this exact query (plan fingerprint {profile.fingerprint[:12]}, recorded "
@@ -467,8 +469,9 @@ def conf_differences(spark, offsets: OffsetSeq, batch: int) -> list[Difference]:
 
 
 def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None, old_sinks: Sequence[str],
-                     batch: int, storage_options: dict | None) -> list[Difference]:
-    """Output mode and sink: what the file sink's own log says, and what changed since the recorded query."""
+                     batch: int, storage_options: dict | None, *, ckpt: Checkpoint | None = None) -> list[Difference]:
+    """Output mode and sink: what the file sink's own log says, and what changed since the recorded query.
+    ``ckpt``: the checkpoint (its planned batches and state format judge a sink log ahead of ``batch``)."""
     out = []
     sink, mode = profile.sink, profile.output_mode
     if sink.kind == UNKNOWN:
@@ -490,7 +493,7 @@ def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None,
             out.append(Difference("output-mode", SILENT, old_mode, mode, f"Spark restarts, and from batch {batch + 1} "
                                   f"{effect}", RULES["output-mode"]))
     if sink.kind == "file" and sink.path:
-        out += _file_sink_differences(spark, sink, old_sink, batch, storage_options)
+        out += _file_sink_differences(spark, sink, old_sink, batch, storage_options, ckpt)
         out += _partitioning_differences(sink, old_sink, batch)
     elif old_sink is not None and (old_sink.kind, old_sink.path) != (sink.kind, sink.path):
         was = old_sink.describe()
@@ -504,7 +507,7 @@ def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None,
 
 
 def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | None, batch: int,
-                           storage_options: dict | None) -> list[Difference]:
+                           storage_options: dict | None, ckpt: Checkpoint | None = None) -> list[Difference]:
     """A file sink continues only where its log (``<path>/_spark_metadata``) ends at the checkpoint's batch."""
     fm, root = open_file_manager(sink.path, storage_options)
     output = SinkOutput(fm, root, _sink_interval(spark), data=False)
@@ -514,6 +517,13 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
     was = old_sink.describe() if old_sink is not None else \
         "the sink this checkpoint's query wrote (unknown: no recorded profile; pass --sink)"
     now = sink.describe() + (f" (its log ends at batch {latest})" if latest is not None else " (no sink log there)")
+    if ckpt is not None and latest is not None and latest > batch and ckpt.latest_offset is not None \
+            and latest <= ckpt.latest_offset:
+        # stopped between the sink's commit of a planned batch and its commits/ file: Spark re-runs the batch and
+        # the file sink skips it, as its rows are there; only format V2's state commit fails on the skip
+        ahead = sink_ahead_of_commits(ckpt, sink.path, latest)
+        return [] if ahead is None else [Difference("sink", FAILS, was, now, f"{ahead.problem}; {ahead.fix}",
+                                                    RULES["sink-path"])]
     if latest is not None and latest > batch:
         return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
                            "skips them without writing (a rollback that left the sink ahead?)", RULES["sink-path"])]
@@ -530,6 +540,19 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
                        f"Spark restarts and writes batch {first} into a log that starts there: readers of "
                        f"{sink.path} fail ({missing} doesn't exist), and {fails} (compact interval {interval})",
                        RULES["sink-path"], "BATCH_METADATA_NOT_FOUND")]
+
+
+def _uncommitted_sink_differences(spark, ckpt: Checkpoint, profile: QueryProfile,
+                                  storage_options: dict | None) -> list[Difference]:
+    """Nothing committed yet: only a file sink that logged the planned first batch on format V2 fails."""
+    sink = profile.sink
+    if sink.kind != "file" or not sink.path or ckpt.latest_offset is None:
+        return []
+    fm, root = open_file_manager(sink.path, storage_options)
+    ahead = sink_ahead_of_commits(ckpt, sink.path, SinkOutput(fm, root, _sink_interval(spark), data=False).log.latest)
+    if ahead is None:
+        return []
+    return [Difference("sink", FAILS, None, sink.describe(), f"{ahead.problem}; {ahead.fix}", RULES["sink-path"])]
 
 
 def _partitioning_differences(sink: SinkProfile, old_sink: SinkProfile | None, batch: int) -> list[Difference]:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from .fence import recovery_advice
 from .lease import LeaseState, lease_of
-from .lag import sink_lag
+from .lag import sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.listing import is_hidden_temp
@@ -638,6 +638,9 @@ class Fsck:
                      f"{log.latest} will be dropped when they re-run (what a rollback of offsets/commits alone leaves)",
                      f"roll back the sink with the checkpoint: {self.cmd} --to-batch {self.ckpt.latest_commit} "
                      f"--sink {sink.url}")
+        ahead = sink_ahead_of_commits(self.ckpt, sink.url, log.latest) if paired else None
+        if ahead is not None:
+            self.add(ERROR, "sink-ahead-of-commit", L.url(log.rel(log.latest)), ahead.problem, ahead.fix)
         if missing:
             self._checksums(L)
             return

@@ -81,3 +81,52 @@ def sink_lag(ckpt: Checkpoint | None, sink: SinkOutput, ledger: Ledger | None = 
     missing = [b for b in range(floor + 1, upto + 1) if b not in log.files]
     missing += range(s + 1, top + 1)
     return SinkLag(sink.url, url, log.latest, top, by, tuple(missing), tuple(log.rel(b) for b in missing))
+
+
+@dataclass(frozen=True)
+class SinkAheadOfCommits:
+    """A file sink that logged batches its checkpoint planned (``offsets/``) but never committed, on RocksDB
+    checkpoint format V2: the query stopped between the sink's commit of a batch and its ``commits/`` file.
+
+    Spark restarts by re-running the batch; the file sink skips it (its log has it), so no task runs and
+    reports the state stores' checkpoint ids, and Spark 4.3's commit of that batch fails (``assertion failed:
+    CheckpointInfo length: 0``), on every restart. The HDFS store and format V1 restart from the same state
+    (the skip is right: the batch's rows are in the sink). A rollback to the last commit with the sink
+    removes the batch's sink log entry and files, and the run writes them again.
+    """
+
+    checkpoint: str
+    sink: str
+    last_committed: int | None
+    last_logged: int
+
+    @property
+    def problem(self) -> str:
+        first = (self.last_committed + 1) if self.last_committed is not None else 0
+        span = f"batch {first}" if first == self.last_logged else f"batches {first}..{self.last_logged}"
+        return (f"the sink log holds {span}, which the checkpoint planned but never committed (the query stopped "
+                f"between the file sink's commit and commits/{first}): Spark re-runs it, the file sink skips it, and "
+                "with RocksDB checkpoint format V2 Spark then fails every restart with 'assertion failed: "
+                "CheckpointInfo length: 0'")
+
+    @property
+    def fix(self) -> str:
+        if self.last_committed is None:
+            return ("no batch was committed, so no rollback applies: restore the checkpoint and its sink from a "
+                    "backup, or move both aside and start the query afresh")
+        return (f"roll back to the last committed batch with the sink, then run the query (it writes "
+                f"{'that batch' if self.last_committed + 1 == self.last_logged else 'those batches'} again): "
+                f"`checkpoint-ops rollback {self.checkpoint} --to-batch {self.last_committed} --sink {self.sink}`")
+
+
+def sink_ahead_of_commits(ckpt: Checkpoint, sink_url: str, last_logged: int | None) -> SinkAheadOfCommits | None:
+    """The state above, when ``last_logged`` (the sink log's latest batch) is after the last commit and no later
+    than the last planned batch of a checkpoint whose state is on format V2; else None."""
+    planned, committed = ckpt.latest_offset, ckpt.latest_commit
+    if last_logged is None or planned is None or last_logged > planned:
+        return None
+    if committed is not None and last_logged <= committed:
+        return None
+    if ckpt.checkpoint_format_version != 2:
+        return None
+    return SinkAheadOfCommits(ckpt.url, sink_url, committed, last_logged)

@@ -3,7 +3,7 @@ and report what Spark did.
 
 The copy holds what Spark reads to restart after the last committed batch N: the restart set
 (``restart.py``: ``metadata``, ``offsets/N-1`` and ``offsets/N``, ``commits/N``, the source logs, the
-state files that load version N+1) plus what Spark validates the query against: every operator's
+state files that load version N+1, and the SST and log files their RocksDB zips name) plus what Spark validates the query against: every operator's
 metadata and state schema files, and the metadata of sources that are not file sources (Kafka's initial
 offsets, the rate source's start time). ``offsets/N`` is then planted again as ``offsets/N+1``: Spark's
 restart finds batch N+1 planned but not committed and must run it, over no new input (its start and end
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 
 from .errors import BadInputError
@@ -96,17 +97,42 @@ def restart_files(ckpt: Checkpoint, batch: int) -> list[str]:
             rels.add(f.rel)
         elif f.origin.startswith("rebuilt from "):
             rels.add(f.origin[len("rebuilt from "):])  # the compact file Spark itself reads
-    state_files = {sf.rel: sf for store in ckpt.state.stores() for sf in store.files}
+    state_files = {sf.rel: (store, sf) for store in ckpt.state.stores() for sf in store.files}
     for rel in list(rels):
-        for side in getattr(state_files.get(rel), "sidecars", ()):
+        store, sf = state_files.get(rel, (None, None))
+        if sf is None:
+            continue
+        for side in sf.sidecars:
             if not side.rsplit("/", 1)[-1].startswith("."):
                 rels.add(side)  # Spark's own checksum file (checkpoint format V2)
+        if sf.kind == "zip":
+            rels.update(_zip_ssts(ckpt, store, sf))
     for sid, src in ckpt.sources.items():
         if src.log is None:  # Kafka's initial offsets, the rate source's start time, ...
             rels.update(rel for rel, _ in ckpt.listing.under(src.rel_dir) if not rel.rsplit("/", 1)[-1].startswith("."))
     rels.update(rel for rel in ckpt.listing.files if _VALIDATION_FILE.match(rel)
                 and not rel.rsplit("/", 1)[-1].startswith("."))
     return sorted(rels)
+
+
+def _zip_ssts(ckpt: Checkpoint, store, zip_file) -> list[str]:
+    """The SST and log files (``SSTs/``, ``logs/``) a RocksDB checkpoint zip names: RocksDB opens them when it
+    loads the zip's version, so a restart needs them beside it. Reads the zip (its ``metadata`` entry)."""
+    url = ckpt.listing.url(zip_file.rel)
+    try:
+        names = ckpt.state.zip_ssts(zip_file)
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
+        raise BadInputError(f"{zip_file.name} is not a readable RocksDB checkpoint zip ({e}): Spark cannot load "
+                            "its state", path=url, fix="restore it from a backup, or roll back to an earlier "
+                            "batch") from None
+    missing = [name for name in names if name not in store.ssts]
+    if missing:
+        raise BadInputError(f"{zip_file.name} names {missing[0]}" + (f" and {len(missing) - 1} more files"
+                            if len(missing) > 1 else "") + f", not in {store.rel_dir}/SSTs or logs: RocksDB "
+                            "cannot open its state", path=url,
+                            fix="restore the store's files from a backup, or roll back to a batch whose state is "
+                                "complete (see `checkpoint-ops inspect`)")
+    return [store.ssts[name] for name in names]
 
 
 def require_unfenced(ckpt: Checkpoint) -> None:
