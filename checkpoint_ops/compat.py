@@ -109,7 +109,9 @@ class Difference:
     ``effect`` says what Spark will do (for ``fails-at-restart``: how it refuses); ``rule`` is the guide's
     rule that applies; ``error_class`` is the Spark error class of a refusal (None when Spark raises a plain
     exception, whose class is then named in ``effect``); ``found_by`` is ``spark`` when Spark's own restart
-    on the scratch copy decided, ``checkpoint-ops`` for the checks Spark does not make.
+    on the scratch copy decided, ``checkpoint-ops`` for the checks Spark does not make. ``rollback_to``: the
+    batch a rollback of the checkpoint and its file sinks to which resolves the difference (the Dagster step
+    names its run config ``rollback_to_batch``), when one does.
     """
 
     # sources | source-options | stateful-operators | state-schema | state | output-mode | sink | conf | projection
@@ -122,10 +124,12 @@ class Difference:
     rule: str
     error_class: str | None = None
     found_by: str = "checkpoint-ops"
+    rollback_to: int | None = None
 
     def to_dict(self) -> dict:
         return {"aspect": self.aspect, "verdict": self.verdict, "was": self.was, "now": self.now,
-                "effect": self.effect, "rule": self.rule, "error_class": self.error_class, "found_by": self.found_by}
+                "effect": self.effect, "rule": self.rule, "error_class": self.error_class, "found_by": self.found_by,
+                "rollback_to": self.rollback_to}
 
 
 @dataclass(frozen=True)
@@ -523,7 +527,7 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
         # the file sink skips it, as its rows are there; only format V2's state commit fails on the skip
         ahead = sink_ahead_of_commits(ckpt, sink.path, latest)
         return [] if ahead is None else [Difference("sink", FAILS, was, now, f"{ahead.problem}; {ahead.fix}",
-                                                    RULES["sink-path"])]
+                                                    RULES["sink-path"], rollback_to=ahead.last_committed)]
     if latest is not None and latest > batch:
         return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
                            "skips them without writing (a rollback that left the sink ahead?)", RULES["sink-path"])]

@@ -64,9 +64,12 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
     md = report_metadata(report)
     fails = report.of(FAILS)
     if fails:
+        targets = {d.rollback_to for d in fails}
+        way_out = (f" (materialize with run config rollback_to_batch: {targets.pop()} to roll the checkpoint and its "
+                   "file sinks back and run the query)" if len(targets) == 1 and None not in targets else
+                   " (run config skip_compat_check: true runs it anyway)")
         raise dg.Failure(description=f"{query.name} would not restart from its checkpoint: "
-                         + "; ".join(_reason(d) for d in fails)
-                         + " (run config skip_compat_check: true runs it anyway)", metadata=md)
+                         + "; ".join(_reason(d) for d in fails) + way_out, metadata=md)
     for d in report.of(SILENT):
         context.log.warning(f"{query.name}: silently different after the restart: {_reason(d)}")
     for d in report.of(CHECK):

@@ -602,3 +602,54 @@ def test_a_run_whose_lease_is_taken_while_its_query_runs_stops_the_query(spark, 
     unload_state_stores(spark)
     want = {k: [v] for k, v in expected_windows(range(files)).items()}
     assert read_output(spark, query.sinks[0]) == want, "rows lost or counted twice after the lease was taken"
+
+
+def test_a_run_stopped_after_its_sink_commit_on_format_v2_is_refused_and_one_rollback_materialization_repairs_it(
+        spark, tmp_path, instance):
+    """A run stopped between the file sink's commit of a batch and ``commits/N`` (a kill, or the lease-loss stop)
+    leaves a checkpoint that Spark 4.3 cannot restart on RocksDB checkpoint format V2 ('CheckpointInfo length: 0',
+    test_stopped_after_sink_commit_spark.py). The next materialization refuses before Spark starts, naming the run
+    config that repairs it; a materialization with that config rolls back and runs; no row is lost or counted
+    twice. The stop is made by removing ``commits/N`` (Spark's last write of a batch) after a good run."""
+    import logging
+    import time
+
+    base, home = str(tmp_path / "q"), str(tmp_path / "home")
+    query = counts_query(base, name="halfway")
+    defs = streaming_definitions([query], home=home, spark_config=SESSION_CONF)
+    inp = os.path.join(base, "input")
+    write_event_files(inp, 0, GOOD_FIRST)
+    first = materialize(defs, query.name, instance)
+    assert first.success, first.all_events
+    last = metadata(first, query.name)["last_committed_batch"]
+    for name in (str(last), f".{last}.crc"):
+        os.remove(os.path.join(query.checkpoint, "commits", name))
+    unload_state_stores(spark)
+
+    refused = materialize(defs, query.name, instance)
+    assert not refused.success
+    (failure,) = [e for e in refused.all_events if e.event_type_value == "STEP_FAILURE"]
+    text = failure.event_specific_data.error.message
+    assert "CheckpointInfo length: 0" in text and f"rollback_to_batch: {last - 1}" in text, text
+    assert "skip_compat_check" not in text, text  # Spark would fail: not offered
+
+    # offsets/{last} was written moments ago: the rollback takes it for a running batch for ten minutes
+    still = materialize(defs, query.name, instance, rollback_to_batch=last - 1)
+    assert not still.success
+    (failure,) = [e for e in still.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert "probably running" in failure.event_specific_data.error.message and "10 minutes old" in \
+        failure.event_specific_data.error.message
+    planned = os.path.join(query.checkpoint, "offsets", str(last))
+    eleven_minutes_ago = time.time() - 660  # the on-call engineer acts later
+    os.utime(planned, (eleven_minutes_ago, eleven_minutes_ago))
+
+    repaired = materialize(defs, query.name, instance, rollback_to_batch=last - 1)
+    assert repaired.success, [e.user_message for e in instance.all_logs(repaired.run_id)
+                              if e.level >= logging.WARNING]
+    assert metadata(repaired, query.name)["batch_ids"].startswith(f"{last}..")
+    write_event_files(inp, GOOD_FIRST, GOOD_FIRST + 2)
+    flush_files(inp, GOOD_FIRST + 1)
+    unload_state_stores(spark)
+    assert materialize(defs, query.name, instance).success
+    want = {k: [v] for k, v in expected_windows(range(GOOD_FIRST + 2)).items()}
+    assert read_output(spark, query.sinks[0]) == want, "rows lost or counted twice after the repair"
