@@ -396,3 +396,27 @@ def test_spark_ignores_damaged_v1_operator_metadata(spark, operator_runs):
         assert run.resume_and_read(spark) == run.reference
     finally:
         run.reset()
+
+
+def test_spark_judges_the_unchanged_query_restartable(spark, op_run):
+    """compat's judge restarts each operator's query on a scratch copy of what Spark reads to restart
+    (restart_judge.py): every store's files must be in it (a RocksDB zip's SSTs, format V2's checksum
+    files, operator metadata and state schemas), or Spark refuses an unchanged query."""
+    from checkpoint_ops.compat import FAILS, check_compat
+    from checkpoint_ops.model import Checkpoint
+    from tests.operator_runs import OPERATOR_CONF
+    from tests.spark_runs import FLAVOURS, SESSION_CONF
+
+    for key, value in {**SESSION_CONF, **OPERATOR_CONF, **FLAVOURS[op_run.flavour]}.items():
+        if key.startswith("spark.sql."):
+            spark.conf.set(key, value)
+
+    def build(session):
+        df = op_run.query.build(session, {s: op_run.input_dir(s) for s in op_run.query.sources})
+        return (df.writeStream.format("parquet").outputMode("append").option("path", op_run.output)
+                .option("checkpointLocation", op_run.checkpoint).trigger(availableNow=True))
+
+    before = tree_snapshot(op_run.base)
+    report = check_compat(Checkpoint.open(op_run.checkpoint), spark, build)
+    assert tree_snapshot(op_run.base) == before, "compat changed something"
+    assert report.spark_restarts is True and report.of(FAILS) == [], report.render()
