@@ -82,9 +82,11 @@ def spark_location(fm: CheckpointFileManager, root: str) -> str:
     return f"{'s3a' if loc.scheme == 's3' else loc.original_scheme or loc.scheme}://{loc.path}"
 
 
-def restart_files(ckpt: Checkpoint, batch: int) -> list[str]:
+def restart_files(ckpt: Checkpoint, batch: int, ssts: bool = False) -> list[str]:
     """The files Spark reads to restart ``ckpt`` after ``batch`` and to validate a query against it
-    (relative paths, sorted). Damage in them is unusable input (exit 2), naming the first damaged file."""
+    (relative paths, sorted). Damage in them is unusable input (exit 2), naming the first damaged file.
+    ``ssts``: also the SST and log files the RocksDB zips among them name, which takes a read of each zip
+    (what a copy needs; a check of the set as the listing shows it does not)."""
     rs = RestartSets(ckpt, deep=False).of(batch)
     if rs.damage:
         first = rs.damage[0]
@@ -105,7 +107,7 @@ def restart_files(ckpt: Checkpoint, batch: int) -> list[str]:
         for side in sf.sidecars:
             if not side.rsplit("/", 1)[-1].startswith("."):
                 rels.add(side)  # Spark's own checksum file (checkpoint format V2)
-        if sf.kind == "zip":
+        if ssts and sf.kind == "zip":
             rels.update(_zip_ssts(ckpt, store, sf))
     for sid, src in ckpt.sources.items():
         if src.log is None:  # Kafka's initial offsets, the rate source's start time, ...
@@ -151,7 +153,7 @@ def copy_for_restart(ckpt: Checkpoint, scratch_url: str, storage_options: dict |
     if batch is None:
         raise BadInputError("the checkpoint has no committed batch: there is nothing to restart from",
                             path=ckpt.url, fix="run the query once (a new query starts fresh)")
-    rels = restart_files(ckpt, batch)
+    rels = restart_files(ckpt, batch, ssts=True)
     fm, root = open_file_manager(scratch_url, storage_options)
     if fm.walk(root):
         raise BadInputError("the scratch location is not empty", path=scratch_url,
