@@ -521,8 +521,7 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
     was = old_sink.describe() if old_sink is not None else \
         "the sink this checkpoint's query wrote (unknown: no recorded profile; pass --sink)"
     now = sink.describe() + (f" (its log ends at batch {latest})" if latest is not None else " (no sink log there)")
-    if ckpt is not None and latest is not None and latest > batch and ckpt.latest_offset is not None \
-            and latest <= ckpt.latest_offset:
+    if ckpt is not None and latest is not None and latest == batch + 1 == ckpt.latest_offset:
         # stopped between the sink's commit of a planned batch and its commits/ file: Spark re-runs the batch and
         # the file sink skips it, as its rows are there; only format V2's state commit fails on the skip
         ahead = sink_ahead_of_commits(ckpt, sink.path, latest)

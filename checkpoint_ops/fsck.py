@@ -7,6 +7,7 @@ Spark fails or misbehaves; ``warning`` means harmless today but a trap (stale fi
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import asdict, dataclass
 
 from .fence import recovery_advice
@@ -71,7 +72,7 @@ class Fsck:
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
         self._sound_offsets: dict[int, str] = {}  # offsets files taken from the cache: "version:sources"
         self._parsed_offsets: dict = {}
-        self.cmd = f"checkpoint-ops rollback {ckpt.url}"
+        self.cmd = f"checkpoint-ops rollback {shlex.quote(ckpt.url)}"
 
     def add(self, severity: str, code: str, path: str, problem: str, fix: str) -> None:
         self.findings.append(Finding(severity, code, path, problem, fix))
@@ -637,7 +638,7 @@ class Fsck:
                      f"the file sink silently skips batch ids it already logged, so batches {ck_latest + 1}.."
                      f"{log.latest} will be dropped when they re-run (what a rollback of offsets/commits alone leaves)",
                      f"roll back the sink with the checkpoint: {self.cmd} --to-batch {self.ckpt.latest_commit} "
-                     f"--sink {sink.url}")
+                     f"--sink {shlex.quote(sink.url)}")
         ahead = sink_ahead_of_commits(self.ckpt, sink.url, log.latest) if paired else None
         if ahead is not None:
             self.add(ERROR, "sink-ahead-of-commit", L.url(log.rel(log.latest)), ahead.problem, ahead.fix)
@@ -673,20 +674,20 @@ class Fsck:
                          f"data file not in the sink log. The sink log is behind its checkpoint ({lag.describe()} "
                          "committed without a log entry), so this may be the data of a batch whose entry is missing",
                          f"do not delete it: roll back and reprocess as the sink-behind finding says; afterwards "
-                         f"`checkpoint-ops sink orphans {sink.url}` lists what is still orphaned")
+                         f"`checkpoint-ops sink orphans {shlex.quote(sink.url)}` lists what is still orphaned")
                 continue
             self.add(WARNING, "sink-orphan-file", L.url(rel),
                      "data file not in the sink log (a failed or rolled-back batch wrote it, or `sink retain` or "
                      "`sink compact --drop-missing` dropped its entry and kept the file): Spark readers ignore it, but "
                      "readers that list the directory (ignoreMetadata, other engines) see it",
-                     f"while the query is stopped, `checkpoint-ops sink orphans {sink.url} --delete` moves it into "
+                     f"while the query is stopped, `checkpoint-ops sink orphans {shlex.quote(sink.url)} --delete` moves it into "
                      "an undo record (pass --checkpoint so the query's lease is checked)")
         self._checksums(L)
 
     def _sink_behind(self, sink: SinkOutput, lag) -> None:
         target = lag.rollback_target
         fix = (f"roll back the checkpoint and the sink to the last batch the sink has, then run the query to "
-               f"reprocess: `{self.cmd} --to-batch {target} --sink {sink.url}`; the run re-runs "
+               f"reprocess: `{self.cmd} --to-batch {target} --sink {shlex.quote(sink.url)}`; the run re-runs "
                f"{lag.describe()} and writes their rows again. Do not delete data files: those of {lag.describe()} "
                "are what the sink log lost" if target is not None else
                "restore the checkpoint and its sink from a backup taken before the loss (no rollback can re-run "

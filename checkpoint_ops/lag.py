@@ -17,6 +17,7 @@ orphans`` ever suggests it.
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from .ledger import Ledger
@@ -85,8 +86,9 @@ def sink_lag(ckpt: Checkpoint | None, sink: SinkOutput, ledger: Ledger | None = 
 
 @dataclass(frozen=True)
 class SinkAheadOfCommits:
-    """A file sink that logged batches its checkpoint planned (``offsets/``) but never committed, on RocksDB
-    checkpoint format V2: the query stopped between the sink's commit of a batch and its ``commits/`` file.
+    """A file sink that logged the batch its checkpoint planned last (``offsets/N``) and did not commit, the batch
+    after the last commit, on RocksDB checkpoint format V2: the query stopped between the sink's commit of the
+    batch and its ``commits/N`` file (Spark writes them in that order, reference section 7).
 
     Spark restarts by re-running the batch; the file sink skips it (its log has it), so no task runs and
     reports the state stores' checkpoint ids, and Spark 4.3's commit of that batch fails (``assertion failed:
@@ -97,36 +99,38 @@ class SinkAheadOfCommits:
 
     checkpoint: str
     sink: str
-    last_committed: int | None
-    last_logged: int
+    last_committed: int | None  # None: batch 0, nothing committed
+    batch: int  # the planned, logged, uncommitted batch
 
     @property
     def problem(self) -> str:
-        first = (self.last_committed + 1) if self.last_committed is not None else 0
-        span = f"batch {first}" if first == self.last_logged else f"batches {first}..{self.last_logged}"
-        return (f"the sink log holds {span}, which the checkpoint planned but never committed (the query stopped "
-                f"between the file sink's commit and commits/{first}): Spark re-runs it, the file sink skips it, and "
-                "with RocksDB checkpoint format V2 Spark then fails every restart with 'assertion failed: "
-                "CheckpointInfo length: 0'")
+        return (f"the sink log holds batch {self.batch}, which the checkpoint planned but never committed (the query "
+                f"stopped between the file sink's commit and commits/{self.batch}): Spark re-runs it, the file sink "
+                "skips it, and with RocksDB checkpoint format V2 Spark then fails every restart with 'assertion "
+                "failed: CheckpointInfo length: 0'")
 
     @property
     def fix(self) -> str:
         if self.last_committed is None:
             return ("no batch was committed, so no rollback applies: restore the checkpoint and its sink from a "
-                    "backup, or move both aside and start the query afresh")
-        return (f"roll back to the last committed batch with the sink, then run the query (it writes "
-                f"{'that batch' if self.last_committed + 1 == self.last_logged else 'those batches'} again): "
-                f"`checkpoint-ops rollback {self.checkpoint} --to-batch {self.last_committed} --sink {self.sink}`")
+                    "backup, or move both aside and start the query afresh (a source that starts at its latest "
+                    "offsets, such as Kafka with startingOffsets=latest, then skips what batch 0 read)")
+        return (f"roll back to the last committed batch with the sink, then run the query (it writes batch "
+                f"{self.batch} again): `checkpoint-ops rollback {shlex.quote(self.checkpoint)} --to-batch "
+                f"{self.last_committed} --sink {shlex.quote(self.sink)}`")
 
 
 def sink_ahead_of_commits(ckpt: Checkpoint, sink_url: str, last_logged: int | None) -> SinkAheadOfCommits | None:
-    """The state above, when ``last_logged`` (the sink log's latest batch) is after the last commit and no later
-    than the last planned batch of a checkpoint whose state is on format V2; else None."""
+    """The state above: ``last_logged`` (the sink log's latest batch) is the checkpoint's last planned batch, the
+    one after its last commit (or batch 0 with none), that commit parses, and the state is on format V2; else None
+    (other shapes are other findings: commits behind, a sink ahead of the offsets, a damaged commit)."""
     planned, committed = ckpt.latest_offset, ckpt.latest_commit
-    if last_logged is None or planned is None or last_logged > planned:
+    if last_logged is None or planned is None or last_logged != planned:
         return None
-    if committed is not None and last_logged <= committed:
+    if (planned - 1 if planned > 0 else None) != committed:
         return None
+    if committed is not None and committed not in ckpt.load_commits([committed], errors=[]):
+        return None  # a damaged commit: its own finding says what to roll back to
     if ckpt.checkpoint_format_version != 2:
         return None
     return SinkAheadOfCommits(ckpt.url, sink_url, committed, last_logged)

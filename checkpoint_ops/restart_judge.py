@@ -27,6 +27,7 @@ from .errors import BadInputError
 from .model.checkpoint import Checkpoint
 from .query_profile import is_connect
 from .restart import RestartSets
+from .storage.checksums import hadoop_crc_matches, hadoop_crc_name
 from .storage import CheckpointFileManager, open_file_manager
 from .storage.paths import parse_url
 
@@ -123,7 +124,7 @@ def _zip_ssts(ckpt: Checkpoint, store, zip_file) -> list[str]:
     url = ckpt.listing.url(zip_file.rel)
     try:
         names = ckpt.state.zip_ssts(zip_file)
-    except (zipfile.BadZipFile, KeyError, ValueError, EOFError) as e:
+    except (zipfile.BadZipFile, KeyError, ValueError, EOFError, TypeError) as e:
         raise BadInputError(f"{zip_file.name} is not a readable RocksDB checkpoint zip ({e}): Spark cannot load "
                             "its state", path=url, fix="restore it from a backup, or roll back to an earlier "
                             "batch") from None
@@ -161,10 +162,26 @@ def copy_for_restart(ckpt: Checkpoint, scratch_url: str, storage_options: dict |
     total = 0
     for rel in rels:
         data = ckpt.fm.read_bytes(ckpt.listing.abs(rel))
+        _require_crc_match(ckpt, rel, data)
         fm.write_bytes(f"{root}/{rel}", data)
         total += len(data)
     plant_next_batch(fm, root, ckpt.fm.read_bytes(ckpt.listing.abs(f"offsets/{batch}")), batch)
     return RestartCopy(fm.url(root), spark_location(fm, root), batch, len(rels), total)
+
+
+def _require_crc_match(ckpt: Checkpoint, rel: str, data: bytes) -> None:
+    """The copy leaves Hadoop's ``.crc`` sidecars out (the scratch files are written without them), so Spark
+    would not verify what it reads there as it does in the checkpoint: verify it here (damage is unusable input,
+    as Spark's real restart fails on it with a ChecksumException)."""
+    folder, _, name = rel.rpartition("/")
+    crc_rel = f"{folder}/{hadoop_crc_name(name)}" if folder else hadoop_crc_name(name)
+    if crc_rel not in ckpt.listing.files:
+        return
+    if not hadoop_crc_matches(data, ckpt.fm.read_bytes(ckpt.listing.abs(crc_rel))):
+        raise BadInputError(f"{rel} does not match its checksum sidecar {crc_rel.rsplit('/', 1)[-1]}: Spark's restart "
+                            "fails reading it (ChecksumException)", path=ckpt.listing.url(rel),
+                            fix="restore the file from a backup, or roll back to a batch before the damage (if the "
+                                "file is right and only the sidecar is stale, delete the sidecar)")
 
 
 def plant_next_batch(fm: CheckpointFileManager, root: str, offsets_bytes: bytes, batch: int) -> None:

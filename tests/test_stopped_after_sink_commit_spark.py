@@ -28,6 +28,7 @@ from checkpoint_ops.model import Checkpoint
 from pipelines.event_counts import counts_writer, write_event_files
 from tests.helpers import cli_json, tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
+from tests.test_bad_input_corpus import remove_with_sidecars
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read
 
 
@@ -36,6 +37,7 @@ def _stop_before_commit(run) -> int:
     last = run.last_batch
     os.remove(os.path.join(run.checkpoint, "commits", str(last)))
     os.remove(os.path.join(run.checkpoint, "commits", f".{last}.crc"))
+    os.utime(os.path.join(run.checkpoint, "offsets", str(last)))  # planned moments before the stop
     assert str(last) in os.listdir(os.path.join(run.output, "_spark_metadata")), "the sink must have logged it"
     return last
 
@@ -80,8 +82,8 @@ def test_a_stop_between_the_sink_commit_and_the_commit_log(spark, run):
     code, again = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
     assert [f["code"] for f in again["findings"] if f["severity"] == "error"] == ["sink-ahead-of-commit"], again
 
-    # the fix, run as written (with the compact intervals of this test's session), then an exact resume;
-    # offsets/{stopped} is minutes old, so the rollback first refuses as if a batch were running (activity.py)
+    # the fix, with the compact intervals of this test's session, then an exact resume; offsets/{stopped} was
+    # written moments ago, so the rollback first refuses as if a batch were running (activity.py), then --force
     code, refusal = cli_json(*shlex.split(command)[1:], *INTERVALS, "--yes")
     assert code != 0 and "probably running" in refusal["problem"] and "--force" in refusal["fix"], refusal
     code, applied = cli_json(*shlex.split(command)[1:], *INTERVALS, "--yes", "--force")
@@ -129,3 +131,72 @@ def test_a_first_batch_stopped_after_its_sink_commit_on_format_v2(spark, tmp_pat
     with pytest.raises(Exception, match="CheckpointInfo length: 0"):
         writer(spark).start().awaitTermination()
     unload_state_stores(spark)
+
+
+@pytest.mark.parametrize("flavour", ["rocksdb_v2"])
+def test_only_the_shape_a_stop_after_the_sink_commit_leaves_is_named(run):
+    """Other shapes are other findings (commits behind, a damaged commit), whose fixes differ."""
+    last = run.last_batch
+    commits = os.path.join(run.checkpoint, "commits")
+
+    def ahead():
+        code, report = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+        return [f for f in report["findings"] if f["code"] == "sink-ahead-of-commit"], report
+
+    remove_with_sidecars(os.path.join(commits, str(last)))
+    found, _ = ahead()
+    assert len(found) == 1, found
+    remove_with_sidecars(os.path.join(commits, str(last - 1)))  # two batches uncommitted: commits behind
+    found, report = ahead()
+    assert found == [] and "commits-behind" in {f["code"] for f in report["findings"]}, report
+    run.reset()
+    remove_with_sidecars(os.path.join(commits, str(last)))
+    with open(os.path.join(commits, str(last - 1)), "wb") as f:  # the commit to roll back to is damaged
+        f.write(b"not a commit")
+    remove_with_sidecars(os.path.join(commits, f".{last - 1}.crc"))
+    found, report = ahead()
+    assert found == [] and report["findings"], report
+
+
+def test_the_fix_command_survives_spaces_in_paths():
+    from checkpoint_ops.lag import SinkAheadOfCommits
+
+    fix = SinkAheadOfCommits("/data/my checkpoints/q", "s3://bucket/out put", 30, 31).fix
+    command = re.search(r"`(checkpoint-ops rollback [^`]+)`", fix).group(1)
+    assert shlex.split(command)[1:] == ["rollback", "/data/my checkpoints/q", "--to-batch", "30", "--sink",
+                                        "s3://bucket/out put"]
+
+
+@pytest.mark.parametrize("flavour", ["rocksdb_v2"])
+def test_the_judges_copy_refuses_damage_spark_would_meet_in_the_sst_files(spark, run):
+    """The copy leaves Hadoop's .crc sidecars out: a damaged SST (its sidecar disagrees) or a zip whose metadata
+    names its SSTs in a shape RocksDB never writes is unusable input, named, not a restart Spark accepts."""
+    import json
+    import zipfile
+
+    from checkpoint_ops.errors import BadInputError
+
+    store = os.path.join(run.checkpoint, "state", "0", "0")
+    sst = os.path.join(store, "SSTs", sorted(n for n in os.listdir(os.path.join(store, "SSTs"))
+                                             if n.endswith(".sst"))[-1])
+    data = bytearray(open(sst, "rb").read())
+    data[len(data) // 2] ^= 0xFF
+    with open(sst, "wb") as f:
+        f.write(data)
+    with pytest.raises(BadInputError, match="does not match its checksum sidecar") as refused:
+        _compat(spark, run)
+    assert refused.value.path.endswith(os.path.basename(sst)), refused.value.path
+
+    run.reset()
+    newest_zip = sorted((n for n in os.listdir(store) if n.endswith(".zip")), key=lambda n: int(n.split("_")[0]))[-1]
+    path = os.path.join(store, newest_zip)
+    with zipfile.ZipFile(path) as z:
+        entries = {name: z.read(name) for name in z.namelist()}
+    entries["metadata"] = b"v1\n" + json.dumps({"sstFiles": None, "numKeys": 1}).encode()
+    remove_with_sidecars(path)
+    with zipfile.ZipFile(path, "w") as z:
+        for name, content in entries.items():
+            z.writestr(name, content)
+    with pytest.raises(BadInputError, match="not a readable RocksDB checkpoint zip") as refused:
+        _compat(spark, run)
+    assert refused.value.path.endswith(newest_zip), refused.value.path

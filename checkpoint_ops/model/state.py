@@ -528,9 +528,17 @@ class StateModel:
         return self._zip_cache[f.rel]
 
     def zip_ssts(self, f: StateFile) -> list[str]:
+        """The SST and log files the zip names; ValueError when its ``metadata`` entry is not RocksDB's."""
         md = self.zip_metadata(f)
-        names = [s["dfsSstFileName"] for s in md.get("sstFiles", [])]
-        names += [s["dfsLogFileName"] for s in md.get("logFiles", [])]
+        if not md:
+            raise ValueError("its metadata entry is not the JSON RocksDB writes")
+        names: list[str] = []
+        for key, name_key in (("sstFiles", "dfsSstFileName"), ("logFiles", "dfsLogFileName")):
+            entries = md.get(key, [])
+            if not isinstance(entries, list) or not all(
+                    isinstance(e, dict) and isinstance(e.get(name_key), str) for e in entries):
+                raise ValueError(f"its metadata's {key} is not a list of files with a {name_key}")
+            names += [e[name_key] for e in entries]
         return names
 
 
