@@ -49,8 +49,7 @@ def active_reasons(ckpt: Checkpoint, fresh_seconds: int = DEFAULT_FRESH_SECONDS,
         if info.mtime is not None and now - info.mtime < fresh_seconds and not _left_planned(ckpt, f"offsets/{L}") \
                 and _planned_by_ended_run(ckpt, f"offsets/{L}") is None:
             return [f"offsets/{L} has no commit yet and was written {int(now - info.mtime)} s ago: a batch is "
-                    f"probably running (a planned batch counts as running until it is "
-                    f"{f'{fresh_seconds // 60} minutes' if fresh_seconds >= 120 else f'{fresh_seconds} s'} old)"]
+                    f"probably running (a planned batch counts as running until it is {fresh_seconds} s old)"]
     return []
 
 

@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 
 from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
 from .journal import restore_stopped_at
-from .lag import sink_ahead_of_commits
+from .lag import SinkAheadOfCommits, sink_ahead_of_commits
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.offsets import OffsetSeq
@@ -71,6 +71,8 @@ RULES = {
     "sink": "Changes in the type of output sink are allowed only between some sinks: file sink to Kafka yes, Kafka "
             "to file sink no, Kafka to foreach (or back) yes.",
     "sink-path": "Changes in the parameters of output sink: the output directory of a file sink may not change.",
+    "sink-commit": "Not a rule of the guide (checkpoint-ops, from Spark 4.3's behaviour): with RocksDB checkpoint "
+                   "format V2, a batch the file sink logged must be committed (commits/N) before Spark restarts.",
     "sink-partitioning": "Changes in the parameters of output sink: a file sink's output keeps one partitioning "
                          "(its readers infer the partition columns from the directories of all its files); Spark "
                          "does not check it at a restart.",
@@ -109,9 +111,9 @@ class Difference:
     ``effect`` says what Spark will do (for ``fails-at-restart``: how it refuses); ``rule`` is the guide's
     rule that applies; ``error_class`` is the Spark error class of a refusal (None when Spark raises a plain
     exception, whose class is then named in ``effect``); ``found_by`` is ``spark`` when Spark's own restart
-    on the scratch copy decided, ``checkpoint-ops`` for the checks Spark does not make. ``rollback_to``: the
-    batch a rollback of the checkpoint and its file sinks to which resolves the difference (the Dagster step
-    names its run config ``rollback_to_batch``), when one does.
+    on the scratch copy decided, ``checkpoint-ops`` for the checks Spark does not make. ``fix``: what resolves
+    it other than changing the query back (a difference that no query change causes), else None;
+    ``rollback_to``: the batch to which a rollback of the checkpoint with its file sinks resolves it, when one does.
     """
 
     # sources | source-options | stateful-operators | state-schema | state | output-mode | sink | conf | projection
@@ -124,12 +126,13 @@ class Difference:
     rule: str
     error_class: str | None = None
     found_by: str = "checkpoint-ops"
+    fix: str | None = None
     rollback_to: int | None = None
 
     def to_dict(self) -> dict:
         return {"aspect": self.aspect, "verdict": self.verdict, "was": self.was, "now": self.now,
                 "effect": self.effect, "rule": self.rule, "error_class": self.error_class, "found_by": self.found_by,
-                "rollback_to": self.rollback_to}
+                "fix": self.fix, "rollback_to": self.rollback_to}
 
 
 @dataclass(frozen=True)
@@ -525,8 +528,7 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
         # stopped between the sink's commit of a planned batch and its commits/ file: Spark re-runs the batch and
         # the file sink skips it, as its rows are there; only format V2's state commit fails on the skip
         ahead = sink_ahead_of_commits(ckpt, sink.path, latest)
-        return [] if ahead is None else [Difference("sink", FAILS, was, now, f"{ahead.problem}; {ahead.fix}",
-                                                    RULES["sink-path"], rollback_to=ahead.last_committed)]
+        return [] if ahead is None else [_ahead_difference(ahead, was, now)]
     if latest is not None and latest > batch:
         return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
                            "skips them without writing (a rollback that left the sink ahead?)", RULES["sink-path"])]
@@ -553,9 +555,12 @@ def _uncommitted_sink_differences(spark, ckpt: Checkpoint, profile: QueryProfile
         return []
     fm, root = open_file_manager(sink.path, storage_options)
     ahead = sink_ahead_of_commits(ckpt, sink.path, SinkOutput(fm, root, _sink_interval(spark), data=False).log.latest)
-    if ahead is None:
-        return []
-    return [Difference("sink", FAILS, None, sink.describe(), f"{ahead.problem}; {ahead.fix}", RULES["sink-path"])]
+    return [] if ahead is None else [_ahead_difference(ahead, sink.describe(), sink.describe())]
+
+
+def _ahead_difference(ahead: SinkAheadOfCommits, was: str, now: str) -> Difference:
+    return Difference("sink", FAILS, was, now, f"{ahead.problem}; {ahead.fix}", RULES["sink-commit"], fix=ahead.fix,
+                      rollback_to=ahead.last_committed)
 
 
 def _partitioning_differences(sink: SinkProfile, old_sink: SinkProfile | None, batch: int) -> list[Difference]:

@@ -8,6 +8,7 @@ carries the original ``metadata`` (the query id) so it is never lost.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 
 from .journal import OPS_DIR
@@ -47,12 +48,12 @@ def fence_bytes(f: Fence, checkpoint_url: str) -> bytes:
 # way round: `undo` finishes it, `resume` rolls the operation forward again.
 def resume_command(operation: str, checkpoint_url: str) -> str:
     """The command that finishes an interrupted ``operation`` (``undo`` for an interrupted undo)."""
-    return f"checkpoint-ops {'undo' if operation == 'undo' else 'resume'} {checkpoint_url}"
+    return f"checkpoint-ops {'undo' if operation == 'undo' else 'resume'} {shlex.quote(checkpoint_url)}"
 
 
 def revert_command(operation: str, checkpoint_url: str) -> str:
     """The command that reverts it instead."""
-    return f"checkpoint-ops {'resume' if operation == 'undo' else 'undo'} {checkpoint_url}"
+    return f"checkpoint-ops {'resume' if operation == 'undo' else 'undo'} {shlex.quote(checkpoint_url)}"
 
 
 def fence_location(f: Fence) -> str | None:

@@ -607,7 +607,7 @@ class Fsck:
                          "nothing is at risk (a rollback goes ahead and says so in its plan). If the output moved or "
                          "was abandoned for good, move the record naming it out of "
                          f"{self.ledger.fm.url(self.ledger.path)}/pairing/ (keep a copy); record a moved output with "
-                         f"`checkpoint-ops ledger sync {self.ckpt.url} --sink NEW`")
+                         f"`checkpoint-ops ledger sync {shlex.quote(self.ckpt.url)} --sink NEW`")
             else:
                 self.add(WARNING, "recorded-sink-unreadable", m.url,
                          f"the batch ledger records that this checkpoint's query writes this file sink (recorded by "

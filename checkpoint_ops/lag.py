@@ -10,7 +10,11 @@ not write them again: it only runs batches after its last commit. Two shapes:
   nowhere; before the latest compact file Spark deletes plain files itself, so absence means nothing).
 
 What restores the rows is a rollback to the last batch before the first missing one (the sink log is
-intact up to there) and reprocessing. Deleting the batch's data files (which the sink log no longer
+intact up to there) and reprocessing.
+
+The other way round, ``SinkAheadOfCommits``: the sink logged the batch the checkpoint planned last and did not
+commit (a stop between the two writes). That is harmless except on RocksDB checkpoint format V2, where Spark 4.3
+cannot restart from it; a rollback to the last commit with the sink lets it. Deleting the batch's data files (which the sink log no longer
 lists, so they look like orphans) would make the loss permanent: nothing here, in ``fsck`` or in ``sink
 orphans`` ever suggests it.
 """
@@ -106,8 +110,8 @@ class SinkAheadOfCommits:
     def problem(self) -> str:
         return (f"the sink log holds batch {self.batch}, which the checkpoint planned but never committed (the query "
                 f"stopped between the file sink's commit and commits/{self.batch}): Spark re-runs it, the file sink "
-                "skips it, and with RocksDB checkpoint format V2 Spark then fails every restart with 'assertion "
-                "failed: CheckpointInfo length: 0'")
+                "skips it, and with RocksDB checkpoint format V2 Spark (4.3) then fails every restart with "
+                "'assertion failed: CheckpointInfo length: 0'")
 
     @property
     def fix(self) -> str:

@@ -24,6 +24,7 @@ from checkpoint_ops.compat import (CHECK, FAILS, SILENT, CompatReport, QueryBuil
                                    check_compat)
 from checkpoint_ops.errors import CheckpointOpsError
 from checkpoint_ops.model import Checkpoint
+from checkpoint_ops.pairing import same_location
 from checkpoint_ops.query_profile import SinkProfile
 
 
@@ -64,12 +65,8 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
     md = report_metadata(report)
     fails = report.of(FAILS)
     if fails:
-        targets = {d.rollback_to for d in fails}
-        way_out = (f" (materialize with run config rollback_to_batch: {targets.pop()} to roll the checkpoint and its "
-                   "file sinks back and run the query)" if len(targets) == 1 and None not in targets else
-                   " (run config skip_compat_check: true runs it anyway)")
         raise dg.Failure(description=f"{query.name} would not restart from its checkpoint: "
-                         + "; ".join(_reason(d) for d in fails) + way_out, metadata=md)
+                         + "; ".join(_reason(d) for d in fails) + _way_out(query, report, fails), metadata=md)
     for d in report.of(SILENT):
         context.log.warning(f"{query.name}: silently different after the restart: {_reason(d)}")
     for d in report.of(CHECK):
@@ -126,7 +123,27 @@ def report_metadata(report: CompatReport) -> dict:
     return md
 
 
+def _way_out(query, report: CompatReport, fails) -> str:
+    """What the run's failure offers: a rollback materialization where one resolves every refusal and covers the
+    sink (a sink the asset does not declare is not rolled back with it); else skipping the check, unless a refusal
+    is one no query change causes (skipping it fails the same way in Spark)."""
+    targets = {d.rollback_to for d in fails}
+    sink = report.query.sink if report.query is not None else None
+    declared = sink is not None and sink.path and any(same_location(s, sink.path) for s in query.sinks)
+    if len(targets) == 1 and None not in targets:
+        if declared:
+            return (f" (materialize with run config rollback_to_batch: {targets.pop()} to roll the checkpoint and its "
+                    "file sinks back and run the query)")
+        return (f" (declare the query's file sink ({sink.path if sink is not None else 'its output directory'}) in "
+                f"the asset's sinks, so a rollback covers it, then materialize with run config rollback_to_batch: "
+                f"{targets.pop()})")
+    if any(d.fix for d in fails):
+        return ""  # the reasons name the fix; skipping the check would fail the same way
+    return " (run config skip_compat_check: true runs it anyway)"
+
+
 def _reason(d) -> str:
     cls = f" [{d.error_class}]" if d.error_class else ""
-    change = f" ({d.was} -> {d.now})" if d.was is not None or d.now is not None else ""
+    change = f" ({d.was} -> {d.now})" if d.was is not None and d.was != d.now else \
+        f" ({d.now})" if d.now is not None else ""
     return f"{d.aspect}{cls}{change}: {d.effect} Rule: {d.rule}"

@@ -40,7 +40,8 @@ def not_a_writer(spark):
     return read_events(spark, BASE + "/input")
 '''
 
-DIFFERENCE_KEYS = {"aspect", "verdict", "was", "now", "effect", "rule", "error_class", "found_by", "rollback_to"}
+DIFFERENCE_KEYS = {"aspect", "verdict", "was", "now", "effect", "rule", "error_class", "found_by", "fix",
+                   "rollback_to"}
 REPORT_KEYS = {"checkpoint", "batch", "compatible", "spark_restarts", "differences", "notes", "judge", "query",
                "recorded_profile"}
 

@@ -153,3 +153,26 @@ def test_a_warned_change_stays_warned_until_a_batch_runs_with_it(spark, tmp_path
     finally:
         VARIANT.update(key_changed=False, partitions=None, scale=1)
         unload_state_stores(spark)
+
+
+def test_what_a_refused_run_offers_depends_on_whether_a_rollback_covers_the_sink():
+    """A refusal a rollback resolves offers rollback_to_batch only when the asset declares the query's file sink
+    (the rollback rolls back the declared sinks alone); a refusal no query change causes does not offer skipping
+    the check, which would fail the same way in Spark."""
+    from types import SimpleNamespace
+
+    from checkpoint_ops.compat import FAILS, Difference
+    from checkpoint_ops.query_profile import SinkProfile
+    from dagster_checkpoint_ops.compat import _way_out
+
+    report = SimpleNamespace(query=SimpleNamespace(sink=SinkProfile("file", "parquet", "/data/out")))
+    ahead = Difference("sink", FAILS, "x", "x", "effect", "rule", fix="roll back", rollback_to=7)
+    declared = StreamingQuery("q", None, "/data/ckpt", sinks=("/data/out",))
+    undeclared = StreamingQuery("q", None, "/data/ckpt", sinks=())
+    assert "rollback_to_batch: 7" in _way_out(declared, report, [ahead])
+    offered = _way_out(undeclared, report, [ahead])
+    assert "declare the query's file sink (/data/out)" in offered and "rollback_to_batch: 7" in offered
+    first_batch = Difference("sink", FAILS, "x", "x", "effect", "rule", fix="start afresh")
+    assert _way_out(declared, report, [first_batch]) == ""
+    changed_key = Difference("stateful-operators", FAILS, "a", "b", "effect", "rule")
+    assert "skip_compat_check" in _way_out(declared, report, [changed_key])
