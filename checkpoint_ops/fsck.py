@@ -680,8 +680,8 @@ class Fsck:
                      "data file not in the sink log (a failed or rolled-back batch wrote it, or `sink retain` or "
                      "`sink compact --drop-missing` dropped its entry and kept the file): Spark readers ignore it, but "
                      "readers that list the directory (ignoreMetadata, other engines) see it",
-                     f"while the query is stopped, `checkpoint-ops sink orphans {shlex.quote(sink.url)} --delete` moves it into "
-                     "an undo record (pass --checkpoint so the query's lease is checked)")
+                     f"while the query is stopped, `checkpoint-ops sink orphans {shlex.quote(sink.url)} --delete` "
+                     "moves it into an undo record (pass --checkpoint so the query's lease is checked)")
         self._checksums(L)
 
     def _sink_behind(self, sink: SinkOutput, lag) -> None:

@@ -10,13 +10,13 @@ not write them again: it only runs batches after its last commit. Two shapes:
   nowhere; before the latest compact file Spark deletes plain files itself, so absence means nothing).
 
 What restores the rows is a rollback to the last batch before the first missing one (the sink log is
-intact up to there) and reprocessing.
+intact up to there) and reprocessing. Deleting the batch's data files (which the sink log no longer
+lists, so they look like orphans) would make the loss permanent: nothing here, in ``fsck`` or in ``sink
+orphans`` ever suggests it.
 
 The other way round, ``SinkAheadOfCommits``: the sink logged the batch the checkpoint planned last and did not
 commit (a stop between the two writes). That is harmless except on RocksDB checkpoint format V2, where Spark 4.3
-cannot restart from it; a rollback to the last commit with the sink lets it. Deleting the batch's data files (which the sink log no longer
-lists, so they look like orphans) would make the loss permanent: nothing here, in ``fsck`` or in ``sink
-orphans`` ever suggests it.
+cannot restart from it; a rollback to the last commit with the sink lets it.
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@ and report what Spark did.
 
 The copy holds what Spark reads to restart after the last committed batch N: the restart set
 (``restart.py``: ``metadata``, ``offsets/N-1`` and ``offsets/N``, ``commits/N``, the source logs, the
-state files that load version N+1, and the SST and log files their RocksDB zips name) plus what Spark validates the query against: every operator's
-metadata and state schema files, and the metadata of sources that are not file sources (Kafka's initial
-offsets, the rate source's start time). ``offsets/N`` is then planted again as ``offsets/N+1``: Spark's
-restart finds batch N+1 planned but not committed and must run it, over no new input (its start and end
-offsets are equal). So Spark plans the changed query against the checkpoint, checks its sources, its
+state files that load version N+1, and the SST and log files their RocksDB zips name) plus what Spark
+validates the query against: every operator's metadata and state schema files, and the metadata of sources
+that are not file sources (Kafka's initial offsets, the rate source's start time). ``offsets/N`` is then
+planted again as ``offsets/N+1``: Spark's restart finds batch N+1 planned but not committed and must run it,
+over no new input (its start and end offsets are equal). So Spark plans the changed query against the checkpoint, checks its sources, its
 stateful operators against the operator metadata, every key and value schema, loads every state store at
 version N+1 and commits the batch: every check Spark makes at a restart, without reading new data and
 without touching the query's real output (the sink is ``noop``; ``trigger(once)`` runs just that batch).
@@ -145,7 +145,8 @@ def require_unfenced(ckpt: Checkpoint) -> None:
     if ckpt.fence is not None:
         raise BadInputError(f"an interrupted checkpoint-ops {ckpt.fence.operation} fenced this checkpoint: Spark "
                             "cannot restart it until it is finished or undone", path=ckpt.url,
-                            fix=f"run `checkpoint-ops resume {shlex.quote(ckpt.url)}` or `checkpoint-ops undo {shlex.quote(ckpt.url)}`")
+                            fix=f"run `checkpoint-ops resume {shlex.quote(ckpt.url)}` or "
+                                f"`checkpoint-ops undo {shlex.quote(ckpt.url)}`")
 
 
 def copy_for_restart(ckpt: Checkpoint, scratch_url: str, storage_options: dict | None = None) -> RestartCopy:
