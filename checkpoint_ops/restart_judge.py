@@ -29,7 +29,6 @@ from .model.checkpoint import Checkpoint
 from .model.state import StateFile, Store
 from .query_profile import is_connect
 from .restart import RestartSets
-from .storage.checksums import HADOOP_CRC_MAGIC, hadoop_crc_matches, hadoop_crc_name
 from .storage import CheckpointFileManager, open_file_manager
 from .storage.paths import parse_url
 
@@ -165,39 +164,10 @@ def copy_for_restart(ckpt: Checkpoint, scratch_url: str, storage_options: dict |
     total = 0
     for rel in rels:
         data = ckpt.fm.read_bytes(ckpt.listing.abs(rel))
-        _require_crc_match(ckpt, rel, data)
         fm.write_bytes(f"{root}/{rel}", data)
         total += len(data)
     plant_next_batch(fm, root, ckpt.fm.read_bytes(ckpt.listing.abs(f"offsets/{batch}")), batch)
     return RestartCopy(fm.url(root), spark_location(fm, root), batch, len(rels), total)
-
-
-# RocksDB's zips and the SST and log files they name: Spark downloads them through Hadoop's FileSystem API, which
-# verifies a ``.crc`` sidecar (reference 1.4; reads through FileContext, as of the logs, do not)
-_VERIFIED_READS = re.compile(r"^state/.+(?:\.zip|/SSTs/[^/]+|/logs/[^/]+)$")
-
-
-def _require_crc_match(ckpt: Checkpoint, rel: str, data: bytes) -> None:
-    """The copy leaves Hadoop's ``.crc`` sidecars out (the scratch files are written without them), so Spark
-    would not verify there what it verifies when it downloads RocksDB's files from the checkpoint: verify those
-    here (damage is unusable input: the real restart fails on it). A sidecar Hadoop does not take for one (no
-    ``crc`` magic, too short) is ignored, as Hadoop ignores it."""
-    if not _VERIFIED_READS.match(rel):
-        return
-    folder, _, name = rel.rpartition("/")
-    crc_rel = f"{folder}/{hadoop_crc_name(name)}"
-    if crc_rel not in ckpt.listing.files:
-        return
-    try:
-        crc = ckpt.fm.read_bytes(ckpt.listing.abs(crc_rel))
-    except FileNotFoundError:  # removed since the listing: nothing for Spark to verify either
-        return
-    if len(crc) < 8 or crc[:4] != HADOOP_CRC_MAGIC or hadoop_crc_matches(data, crc):
-        return
-    raise BadInputError(f"{rel} does not match its checksum sidecar {hadoop_crc_name(name)}: Spark's restart fails "
-                        "reading it (ChecksumException)", path=ckpt.listing.url(rel),
-                        fix="restore the state store's files from a backup; if the file is right and only the sidecar "
-                            "is stale, delete the sidecar")
 
 
 def plant_next_batch(fm: CheckpointFileManager, root: str, offsets_bytes: bytes, batch: int) -> None:
