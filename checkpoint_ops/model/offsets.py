@@ -77,8 +77,8 @@ def offset_kind(value: object) -> str:
 
 def parse_offsets(data: bytes, path: str, batch_id: int) -> OffsetSeq:
     version, lines = split_versioned(data, path, "offsets")
-    # "v1" or "v1\n": no metadata line. Read from Spark's OffsetSeqLog.deserialize (Scala's getLines yields none after
-    # "v1\n", and it takes the next line unchecked); no test has Spark read such a file
+    # "v1" or "v1\n": no metadata line. Spark's OffsetSeqLog.deserialize takes the next line unchecked and fails the
+    # restart ("next on empty iterator"; tests/test_torn_offsets_spark.py has Spark read such a file)
     if not lines or lines == [""]:
         raise LogFormatError(
             "offsets file has a version line but no metadata line (truncated write?)",
