@@ -47,6 +47,7 @@ from .journal import restore_stopped_at
 from .lag import SinkAheadOfCommits, sink_ahead_of_commits
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
+from .model.listing import new_query_blocked
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, OperatorProfile, ProfileRecord, QueryProfile, SinkProfile,
@@ -284,6 +285,10 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
             raise BadInputError(f"{stopped.what} stopped part-way at this location: a new query started here would "
                                 "run where that operation puts (or removes) a checkpoint", path=ckpt.url,
                                 fix=stopped.fix)
+    blocked = ckpt.listing.blocks_new_query()
+    if blocked is not None:  # Spark starts it as a new query, and refuses to
+        problem, fix = new_query_blocked(ckpt.listing, blocked)
+        raise BadInputError(problem, path=ckpt.listing.url(blocked), fix=fix)
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:

@@ -15,7 +15,7 @@ from .lease import LeaseState, lease_of
 from .lag import sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
-from .model.listing import is_hidden_temp
+from .model.listing import is_hidden_temp, new_query_blocked
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
@@ -483,7 +483,13 @@ class Fsck:
 
     # -- litter and checksums ----------------------------------------------------------------------
     def _temp_files(self) -> None:
+        blocked = self.ckpt.listing.blocks_new_query()
+        if blocked is not None:  # offsets/ holds no batch file: Spark starts a new query here, and refuses to
+            problem, fix = new_query_blocked(self.ckpt.listing, blocked)
+            self.add(ERROR, "new-query-refused", self.ckpt.listing.url(blocked), problem, fix)
         for rel in self.ckpt.temp_files():
+            if rel == blocked:
+                continue  # named above, with why Spark cares
             self.add(WARNING, "temp-file", self.ckpt.listing.url(rel),
                      "leftover temporary file from an interrupted write (hidden; Spark never reads it)",
                      "delete it (and its .crc sidecar, if any) while no query runs on this checkpoint")

@@ -27,7 +27,7 @@ from .errors import BadInputError, CheckpointOpsError
 from .activity import ENDED_RUN_FILE
 from .journal import ops_dir, restore_stopped_at
 from .ledger import ledger_at
-from .model.listing import Listing
+from .model.listing import Listing, new_query_blocked
 from .model.sink import SINK_LOG_DIR, SinkOutput
 from .pairing import same_location
 from .storage.manager import CheckpointFileManager
@@ -145,6 +145,10 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
         return NotStarted(
             here, f"{stopped.what} stopped part-way at this location; a run now would start a new query where that "
             "operation puts (or removes) a checkpoint", stopped.fix, here)
+    blocked = listing.blocks_new_query()
+    if blocked is not None:
+        problem, fix = new_query_blocked(listing, blocked)
+        return NotStarted(here, problem, fix, listing.url(blocked))
     found = claim(fm, root, name, "", write=False)
     ran = found.other.name if found.other is not None else name if found.recorded else None
     if ran is not None and _left_a_trace(fm, root):

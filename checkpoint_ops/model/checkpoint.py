@@ -14,7 +14,7 @@ from ..storage import CheckpointFileManager, open_file_manager
 from .commits import CommitMetadata, parse_commit
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
-from .listing import Listing, is_hidden_temp, require_no_dir_links
+from .listing import Listing, is_hidden_temp, new_query_blocked, require_no_dir_links
 from .logfile import LogFile, LogFormatError, log_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
 from .operators import OperatorFiles
@@ -66,6 +66,10 @@ class Checkpoint:
                                 fix="make the checkpoint directory readable by this user (or fix the storage "
                                 "permissions)")
         require_no_dir_links(self.listing, "checkpoint")
+        blocked = self.listing.blocks_new_query() if len(self.listing) == 0 else None
+        if blocked is not None:  # directories Spark created (or someone emptied), and no file in them
+            problem, fix = new_query_blocked(self.listing, blocked)
+            raise BadInputError(problem, path=self.listing.url(blocked), fix=fix)
         if len(self.listing) == 0:
             info = self.fm.info(self.root) if self.fm.strategy != "direct-put" else None
             if info is not None and not info.is_dir:

@@ -18,6 +18,9 @@ from ..storage import CheckpointFileManager, FileInfo
 from ..storage.checksums import hadoop_crc_target, is_hadoop_crc_name
 
 
+# What Spark requires to be empty (or absent) to start a new query at a checkpoint location (Listing.blocks_new_query)
+NEW_QUERY_EMPTY_DIRS = ("offsets", "commits", "state")
+
 # The lease and takeover claims of lease.py (and their Hadoop .crc sidecars), in the listed root only.
 OWN_FILE_PREFIXES = (".checkpoint-ops.lease", "..checkpoint-ops.lease")
 
@@ -148,6 +151,53 @@ class Listing:
         such a location afresh. (Not a temp file in a subdirectory: Spark refuses to start a new query while
         ``offsets/``, ``commits/`` or ``state/`` holds anything, STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY.)"""
         return all("/" not in rel and is_unfinished_write(rel) for rel in self.files)
+
+    def blocks_new_query(self) -> str | None:
+        """Where Spark would start a new query (no batch file in ``offsets/``): the first entry under
+        ``offsets/``, ``commits/`` or ``state/`` that makes it refuse to, or None. Spark 4.1+ requires the three to
+        be empty or absent (``spark.sql.streaming.verifyCheckpointDirectoryEmptyOnStart``, default true:
+        STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY): a temp file such as ``offsets/.0.<uuid>.tmp`` (a query stopped
+        while Spark wrote its first offsets file leaves one) or an empty directory such as ``state/0`` stops it;
+        a Hadoop checksum file does not (a checksum file system hides it from the listing), nor ``sources/``.
+        Only a walk that reports empty directories (``empty_dirs``: local, or an object store's marker) shows one
+        where no file is."""
+        if any(name.isdigit() for name in self.files_in("offsets")):
+            return None
+        for rel_dir in NEW_QUERY_EMPTY_DIRS:
+            names = [name for name in self.files_in(rel_dir) if not is_hadoop_crc_name(name)]
+            names += self.subdirs(rel_dir)
+            # an empty directory deeper down (``state/0/1``) is ``state/0`` here (the model's ``subdirs`` sees
+            # only its parent, so that a store directory with no file is no store)
+            prefix = rel_dir + "/"
+            names += [rel[len(prefix):].partition("/")[0] for rel in self.empty_dirs if rel.startswith(prefix)]
+            if names:
+                return f"{rel_dir}/{min(names)}"
+        return None
+
+
+def new_query_blocked(listing: Listing, rel: str) -> tuple[str, str]:
+    """The problem and the fix where ``Listing.blocks_new_query`` found ``rel``."""
+    refuses = ("offsets/ holds no batch file, so Spark starts this query as a new one, and it refuses to while "
+               "offsets/, commits/ or state/ holds anything (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)")
+    if rel in listing.files:
+        below = [rel]
+    else:
+        below = [r for r, _ in listing.under(rel)]
+    if not below:
+        return (f"{rel} is a directory with no file below it; {refuses}",
+                "remove the empty directories under offsets/, commits/ and state/ (they hold no file), or give "
+                "the query a new checkpoint location")
+    if all(is_unfinished_write(r.rpartition("/")[2]) for r in below):
+        first = rel.startswith("offsets/") and rel in listing.files
+        what = (f"{rel} is the temp file of a write that never finished" if rel in listing.files else
+                f"{rel} holds only the temp files of writes that never finished ({len(below)})")
+        return (what + (" (a query stopped while Spark wrote its first offsets file leaves one)" if first else "")
+                + f"; {refuses}",
+                f"delete {'it' if rel in listing.files else 'them'} (with any .crc sidecar) while no query runs "
+                f"here: {listing.url(rel)}; Spark never reads a temp file, and then starts the query afresh")
+    return (f"{rel} is there, but {refuses}: a checkpoint that lost its offsets log?",
+            "restore the checkpoint from a backup (checkpoint-ops backup list, then backup restore), or give the "
+            "query a new checkpoint location")
 
 
 def require_no_dir_links(listing: Listing, what: str) -> None:
