@@ -98,6 +98,7 @@ class _IdHashes:
         self.rel_dir = rel_dir
         self._files = listing.files_in(rel_dir)
         self._by_id: dict[int, int] = {}
+        self._last_range: tuple[int, int, int] | None = None  # (first, last, XOR) of the last range asked
         match = _LOG_NAME.match
         self._dirs = [name for name in listing.subdirs(rel_dir) if match(name)]
         odd = bool(self._dirs) or any(name.startswith(("0", ".0")) and _leading_zero(name) for name in self._files)
@@ -125,10 +126,26 @@ class _IdHashes:
         return got
 
     def range(self, first: int, last: int) -> int:
-        """XOR over ids ``first..last`` (inclusive)."""
+        """XOR over ids ``first..last`` (inclusive). The window asks for ranges that slide by one batch at a time
+        (newest down), so the last range's XOR is kept and moved by its edges: an id XORed in twice cancels, and
+        ``first..last`` is the last range XOR the ids between the two firsts and between the two lasts."""
+        first = max(first, 0)
+        if last < first:
+            return 0
+        last_range = self._last_range
+        if last_range is not None:
+            was_first, was_last, acc = last_range
+            if abs(first - was_first) + abs(last - was_last) < last - first + 1:
+                for b in range(min(first, was_first), max(first, was_first)):
+                    acc ^= self.one(b)
+                for b in range(min(last, was_last) + 1, max(last, was_last) + 1):
+                    acc ^= self.one(b)
+                self._last_range = (first, last, acc)
+                return acc
         acc = 0
-        for b in range(max(first, 0), last + 1):
+        for b in range(first, last + 1):
             acc ^= self.one(b)
+        self._last_range = (first, last, acc)
         return acc
 
 

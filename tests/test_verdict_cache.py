@@ -474,3 +474,43 @@ def test_window_memo_hashes_each_id_by_every_name_it_can_have(tmp_path):
     planted = hashes()
     assert planted._all is not None and planted.one(7) != before
     assert {b: planted.one(b) for b in (0, 6, 8, 9)} == {b: lazy.one(b) for b in (0, 6, 8, 9)}
+
+
+def test_window_memo_ranges_moved_by_their_edges_are_the_ranges_summed_afresh(tmp_path):
+    """``_IdHashes.range`` keeps the last range's XOR and moves it by its edges when the next range overlaps it
+    (the window asks for ranges that slide by one batch): every answer, in any order of ranges, is the XOR of its
+    ids' hashes taken one by one."""
+    import random
+
+    from checkpoint_ops.model.listing import Listing
+    from checkpoint_ops.window_memo import _IdHashes
+
+    top = tmp_path / "log"
+    top.mkdir()
+    rnd = random.Random(15)
+    for b in range(120):
+        if rnd.random() < 0.85:  # gaps: ids with no file hash to 0
+            name = f"{b}.compact" if b % 10 == 9 else str(b)
+            (top / name).write_bytes(b"v1\n" + os.urandom(rnd.randint(1, 20)))
+    fm, root = open_file_manager(str(tmp_path))
+    ids, reference = (_IdHashes(Listing.scan(fm, root), "log") for _ in range(2))
+    calls = []
+    one = ids.one
+    ids.one = lambda b: calls.append(b) or one(b)  # what range() hashes
+
+    def afresh(first: int, last: int) -> int:
+        acc = 0
+        for b in range(max(first, 0), last + 1):
+            acc ^= reference.one(b)
+        return acc
+
+    slide = [(b - 11, b) for b in range(130, -15, -1)]  # the window's slide, newest down
+    for first, last in slide:
+        assert ids.range(first, last) == afresh(first, last), (first, last)
+    assert len(calls) < 3 * len(slide), f"{len(calls)} ids hashed for {len(slide)} ranges of 12: not moved by edges"
+    asked = [(b - 11, b) for b in range(-15, 130)]  # up again
+    for _ in range(3000):  # and anywhere: jumps, shrinking and growing, empty and below 0
+        first = rnd.randint(-20, 135)
+        asked.append((first, first + rnd.randint(-3, 25)))
+    for first, last in asked:
+        assert ids.range(first, last) == afresh(first, last), (first, last, ids._last_range)
