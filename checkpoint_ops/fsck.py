@@ -15,7 +15,7 @@ from .lease import LeaseState, lease_of
 from .lag import sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
-from .model.listing import is_hidden_temp, new_query_blocked
+from .model.listing import is_hidden_temp, is_spark_batch_name, new_query_blocked
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
@@ -483,12 +483,15 @@ class Fsck:
 
     # -- litter and checksums ----------------------------------------------------------------------
     def _temp_files(self) -> None:
-        blocked = self.ckpt.listing.blocks_new_query()
-        if blocked is not None:  # offsets/ holds no batch file: Spark starts a new query here, and refuses to
+        # offsets/ holds no batch file: Spark starts a new query here, and refuses to (not while an operation fences
+        # the checkpoint: its temp files and half-written logs are its own, and resume or undo finishes it)
+        blocked = self.ckpt.listing.blocks_new_query() if self.ckpt.fence is None else []
+        if blocked:
             problem, fix = new_query_blocked(self.ckpt.listing, blocked)
-            self.add(ERROR, "new-query-refused", self.ckpt.listing.url(blocked), problem, fix)
+            self.add(ERROR, "new-query-refused", self.ckpt.url, problem, fix)
+        named = tuple(f"{rel}/" for rel in blocked)
         for rel in self.ckpt.temp_files():
-            if rel == blocked:
+            if rel in blocked or rel.startswith(named):
                 continue  # named above, with why Spark cares
             self.add(WARNING, "temp-file", self.ckpt.listing.url(rel),
                      "leftover temporary file from an interrupted write (hidden; Spark never reads it)",
@@ -508,6 +511,15 @@ class Fsck:
             if tinfo is None:
                 if L is self.ckpt.listing and parent in self.ckpt.state.store_dirs:
                     continue  # reported with its store (the state check above)
+                latest = (self.ckpt.latest_offset if parent == "offsets" else self.ckpt.latest_commit) \
+                    if L is self.ckpt.listing and parent in ("offsets", "commits") else None
+                if L is self.ckpt.listing and parent in ("offsets", "commits") and is_spark_batch_name(target_name) \
+                        and (latest is None or int(target_name) > latest):
+                    self.add(ERROR, "orphan-crc", L.url(rel), f"checksum sidecar of {parent}/{target_name}, which is not "
+                             f"there: Spark's write of that file, when it runs that batch, fails on it (it reports "
+                             "'Multiple streaming queries are concurrently using' the log)",
+                             "delete it while no query runs on this checkpoint")
+                    continue
                 self.add(WARNING, "orphan-crc", L.url(rel), f"checksum sidecar of a file that no longer exists ({target_name})",
                          "delete it")
                 continue

@@ -145,10 +145,6 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
         return NotStarted(
             here, f"{stopped.what} stopped part-way at this location; a run now would start a new query where that "
             "operation puts (or removes) a checkpoint", stopped.fix, here)
-    blocked = listing.blocks_new_query()
-    if blocked is not None:
-        problem, fix = new_query_blocked(listing, blocked)
-        return NotStarted(here, problem, fix, listing.url(blocked))
     found = claim(fm, root, name, "", write=False)
     ran = found.other.name if found.other is not None else name if found.recorded else None
     if ran is not None and _left_a_trace(fm, root):
@@ -158,6 +154,10 @@ def not_started(fm: CheckpointFileManager, root: str, name: str, sinks: list[Sin
             "again from batch 0 and read all its input again",
             f"restore the checkpoint (checkpoint-ops backup list, then backup restore), or, to start over on purpose, "
             f"move the query's outputs away and delete {fm.url(found.path)}", fm.url(found.path))
+    blocked = listing.blocks_new_query()
+    if blocked:
+        problem, fix = new_query_blocked(listing, blocked)
+        return NotStarted(here, problem, fix, here)
     for sink in sinks:
         if sink.log.files:
             return NotStarted(

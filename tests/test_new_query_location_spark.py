@@ -4,7 +4,7 @@ A location with no file Spark reads is "no checkpoint yet" to compat (the Dagste
 to the health check (``query_owner.not_started``) and to fsck and inspect. Spark 4.1+ starts a new query there
 only while ``offsets/``, ``commits/`` and ``state/`` hold nothing, a temp file or an empty directory included
 (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY); a temp file in the root, an empty ``offsets/`` or ``sources/0``
-does not stop it. Each case below is built by hand (bad input), judged by us, then started by Spark.
+does not stop it, and an orphan ``offsets/.0.crc`` fails its first write. Each case below is built by hand (bad input), judged by us, then started by Spark.
 """
 
 from __future__ import annotations
@@ -16,33 +16,40 @@ import pytest
 
 from checkpoint_ops.compat import check_compat
 from checkpoint_ops.errors import BadInputError
-from checkpoint_ops.fsck import run_fsck
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.query_owner import not_started
 from checkpoint_ops.storage import open_file_manager
 from pipelines.event_counts import counts_writer, write_event_files
-from tests.helpers import tree_snapshot
+from tests.helpers import cli_json, tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
 
 TEMP = f".0.{uuid.uuid4()}.tmp"
 
 METADATA = "metadata"
-# case -> (files, empty directories) under the checkpoint location; Spark starts a new query there or not
+COMMIT = "commits/0"
+NOT_EMPTY = "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY"
+ORPHAN_CRC = "concurrently using"  # Spark's first write of offsets/0 fails on the .crc already there
+# case -> (files, empty directories) under the checkpoint location, and what Spark's first run there says (None:
+# it starts the query)
 CASES = {
-    "metadata and a temp file in offsets/": ([METADATA, f"offsets/{TEMP}"], [], False),
-    "metadata and a temp file's .crc in offsets/": ([METADATA, f"offsets/.{TEMP}.crc"], [], True),
-    "temp files only in state/0/0": ([f"state/0/0/{TEMP}", f"state/0/0/.{TEMP}.crc"], [], False),
-    "temp file in the root": ([f".metadata.{uuid.uuid4()}.tmp"], [], True),
-    "empty offsets/ and commits/": ([], ["offsets", "commits"], True),
-    "empty state/": ([], ["state"], True),
-    "empty sources/0": ([], ["sources/0"], True),
-    "temp file in offsets/": ([f"offsets/{TEMP}"], [], False),
-    "temp file in commits/": ([f"commits/{TEMP}"], [], False),
-    "temp file in a state store": ([f"state/0/0/{TEMP}"], [], False),
-    "empty state/0": ([], ["state/0"], False),
-    "empty state/0/1": ([], ["state/0/1"], False),
-    "empty offsets/0": ([], ["offsets/0"], False),
+    "metadata and a temp file in offsets/": ([METADATA, f"offsets/{TEMP}"], [], NOT_EMPTY),
+    "metadata and a temp file's .crc in offsets/": ([METADATA, f"offsets/.{TEMP}.crc"], [], None),
+    "metadata and an orphan offsets/.0.crc": ([METADATA, "offsets/.0.crc"], [], ORPHAN_CRC),
+    "metadata and commits/0, no offsets": ([METADATA, COMMIT], [], "assertion failed"),
+    "temp files only in state/0/0": ([f"state/0/0/{TEMP}", f"state/0/0/.{TEMP}.crc"], [], NOT_EMPTY),
+    "temp file in the root": ([f".metadata.{uuid.uuid4()}.tmp"], [], None),
+    "empty offsets/ and commits/": ([], ["offsets", "commits"], None),
+    "empty state/": ([], ["state"], None),
+    "empty sources/0": ([], ["sources/0"], None),
+    "temp file in offsets/": ([f"offsets/{TEMP}"], [], NOT_EMPTY),
+    "temp file in commits/": ([f"commits/{TEMP}"], [], NOT_EMPTY),
+    "temp file in a state store": ([f"state/0/0/{TEMP}"], [], NOT_EMPTY),
+    "a temp file and an empty directory": ([f"offsets/{TEMP}"], ["state/0/1"], NOT_EMPTY),
+    "empty state/0": ([], ["state/0"], NOT_EMPTY),
+    "empty state/0/1": ([], ["state/0/1"], NOT_EMPTY),
+    "empty offsets/0": ([], ["offsets/0"], NOT_EMPTY),
 }
+CONTENT = {METADATA: b'{"id":"6f0c1c9e-7c1b-4a5e-9d38-1c0d2b3e4f50"}', COMMIT: b'v1\n{"nextBatchWatermarkMs":0}'}
 
 
 def _ours(spark, ckpt: str, inp: str, out: str) -> tuple[bool, str]:
@@ -50,11 +57,15 @@ def _ours(spark, ckpt: str, inp: str, out: str) -> tuple[bool, str]:
     agrees: ``not_started`` where no file Spark reads is there, else fsck's errors."""
     fm, root = open_file_manager(ckpt)
     owner = not_started(fm, root, "q", [])
-    if owner is not None:
+    code, shown = cli_json("fsck", ckpt)
+    if owner is not None:  # nothing Spark reads is there: fsck has nothing to judge, and says why if Spark refuses
         healthy, health_said = owner.problem is None, str(owner)
+        assert code == 2 and (NOT_EMPTY in shown["problem"]) == (not healthy), shown
     else:
-        findings = [f for f in run_fsck(Checkpoint.open(ckpt)) if f.severity == "error"]
-        healthy, health_said = not findings, str(findings)
+        errors = [f for f in shown["findings"] if f["severity"] == "error"]
+        healthy, health_said = not errors, str(errors)
+        assert code == (1 if shown["findings"] else 0), shown
+        assert all(f["code"] in ("new-query-refused", "orphan-crc", "offsets-gap") for f in errors), shown
     try:
         report = check_compat(Checkpoint(fm, root), spark, lambda s: counts_writer(s, inp, out).option(
             "checkpointLocation", ckpt).trigger(availableNow=True))
@@ -67,7 +78,7 @@ def _ours(spark, ckpt: str, inp: str, out: str) -> tuple[bool, str]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_spark_and_we_agree_where_a_new_query_starts(spark, tmp_path, case):
-    files, dirs, spark_starts = CASES[case]
+    files, dirs, spark_says = CASES[case]
     for key, value in {**SESSION_CONF, **FLAVOURS["hdfs"]}.items():
         if key.startswith("spark.sql."):
             spark.conf.set(key, value)
@@ -79,24 +90,59 @@ def test_spark_and_we_agree_where_a_new_query_starts(spark, tmp_path, case):
     for rel in files:
         os.makedirs(os.path.dirname(os.path.join(ckpt, rel)), exist_ok=True)
         with open(os.path.join(ckpt, rel), "wb") as f:
-            f.write(b'{"id":"6f0c1c9e-7c1b-4a5e-9d38-1c0d2b3e4f50"}' if rel == METADATA else b'{"id":"')
+            f.write(CONTENT.get(rel, b'{"id":"'))  # a temp file: cut off mid-write
     before = tree_snapshot(ckpt)
     we_start, said = _ours(spark, ckpt, inp, out)
     assert tree_snapshot(ckpt) == before, "judging it changed it"
-    if not we_start:
-        assert "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in said, said
-        assert ("remove the empty directories" if dirs else "Spark never reads a temp file") in said, said
+    if COMMIT in files:
+        assert "lost its offsets log" in said and "restore the checkpoint from a backup" in said, said
+    elif not we_start and spark_says == NOT_EMPTY:  # every blocker named in one fix
+        assert NOT_EMPTY in said, said
+        assert ("remove the empty directories" in said) == bool(dirs), said
+        assert ("delete the temp files" in said) == any(".tmp" in rel for rel in files), said
 
     query = counts_writer(spark, inp, out).option("checkpointLocation", ckpt).trigger(availableNow=True).start()
     try:
         query.awaitTermination()
         started = True
     except Exception as e:  # noqa: BLE001 - Spark's refusal, checked below
-        assert "STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY" in str(e), e
+        assert spark_says is not None and spark_says in str(e), e
         started = False
     finally:
         unload_state_stores(spark)
-    assert started == spark_starts, f"Spark {'started' if started else 'refused'}: the case's expectation is wrong"
+    assert started == (spark_says is None), f"Spark {'started' if started else 'refused'}: the case's expectation is wrong"
     assert we_start == started, f"we said {'start' if we_start else 'refuse'}, Spark did otherwise: {said}"
     if started:
         assert sorted(n for n in os.listdir(os.path.join(ckpt, "commits")) if n.isdigit()), "Spark ran no batch"
+
+
+def test_directory_markers_on_an_object_store_are_judged_as_spark_lists_them(s3_server, bucket):
+    """On S3 a directory may be a marker object (``offsets/``). S3A leaves a directory's own marker out of its
+    listing, so Spark starts a new query where ``offsets/`` and ``commits/`` are markers (Spark creates both at a
+    query's start); a marker of a subdirectory (``state/0/``) is a directory Spark lists, and it refuses."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+
+    def judged(prefix: str, keys: dict[str, bytes]):
+        for key, body in keys.items():
+            s3.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=body)
+        url = f"s3://{bucket}/{prefix}"
+        fm, root = open_file_manager(url)
+        return url, not_started(fm, root, "q", [])
+
+    markers = {"offsets/": b"", "commits/": b""}
+    url, owner = judged("started", {"metadata": CONTENT[METADATA], **markers})
+    assert owner is None  # metadata is there: fsck judges it
+    code, shown = cli_json("fsck", url)
+    assert code == 0 and shown["findings"] == [], shown
+
+    url, owner = judged("markers-only", markers)
+    code, shown = cli_json("fsck", url)
+    assert code == 0 and shown["findings"] == [], shown
+
+    url, owner = judged("state-marker", {**markers, "state/0/": b""})
+    code, shown = cli_json("fsck", url)
+    (refused,) = [f for f in shown["findings"] if f["severity"] == "error"]
+    assert code == 1 and refused["code"] == "new-query-refused" and NOT_EMPTY in refused["problem"], shown
+    assert "state/0" in refused["problem"] and "remove the empty directories" in refused["fix"], refused

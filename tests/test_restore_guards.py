@@ -185,6 +185,36 @@ def test_running_an_interrupted_restore_again_says_to_finish_it(tmp_path):
     assert code == 0 and r["findings"] == [], r
 
 
+def test_fsck_of_a_target_a_killed_restore_fenced_names_the_restore_not_a_new_query(tmp_path):
+    """A restore killed at any point after it fenced its target, while offsets/ may hold only its temp files:
+    fsck names the interrupted restore, never ``new-query-refused`` (whose fix, deleting the temp files, is wrong
+    for a restore's own files: resume or undo finishes it)."""
+    import subprocess
+    import sys
+
+    from checkpoint_ops.fence import is_fence
+    from checkpoint_ops.storage.killswitch import KILL_ENV
+
+    dest = str(tmp_path / "dest")
+    backup_id = _backup(str(tmp_path / "q"), dest, 8)
+    target, out = str(tmp_path / "target"), str(tmp_path / "target-out")
+    restore = ["backup", "restore", dest, backup_id, target, "--sink-target", out, "--yes"]
+    judged = 0
+    for kill_at in range(1, 60):
+        for d in (target, out, os.path.join(str(tmp_path), ".checkpoint-ops")):
+            shutil.rmtree(d, ignore_errors=True)
+        killed = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *restore],
+                                env=dict(os.environ, **{KILL_ENV: str(kill_at)}), capture_output=True)
+        metadata = os.path.join(target, "metadata")
+        if killed.returncode != -9 or not (os.path.exists(metadata) and is_fence(open(metadata, "rb").read())):
+            continue
+        code, r = cli_json("fsck", target)
+        codes = [f["code"] for f in r["findings"] if f["severity"] == "error"]
+        assert "operation-interrupted" in codes and "new-query-refused" not in codes, (kill_at, r)
+        judged += 1
+    assert judged >= 10, judged
+
+
 def test_a_backup_of_a_target_a_killed_restore_fenced_names_the_restore(tmp_path):
     """``backup create`` of a target whose restore was killed before it wrote a commit said "nothing committed
     yet" (the check ran before the fence's): it now names the interrupted restore, with resume and undo."""

@@ -20,6 +20,7 @@ import os
 import pytest
 
 from checkpoint_ops.storage.checksums import hadoop_crc_bytes, hadoop_crc_name
+from pipelines.event_counts import flush_files
 from tests.helpers import cli_json, tree_snapshot
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read
 
@@ -66,15 +67,29 @@ def _spark_refuses(spark, run, reason: str) -> None:
 
 def test_a_planned_batch_whose_offsets_hold_the_version_line_only(spark, run):
     """Batch L+1 planned and torn as it was written: Spark cannot restart; deleting it (the fix) lets Spark plan
-    the batch again, and the output is exact."""
+    the batch again, and the output is exact. First the file is deleted without its ``.crc`` sidecar: fsck says
+    so, and Spark's write of the file fails on the sidecar, leaving what fsck names next."""
     last = run.last_batch
     torn = os.path.join(run.checkpoint, "offsets", str(last + 1))
     _write_torn(torn, stamp_from=os.path.join(run.checkpoint, "offsets", str(last)))
     finding = _torn_finding(run, f"offsets/{last + 1}")
-    assert "no `commits/N` yet, can be deleted" in finding["fix"], finding
+    assert "no `commits/N` yet, can be deleted with its `.N.crc` sidecar" in finding["fix"], finding
 
     _spark_refuses(spark, run, TORN)
-    _remove(torn)  # the fix, as fsck words it
+    os.remove(torn)  # the fix half followed: its sidecar left behind, which fsck names and Spark's write fails on
+    code, report = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert code != 0 and [(f["severity"], f["code"]) for f in report["findings"]] == [("error", "orphan-crc")], report
+    flush_files(run.input, run.files)  # new input: Spark plans batch L+1, and writes its offsets file
+    with pytest.raises(Exception, match="concurrently using"):
+        run.run_query(spark)
+    # Spark wrote offsets/L+1, then failed to put its sidecar in place: the old one is stale now, and the new
+    # one's temp file is left; fsck names both, and deleting them is its fix
+    code, report = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    found = {(f["severity"], f["code"]): f["path"] for f in report["findings"]}
+    assert code != 0 and set(found) == {("error", "stale-crc"), ("warning", "orphan-crc")}, report
+    assert found[("error", "stale-crc")].endswith(f"offsets/{hadoop_crc_name(str(last + 1))}"), report
+    for path in found.values():
+        os.remove(path)
     code, after = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
     assert (code, after["findings"]) == (0, []), after
     assert finish_and_read(spark, run) == exact(run)

@@ -66,10 +66,10 @@ class Checkpoint:
                                 fix="make the checkpoint directory readable by this user (or fix the storage "
                                 "permissions)")
         require_no_dir_links(self.listing, "checkpoint")
-        blocked = self.listing.blocks_new_query() if len(self.listing) == 0 else None
-        if blocked is not None:  # directories Spark created (or someone emptied), and no file in them
+        blocked = self.listing.blocks_new_query() if len(self.listing) == 0 else []
+        if blocked:  # directories Spark created (or someone emptied), and no file in them
             problem, fix = new_query_blocked(self.listing, blocked)
-            raise BadInputError(problem, path=self.listing.url(blocked), fix=fix)
+            raise BadInputError(problem, path=url, fix=fix)
         if len(self.listing) == 0:
             info = self.fm.info(self.root) if self.fm.strategy != "direct-put" else None
             if info is not None and not info.is_dir:

@@ -11,11 +11,22 @@ may be a link.
 
 from __future__ import annotations
 
+import re
 from typing import Iterator
 
 from ..errors import BadInputError
 from ..storage import CheckpointFileManager, FileInfo
 from ..storage.checksums import hadoop_crc_target, is_hadoop_crc_name
+
+
+_SPARK_LONG = re.compile(r"[+-]?[0-9]+\Z")
+_LONG_RANGE = range(-(1 << 63), 1 << 63)
+
+
+def is_spark_batch_name(name: str) -> bool:
+    """Whether Spark's ``isBatchFile`` takes ``name`` as a batch file: it parses as a Java long (ASCII digits, an
+    optional sign, within 64 bits)."""
+    return _SPARK_LONG.match(name) is not None and int(name) in _LONG_RANGE
 
 
 # What Spark requires to be empty (or absent) to start a new query at a checkpoint location (Listing.blocks_new_query)
@@ -152,52 +163,69 @@ class Listing:
         ``offsets/``, ``commits/`` or ``state/`` holds anything, STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY.)"""
         return all("/" not in rel and is_unfinished_write(rel) for rel in self.files)
 
-    def blocks_new_query(self) -> str | None:
-        """Where Spark would start a new query (no batch file in ``offsets/``): the first entry under
-        ``offsets/``, ``commits/`` or ``state/`` that makes it refuse to, or None. Spark 4.1+ requires the three to
-        be empty or absent (``spark.sql.streaming.verifyCheckpointDirectoryEmptyOnStart``, default true:
-        STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY): a temp file such as ``offsets/.0.<uuid>.tmp`` (a query stopped
-        while Spark wrote its first offsets file leaves one) or an empty directory such as ``state/0`` stops it;
-        a Hadoop checksum file does not (a checksum file system hides it from the listing), nor ``sources/``.
-        Only a walk that reports empty directories (``empty_dirs``: local, or an object store's marker) shows one
-        where no file is."""
-        if any(name.isdigit() for name in self.files_in("offsets")):
-            return None
+    def blocks_new_query(self) -> list[str]:
+        """Where Spark would start a new query (no batch file in ``offsets/``): every entry directly under
+        ``offsets/``, ``commits/`` and ``state/`` that makes it refuse to, or stop at its first write (empty: none).
+        Spark 4.1+ requires the three to be empty or absent (``spark.sql.streaming.
+        verifyCheckpointDirectoryEmptyOnStart``, default true: STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY): a temp
+        file such as ``offsets/.0.<uuid>.tmp`` (a query stopped while Spark wrote its first offsets file leaves
+        one) or an empty directory such as ``state/0`` stops it. Not counted: a temp file's Hadoop ``.crc`` (a
+        checksum file system hides it from Spark's listing, and Spark never writes that name again) and a
+        directory's own marker on an object store (S3A leaves it out of the listing); any other ``.crc``
+        (``offsets/.0.crc``) is counted, as Spark's first write of that file fails on it. Nothing is counted
+        while one of the three cannot be listed (that is said as such), or where the walk reports no empty
+        directory (``empty_dirs``: local, or an object store's marker)."""
+        if any(rel == d or rel.startswith(d + "/") for rel in self.unreadable_dirs for d in NEW_QUERY_EMPTY_DIRS):
+            return []
+        if any(is_spark_batch_name(name) for name in self.files_in("offsets")):
+            return []
+        found = []
         for rel_dir in NEW_QUERY_EMPTY_DIRS:
-            names = [name for name in self.files_in(rel_dir) if not is_hadoop_crc_name(name)]
-            names += self.subdirs(rel_dir)
+            names = {name for name in self.files_in(rel_dir)
+                     if name and not (is_hadoop_crc_name(name) and is_hidden_temp(hadoop_crc_target(name)))}
+            names.update(self.subdirs(rel_dir))
             # an empty directory deeper down (``state/0/1``) is ``state/0`` here (the model's ``subdirs`` sees
             # only its parent, so that a store directory with no file is no store)
             prefix = rel_dir + "/"
-            names += [rel[len(prefix):].partition("/")[0] for rel in self.empty_dirs if rel.startswith(prefix)]
-            if names:
-                return f"{rel_dir}/{min(names)}"
-        return None
+            names.update(rel[len(prefix):].partition("/")[0] for rel in self.empty_dirs if rel.startswith(prefix))
+            names.discard("")
+            found += [f"{rel_dir}/{name}" for name in sorted(names)]
+        return found
 
-
-def new_query_blocked(listing: Listing, rel: str) -> tuple[str, str]:
-    """The problem and the fix where ``Listing.blocks_new_query`` found ``rel``."""
+def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
+    """The problem and the fix where ``Listing.blocks_new_query`` found ``found`` (not empty)."""
     refuses = ("offsets/ holds no batch file, so Spark starts this query as a new one, and it refuses to while "
                "offsets/, commits/ or state/ holds anything (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)")
-    if rel in listing.files:
-        below = [rel]
-    else:
-        below = [r for r, _ in listing.under(rel)]
-    if not below:
-        return (f"{rel} is a directory with no file below it; {refuses}",
-                "remove the empty directories under offsets/, commits/ and state/ (they hold no file), or give "
-                "the query a new checkpoint location")
-    if all(is_unfinished_write(r.rpartition("/")[2]) for r in below):
-        first = rel.startswith("offsets/") and rel in listing.files
-        what = (f"{rel} is the temp file of a write that never finished" if rel in listing.files else
-                f"{rel} holds only the temp files of writes that never finished ({len(below)})")
-        return (what + (" (a query stopped while Spark wrote its first offsets file leaves one)" if first else "")
-                + f"; {refuses}",
-                f"delete {'it' if rel in listing.files else 'them'} (with any .crc sidecar) while no query runs "
-                f"here: {listing.url(rel)}; Spark never reads a temp file, and then starts the query afresh")
-    return (f"{rel} is there, but {refuses}: a checkpoint that lost its offsets log?",
-            "restore the checkpoint from a backup (checkpoint-ops backup list, then backup restore), or give the "
-            "query a new checkpoint location")
+    temps, empty, other = [], [], []
+    for rel in found:
+        # an object store's directory markers (``state/0/``) are no file
+        below = [rel] if rel in listing.files else [r for r, _ in listing.under(rel) if not r.endswith("/")]
+        if not below:
+            empty.append(rel)
+        elif all(is_unfinished_write(r.rpartition("/")[2]) for r in below):
+            temps += below
+        else:
+            other.append(rel)
+    if other:  # files Spark wrote, without the offsets log that says what they belong to
+        return (f"{', '.join(other[:3])}{' and more' if len(other) > 3 else ''} "
+                f"{'is' if len(other) == 1 else 'are'} there, but offsets/ holds no batch file: Spark cannot restart "
+                "this checkpoint, and refuses to start it as a new query (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY, "
+                "or an assertion failure where commits/ holds a commit): a checkpoint that lost its offsets log?",
+                "restore the checkpoint from a backup (checkpoint-ops backup list, then backup restore)")
+    what = []
+    if temps:
+        first = any(r.startswith("offsets/") for r in temps)
+        what.append(f"{'the temp file' if len(temps) == 1 else f'{len(temps)} temp files'} of writes that never "
+                    f"finished ({', '.join(temps[:3])}{' ...' if len(temps) > 3 else ''}"
+                    f"{'; a query stopped while Spark wrote its first offsets file leaves one' if first else ''})")
+    if empty:
+        what.append(f"{'a directory' if len(empty) == 1 else 'directories'} with no file below "
+                    f"({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
+    todo = [*(["delete the temp files (with any .crc sidecar of theirs)"] if temps else []),
+            *(["remove the empty directories under offsets/, commits/ and state/"] if empty else [])]
+    return (f"{' and '.join(what)}; {refuses}",
+            f"{' and '.join(todo)} at {listing.url('')}, while no query runs there: Spark never reads a temp file "
+            "and an empty directory holds nothing, and it then starts the query afresh")
 
 
 def require_no_dir_links(listing: Listing, what: str) -> None:

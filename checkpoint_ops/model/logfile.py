@@ -44,7 +44,8 @@ def batch_id_from_name(name: str, compactible: bool = False) -> int | None:
     """Spark's ``isBatchFile``: the name (minus ``.compact``) parses as a long."""
     if compactible and name.endswith(COMPACT_SUFFIX):
         name = name[: -len(COMPACT_SUFFIX)]
-    if not name or not (name.isdigit() or (name[0] == "-" and name[1:].isdigit())):
+    digits = name[1:] if name[:1] == "-" else name
+    if not (digits.isascii() and digits.isdigit()):  # "²".isdigit() holds, and int() refuses it
         return None
     return int(name)
 
@@ -103,7 +104,8 @@ def unreadable(path: str, e: OSError) -> LogFormatError:
 
 
 TORN_LOG_FIX = ("if it is the newest file of its log: the newest `commits/N`, or `offsets/N` of a batch with "
-                "no `commits/N` yet, can be deleted (Spark runs batch N again); once batch N committed, "
+                "no `commits/N` yet, can be deleted with its `.N.crc` sidecar (Spark runs batch N again; its write "
+                "of the file fails on a sidecar left behind); once batch N committed, "
                 "`checkpoint-ops rollback` to the batch before it instead (deleting only `offsets/N` leaves a "
                 "commit without its offsets, which Spark refuses; the rollback also trims the source and sink "
                 "logs); otherwise restore it from a backup")
