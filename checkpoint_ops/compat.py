@@ -285,7 +285,7 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
             raise BadInputError(f"{stopped.what} stopped part-way at this location: a new query started here would "
                                 "run where that operation puts (or removes) a checkpoint", path=ckpt.url,
                                 fix=stopped.fix)
-    blocked = ckpt.listing.blocks_new_query() if fresh or ckpt.fence is None else []
+    blocked = ckpt.listing.blocks_new_query() if ckpt.fence is None else []
     if blocked:  # Spark starts it as a new query, and refuses to (a fenced one: refused below, naming resume)
         problem, fix = new_query_blocked(ckpt.listing, blocked)
         raise BadInputError(problem, path=ckpt.url, fix=fix)

@@ -15,7 +15,7 @@ from .lease import LeaseState, lease_of
 from .lag import sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
-from .model.listing import is_hidden_temp, is_spark_batch_name, new_query_blocked
+from .model.listing import is_hidden_temp, new_query_blocked, spark_batch_id
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
@@ -59,6 +59,7 @@ class Fsck:
         in one pass). Neither changes a finding. ``storage_options``, ``sink_compact_interval``: how to open
         the outputs the ledger records besides ``sinks`` (judged as if given, ``recorded_sinks.py``)."""
         self.ckpt = ckpt
+        self._blocked: set[str] = set()  # what keeps a new query from starting here (_temp_files)
         self.ledger = ledger  # where Spark's files no longer reach, the window may
         self.sinks = list(sinks)
         self.recorded: list = []  # the recorded outputs not given (``recorded_sinks.LeftOut``), as run() found them
@@ -486,6 +487,7 @@ class Fsck:
         # offsets/ holds no batch file: Spark starts a new query here, and refuses to (not while an operation fences
         # the checkpoint: its temp files and half-written logs are its own, and resume or undo finishes it)
         blocked = self.ckpt.listing.blocks_new_query() if self.ckpt.fence is None else []
+        self._blocked = set(blocked)
         if blocked:
             problem, fix = new_query_blocked(self.ckpt.listing, blocked)
             self.add(ERROR, "new-query-refused", self.ckpt.url, problem, fix)
@@ -513,8 +515,12 @@ class Fsck:
                     continue  # reported with its store (the state check above)
                 latest = (self.ckpt.latest_offset if parent == "offsets" else self.ckpt.latest_commit) \
                     if L is self.ckpt.listing and parent in ("offsets", "commits") else None
-                if L is self.ckpt.listing and parent in ("offsets", "commits") and is_spark_batch_name(target_name) \
-                        and (latest is None or int(target_name) > latest):
+                batch = spark_batch_id(target_name)
+                if rel in self._blocked:
+                    continue  # named with why a new query does not start here (_temp_files)
+                # the name Spark writes for that batch, on a store whose writes make one (a checksum file system)
+                if L.fm.hadoop_crc and L is self.ckpt.listing and parent in ("offsets", "commits") \
+                        and batch is not None and target_name == str(batch) and (latest is None or batch > latest):
                     self.add(ERROR, "orphan-crc", L.url(rel), f"checksum sidecar of {parent}/{target_name}, which is not "
                              f"there: Spark's write of that file, when it runs that batch, fails on it (it reports "
                              "'Multiple streaming queries are concurrently using' the log)",

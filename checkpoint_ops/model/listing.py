@@ -11,7 +11,6 @@ may be a link.
 
 from __future__ import annotations
 
-import re
 from typing import Iterator
 
 from ..errors import BadInputError
@@ -19,14 +18,22 @@ from ..storage import CheckpointFileManager, FileInfo
 from ..storage.checksums import hadoop_crc_target, is_hadoop_crc_name
 
 
-_SPARK_LONG = re.compile(r"[+-]?[0-9]+\Z")
 _LONG_RANGE = range(-(1 << 63), 1 << 63)
 
 
+def spark_batch_id(name: str) -> int | None:
+    """The batch id Spark's ``isBatchFile`` reads in ``name`` (Java's ``toLong``: decimal digits, Unicode ones
+    too, an optional ``-``, within 64 bits), or None. A leading ``+``, which Java also accepts, is not read (as
+    the model never has)."""
+    digits = name[1:] if name[:1] == "-" else name
+    if not digits.isdecimal():  # not isdigit(): "²" is a digit that int() refuses
+        return None
+    value = int(name)
+    return value if value in _LONG_RANGE else None
+
+
 def is_spark_batch_name(name: str) -> bool:
-    """Whether Spark's ``isBatchFile`` takes ``name`` as a batch file: it parses as a Java long (ASCII digits, an
-    optional sign, within 64 bits)."""
-    return _SPARK_LONG.match(name) is not None and int(name) in _LONG_RANGE
+    return spark_batch_id(name) is not None
 
 
 # What Spark requires to be empty (or absent) to start a new query at a checkpoint location (Listing.blocks_new_query)
@@ -196,7 +203,8 @@ def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
     """The problem and the fix where ``Listing.blocks_new_query`` found ``found`` (not empty)."""
     refuses = ("offsets/ holds no batch file, so Spark starts this query as a new one, and it refuses to while "
                "offsets/, commits/ or state/ holds anything (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)")
-    temps, empty, other = [], [], []
+    temps, empty, sidecars, other = [], [], [], []
+    temp_dirs = False  # temp files in a subdirectory, which is left empty when they go
     for rel in found:
         # an object store's directory markers (``state/0/``) are no file
         below = [rel] if rel in listing.files else [r for r, _ in listing.under(rel) if not r.endswith("/")]
@@ -204,6 +212,9 @@ def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
             empty.append(rel)
         elif all(is_unfinished_write(r.rpartition("/")[2]) for r in below):
             temps += below
+            temp_dirs = temp_dirs or rel not in listing.files
+        elif rel in listing.files and is_hadoop_crc_name(rel.rpartition("/")[2]):
+            sidecars.append(rel)  # of a file that is not there (a temp file's is not counted)
         else:
             other.append(rel)
     if other:  # files Spark wrote, without the offsets log that says what they belong to
@@ -215,17 +226,24 @@ def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
     what = []
     if temps:
         first = any(r.startswith("offsets/") for r in temps)
-        what.append(f"{'the temp file' if len(temps) == 1 else f'{len(temps)} temp files'} of writes that never "
-                    f"finished ({', '.join(temps[:3])}{' ...' if len(temps) > 3 else ''}"
+        what.append(f"{'the temp file of a write' if len(temps) == 1 else f'{len(temps)} temp files of writes'} "
+                    f"that never finished ({', '.join(temps[:3])}{' ...' if len(temps) > 3 else ''}"
                     f"{'; a query stopped while Spark wrote its first offsets file leaves one' if first else ''})")
     if empty:
         what.append(f"{'a directory' if len(empty) == 1 else 'directories'} with no file below "
                     f"({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
     todo = [*(["delete the temp files (with any .crc sidecar of theirs)"] if temps else []),
-            *(["remove the empty directories under offsets/, commits/ and state/"] if empty else [])]
-    return (f"{' and '.join(what)}; {refuses}",
-            f"{' and '.join(todo)} at {listing.url('')}, while no query runs there: Spark never reads a temp file "
-            "and an empty directory holds nothing, and it then starts the query afresh")
+            *(["then remove the directories under offsets/, commits/ and state/ left with no file below them"]
+              if empty or temp_dirs else [])]
+    why = f"; {refuses}" if what else ""
+    if sidecars:  # Spark starts (a checksum file system hides them), then its write of that file fails on one
+        what.append(f"{'a checksum sidecar' if len(sidecars) == 1 else 'checksum sidecars'} of no file "
+                    f"({', '.join(sidecars[:3])}{' ...' if len(sidecars) > 3 else ''}): Spark's write of that file "
+                    "fails on it (it reports 'Multiple streaming queries are concurrently using' the log)")
+        todo.append("delete the sidecars")
+    return (f"{' and '.join(what)}{why}",
+            f"{' and '.join(todo)} at {listing.url('')}, while no query runs there: Spark never reads a temp file, "
+            "an empty directory or a sidecar of no file, and it then starts the query afresh")
 
 
 def require_no_dir_links(listing: Listing, what: str) -> None:

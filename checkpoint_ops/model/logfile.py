@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import BadInputError, UnsupportedVersionError
 from ..storage import FileInfo
-from .listing import Listing
+from .listing import Listing, spark_batch_id
 
 COMPACT_SUFFIX = ".compact"
 
@@ -44,10 +44,7 @@ def batch_id_from_name(name: str, compactible: bool = False) -> int | None:
     """Spark's ``isBatchFile``: the name (minus ``.compact``) parses as a long."""
     if compactible and name.endswith(COMPACT_SUFFIX):
         name = name[: -len(COMPACT_SUFFIX)]
-    digits = name[1:] if name[:1] == "-" else name
-    if not (digits.isascii() and digits.isdigit()):  # "²".isdigit() holds, and int() refuses it
-        return None
-    return int(name)
+    return spark_batch_id(name)
 
 
 def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict[int, LogFile]:
