@@ -199,6 +199,7 @@ class Listing:
             found += [f"{rel_dir}/{name}" for name in sorted(names)]
         return found
 
+
 def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
     """The problem and the fix where ``Listing.blocks_new_query`` found ``found`` (not empty)."""
     refuses = ("offsets/ holds no batch file, so Spark starts this query as a new one, and it refuses to while "
