@@ -478,6 +478,7 @@ class Executor:
     def record_undone(self, by: str | None = None) -> None:
         """Finish an undo whose every change is on disk: its ledger truncation goes, then the marker."""
         self._ensure_sidecars([])
+        self._remove_emptied_dirs()  # killed after its unfence, the undo may not have got to them
         if self.journal.record.get("ledger_truncation") is not None and "checkpoint" in self.roots:
             ledger_at(self.ckpt.fm, self.ckpt.path).remove_truncation(self.journal.op_id)
         self.journal.mark("undone", by=by)
@@ -698,6 +699,7 @@ class Executor:
                 restored.setdefault(rid, []).extend(a.rel for a in back)
             self._step(len(kept))
         self._verify_restored(restored)
+        self._remove_emptied_dirs()
         # the ledger forgets the truncation before the undo is marked done: killed in between, running undo
         # again (or resume) still sees an unfinished undo and finishes it (or rolls it forward)
         trunc = self.journal.record.get("ledger_truncation")
@@ -706,6 +708,24 @@ class Executor:
         self._unfence(self.original_metadata)
         self.journal.mark("undone", by=by)
         self._step()
+
+    def _remove_emptied_dirs(self) -> None:
+        """After undo took away what the operation wrote: the directories holding those files that hold nothing
+        now (``state/0/3``, ``sources/0``; never a root itself) go too, as the operation found them absent or
+        empty. Left behind, a restore undone left a location Spark refuses to start a new query at (an empty
+        directory under ``state/``: STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). A directory that holds anything
+        stays (the file system refuses to remove it); object stores have none."""
+        by_root: dict[str, set[str]] = {}
+        for a in self.plan.actions:
+            if a.kind != WRITE:
+                continue
+            parent = a.rel.rpartition("/")[0]
+            while parent:
+                by_root.setdefault(a.root, set()).add(parent)
+                parent = parent.rpartition("/")[0]
+        for rid, rels in by_root.items():
+            root = self.roots[rid]
+            root.fm.remove_dirs_if_empty([root.abs(rel) for rel in rels])
 
     def _check_untouched(self, listings: dict[str, Listing]) -> None:
         """Undo is only safe on the tree the operation left (``_check_anchor``, ``_check_target_batch``) if

@@ -415,3 +415,22 @@ def test_a_deleted_state_partition_is_named_and_a_backup_taken_before_runs_exact
     inp, out, ckpt = restore_elsewhere(run, dest, b["backup_id"], tmp_path / "restored")
     resume_at(spark, run.flavour, inp, out, ckpt)
     assert read_output(spark, out) == exact(run.files)
+
+
+@pytest.mark.parametrize("flavour", ["rocksdb_v2"])
+def test_a_restore_undone_leaves_a_location_spark_starts_afresh_at(spark, run, tmp_path):
+    """``backup restore`` into a new location, then ``undo``: the undo took the restore's files away but left
+    its directories, and Spark refused every start there (an empty ``state/0/<partition>``:
+    STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY), with nothing of ours saying why. The undo removes the
+    directories it emptied; Spark then starts the query afresh and writes every window exactly once."""
+    dest = str(tmp_path / "dest")
+    b = backup(run, dest)
+    inp, out, ckpt = restore_elsewhere(run, dest, b["backup_id"], tmp_path / "t")
+    assert os.listdir(os.path.join(ckpt, "state", "0"))  # the restore made state directories
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 0, r
+    left = [d for top in (ckpt, out) for d, _, _ in os.walk(top) if d != top]
+    assert not left, left
+    flush_files(inp, run.files)
+    resume_at(spark, run.flavour, inp, out, ckpt)
+    assert read_output(spark, out) == exact(run.files)

@@ -4,7 +4,7 @@
 * A target whose ledger directory (``.checkpoint-ops/<name>/ledger`` beside it) already holds another
   checkpoint's batch ledger is refused, naming that directory, and nothing changes: restored over it, the two
   ledgers merged silently (fsck then reported a false error, inspect a wrong rollback window). A restore
-  undone leaves the ledger empty, so restoring again there still works.
+  undone leaves the ledger empty, so restoring again there still works, and no directory it made.
 * ``result.requests`` and ``result.retries`` count each file manager once: the ``ledger`` root shares the
   checkpoint's, and reporting it under both roots counted every checkpoint request twice.
 """
@@ -82,6 +82,9 @@ def test_a_restore_over_another_checkpoints_ledger_is_refused_and_changes_nothin
     assert restore(first)[0] == 0
     code, r = cli_json("undo", ckpt, "--yes")
     assert code == 0, r
+    # and no directory the restore made is left (empty ones under state/ stop Spark's next start)
+    left = [d for top in (ckpt, out) for d, _, _ in os.walk(top) if d != top]
+    assert not left, left
     code, r = restore(first)
     assert code == 0, r
 

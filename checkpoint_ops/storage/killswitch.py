@@ -87,7 +87,7 @@ def counted_each(fn):
     return wrapper
 
 
-SINGLE = ("rename", "copy", "remove_empty_dirs", "_put_plain")
+SINGLE = ("rename", "copy", "remove_empty_dirs", "remove_dirs_if_empty", "_put_plain")
 EACH = ("delete_many", "move_many", "undelete_many", "abort_uploads")
 
 

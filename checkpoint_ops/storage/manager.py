@@ -433,6 +433,11 @@ class CheckpointFileManager(abc.ABC):
         """Remove ``path`` and the directories below it that hold no file. Object stores have no
         directories, so by default there is nothing to do."""
 
+    def remove_dirs_if_empty(self, paths: Iterable[str]) -> None:
+        """Remove each of these directories that holds nothing, deepest first (a parent emptied by the
+        removal of a listed child goes too when it is listed); one that holds anything, or is not there,
+        stays as it is. Object stores have no directories, so by default there is nothing to do."""
+
     # -- helpers ---------------------------------------------------------------------------
     def url(self, path: str) -> str:
         """How to show ``path`` to a user (with the scheme they typed)."""

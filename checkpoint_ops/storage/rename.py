@@ -742,6 +742,14 @@ class LocalFileManager(CheckpointFileManager):
             except OSError:
                 pass  # not empty (or gone): keep it
 
+    def remove_dirs_if_empty(self, paths: Iterable[str]) -> None:
+        for d in sorted(set(paths), key=lambda p: (-p.count("/"), p)):  # deepest first
+            self.counter.add("rmdir")
+            try:
+                os.rmdir(d)  # refuses a directory that holds anything: never more than asked
+            except OSError:
+                pass  # not empty, not a directory, or gone: keep it
+
     def same_device(self, a: str, b: str) -> bool:
         """Whether a rename between the nearest existing ancestors of a and b stays on one device."""
 
@@ -1015,6 +1023,18 @@ class RenameFileManager(CheckpointFileManager):
     def mkdirs(self, path: str) -> None:
         self.counter.add("mkdirs")
         self.fs.makedirs(path, exist_ok=True)
+
+    def remove_dirs_if_empty(self, paths: Iterable[str]) -> None:
+        # checked empty first: some fsspec drivers (pyarrow's HDFS) remove a directory with what it holds
+        for d in sorted(set(paths), key=lambda p: (-p.count("/"), p)):  # deepest first
+            self.counter.add("list")
+            try:
+                if self.fs.ls(d, detail=False) or not self.fs.isdir(d):
+                    continue
+                self.counter.add("rmdir")
+                self.fs.rmdir(d)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
 
 
 def _fileinfo(d: dict) -> FileInfo:
