@@ -146,11 +146,19 @@ def test_directory_markers_on_an_object_store_are_judged_as_spark_lists_them(s3_
     code, shown = cli_json("fsck", url)
     assert [(f["severity"], f["code"]) for f in shown["findings"]] == [("warning", "orphan-crc")], shown
 
+    # markers and nothing else: as empty directories on local disk, no checkpoint (fsck exited 1 here, inspect 0)
     url, owner = judged("markers-only", markers)
-    code, shown = cli_json("fsck", url)
-    assert code == 0 and shown["findings"] == [], shown
+    for command in ("fsck", "inspect"):
+        code, shown = cli_json(command, url)
+        assert code == 2 and "nothing found at this location" in shown["problem"], shown
 
+    # an empty state/0 beside them: named as on local disk (no file at all: exit 2 naming what stops Spark)
     url, owner = judged("state-marker", {**markers, "state/0/": b""})
+    code, refused = cli_json("fsck", url)
+    assert code == 2 and NOT_EMPTY in refused["problem"], refused
+    assert "state/0" in refused["problem"] and refused["fix"].startswith("remove the directories"), refused
+    # and with metadata there, the finding
+    url, owner = judged("state-marker-started", {"metadata": CONTENT[METADATA], **markers, "state/0/": b""})
     code, shown = cli_json("fsck", url)
     (refused,) = [f for f in shown["findings"] if f["severity"] == "error"]
     assert code == 1 and refused["code"] == "new-query-refused" and NOT_EMPTY in refused["problem"], shown

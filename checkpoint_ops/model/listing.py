@@ -234,8 +234,8 @@ def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
         what.append(f"{'a directory' if len(empty) == 1 else 'directories'} with no file below "
                     f"({', '.join(empty[:3])}{' ...' if len(empty) > 3 else ''})")
     todo = [*(["delete the temp files (with any .crc sidecar of theirs)"] if temps else []),
-            *(["then remove the directories under offsets/, commits/ and state/ left with no file below them"]
-              if empty or temp_dirs else [])]
+            *([f"{'then ' if temps else ''}remove the directories under offsets/, commits/ and state/ left with "
+               "no file below them"] if empty or temp_dirs else [])]
     why = f"; {refuses}" if what else ""
     if sidecars:  # Spark starts (a checksum file system hides them), then its write of that file fails on one
         what.append(f"{'a checksum sidecar' if len(sidecars) == 1 else 'checksum sidecars'} of no file "

@@ -552,7 +552,7 @@ class DirectPutFileManager(CheckpointFileManager):
 
     def walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         if self.location.scheme == "s3":
-            return self._s3_walk(path)
+            return self._s3_walk(path, empty_dirs)
 
         def find():
             self._count("list")
@@ -569,23 +569,41 @@ class DirectPutFileManager(CheckpointFileManager):
         lists empty, that lists the parent too (for a file of that name) and swallows its failure."""
         return sorted(self._s3_objects(path, children_only=True), key=lambda f: f.path)
 
-    def _s3_walk(self, path: str) -> list[FileInfo]:
+    def _s3_walk(self, path: str, empty_dirs: bool = False) -> list[FileInfo]:
         """Exactly one ListObjectsV2 per 1,000 keys, and nothing else (no existence probes)."""
-        return self._s3_objects(path, children_only=False)
+        return self._s3_objects(path, children_only=False, empty_dirs=empty_dirs)
 
-    def _s3_objects(self, path: str, children_only: bool) -> list[FileInfo]:
+    def _s3_objects(self, path: str, children_only: bool, empty_dirs: bool = False) -> list[FileInfo]:
+        """The objects below ``path`` (its direct children with ``children_only``). A key ending in ``/`` is a
+        directory marker, no file: what S3A's ``mkdirs`` leaves (Hadoop 3.4 keeps them by default), and the
+        console's "create folder". S3A lists one as the directory it marks, and never the listed directory's
+        own: so here, as the local walk reports directories, a marker of a directory with nothing else below
+        it is an empty directory where ``empty_dirs`` asks for them, and otherwise not listed."""
         bucket, _, key = path.strip("/").partition("/")
         kwargs = {"Bucket": bucket, "Prefix": f"{key}/" if key else ""}
         if children_only:
             kwargs["Delimiter"] = "/"
-        out = []
+        out, markers = [], []
         for resp in self._s3_pages("list_objects_v2", self.url(path), kwargs):
             for o in resp.get("Contents", []):
+                if o["Key"].endswith("/"):
+                    if o["Key"] != kwargs["Prefix"]:  # the listed directory's own: never listed
+                        markers.append(o["Key"])
+                    continue
                 mtime = o.get("LastModified")
                 out.append(FileInfo(f"{bucket}/{o['Key']}", int(o.get("Size", 0)),
                                     mtime.timestamp() if hasattr(mtime, "timestamp") else None))
             for d in resp.get("CommonPrefixes", []):
                 out.append(FileInfo(f"{bucket}/{d['Prefix'].rstrip('/')}", 0, None, is_dir=True))
+        if empty_dirs and markers and not children_only:  # (a child's marker comes as its CommonPrefix)
+            filled = set()  # every directory with a file, or another marker, below it
+            for rel in [f.path[len(bucket) + 1:] for f in out] + [m.rstrip("/") for m in markers]:
+                parent = rel.rpartition("/")[0]
+                while parent and parent not in filled:
+                    filled.add(parent)
+                    parent = parent.rpartition("/")[0]
+            out += [FileInfo(f"{bucket}/{m.rstrip('/')}", 0, None, is_dir=True)
+                    for m in markers if m.rstrip("/") not in filled]
         return out
 
     def _s3_pages(self, method: str, url: str, kwargs: dict) -> Iterator[dict]:
