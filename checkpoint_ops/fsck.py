@@ -71,6 +71,7 @@ class Fsck:
         self._crc_known: dict[str, bool] = {}  # big files checked streamed: whether their .crc matches
         self.findings: list[Finding] = []
         self._read: dict[str, bytes] = {}  # absolute path -> content of files already read
+        self._judged: set[str] = set()  # log files read and let go: their sidecar verdicts are in _crc_known
         self._sound_offsets: dict[int, str] = {}  # offsets files taken from the cache: "version:sources"
         self._parsed_offsets: dict = {}
         self.cmd = f"checkpoint-ops rollback {shlex.quote(ckpt.url)}"
@@ -160,26 +161,58 @@ class Fsck:
                 sound[b] = detail
         return sound
 
-    def _read_for_sidecars(self, L, rels) -> None:
+    def _read_for_sidecars(self, L, rels, hold: bool = True) -> None:
         """The bytes of these files that an earlier reader parsed without keeping them (the sync, the
         window or the pairing, in a shared pass), so their Hadoop sidecars are checked by content like
-        the rest: only files that have a sidecar, from the pass's kept bytes where it has them."""
+        the rest: only files that have a sidecar, from the pass's kept bytes where it has them. Held for
+        ``_checksums`` (``hold``), or judged now a chunk at a time and let go (``_judge_sidecars``)."""
+        from .model.compactible import in_chunks
         from .storage.checksums import hadoop_crc_name
 
         kept = (self.ckpt.kept_bytes or {}) if L is self.ckpt.listing else {}
-        again = []
+        again, now = [], {}
         for rel in rels:
             path = L.abs(rel)
             parent, _, name = rel.rpartition("/")
             sidecar = f"{parent}/{hadoop_crc_name(name)}" if parent else hadoop_crc_name(name)
-            if path in self._read or sidecar not in L:
+            if path in self._read or path in self._crc_known or sidecar not in L:
                 continue
             if path in kept:
-                self._read[path] = kept[path]
+                now[path] = kept[path]
             else:
                 again.append(path)
-        if again:
-            self._read.update({p: d for p, d in L.fm.read_many(again, errors={}).items() if d is not None})
+        if hold:
+            self._read.update(now)
+            if again:
+                self._read.update({p: d for p, d in L.fm.read_many(again, errors={}).items() if d is not None})
+            return
+        self._judge_sidecars(L, now)
+        infos = {p: L.get(p[len(L.root) + 1:]) for p in again}  # a compact file's size: a stat on local disk
+        sizes = {p: f.size if p.endswith(".compact") else f.known_size for p, f in infos.items() if f is not None}
+        for chunk in in_chunks(again, sizes, self.READ_CHUNK_BYTES):
+            self._judge_sidecars(L, {p: d for p, d in L.fm.read_many(chunk, errors={}).items() if d is not None})
+
+    READ_CHUNK_BYTES = 64 * 2**20  # log files read at once (their sidecars judged, then let go)
+
+    def _judge_sidecars(self, L, blobs: dict[str, bytes]) -> None:
+        """Whether each of these files (absolute path -> bytes, as read) matches its Hadoop sidecar, into
+        ``_crc_known``, so that the bytes need not be held until ``_checksums`` (a log's compact files together
+        grow with the square of its batches). A file with no sidecar, or whose sidecar cannot be read, has no
+        verdict; ``_checksums`` reports a sidecar of the wrong size by its size first."""
+        from .storage.checksums import hadoop_crc_name
+
+        self._judged.update(blobs)
+        sidecars = {}
+        for path in blobs:
+            rel = path[len(L.root) + 1:]
+            parent, _, name = rel.rpartition("/")
+            side = f"{parent}/{hadoop_crc_name(name)}" if parent else hadoop_crc_name(name)
+            if side in L:
+                sidecars[L.abs(side)] = path
+        if sidecars:
+            for side_path, crc in L.fm.read_many(list(sidecars), errors={}).items():
+                if crc is not None:
+                    self._crc_known[sidecars[side_path]] = hadoop_crc_matches(blobs[sidecars[side_path]], crc)
 
     def _record_sound(self) -> None:
         """Every log file this run read and found nothing wrong with (nor with its sidecar)."""
@@ -207,7 +240,8 @@ class Fsck:
             for log in logs:
                 for f in log.files.values():
                     if (root, f.rel) in live or (listing.abs(f.rel) not in self._read
-                                                  and listing.abs(f.rel) not in self._crc_known):
+                                                  and listing.abs(f.rel) not in self._crc_known
+                                                  and listing.abs(f.rel) not in self._judged):
                         continue
                     parent, _, name = f.rel.rpartition("/")
                     crc = f"{parent}/{hadoop_crc_name(name)}" if parent else hadoop_crc_name(name)
@@ -368,58 +402,63 @@ class Fsck:
 
     def _parse_compactible(self, log: CompactibleLog) -> bool:
         skip = self._skip(log)
+        L = log.listing
         if log.kind == "source log":  # only whether each file reads: checked streaming, entries not kept
-            raw, errors = self._check_lenient(log, skip)
-        else:
-            raw, errors = log.read_all_lenient(skip=skip)
-        self._read.update(raw)
+            errors = self._check_lenient(log, skip)
+        else:  # the bytes judged against their sidecars a chunk at a time, not held (_judge_sidecars)
+            errors = log.read_all_lenient(lambda blobs: self._judge_sidecars(L, blobs), skip=skip,
+                                          chunk_bytes=self.READ_CHUNK_BYTES)
         # files parsed before this check (the pairing, or the window in a shared pass) came from the
         # model without their bytes: read those too, so their checksum sidecars are checked like the rest
         # a file found damaged before (by the window) is read too: its sidecar is judged like the rest, as
         # when this check parses it itself; only one that cannot be read at all is not tried again
         unreadable_urls = {e.path for e in errors if e.kind == "unreadable"}
-        L = log.listing
         self._read_for_sidecars(L, [f.rel for b, f in log.files.items() if b not in skip
-                                    and L.abs(f.rel) not in self._crc_known and L.url(f.rel) not in unreadable_urls])
+                                    and L.abs(f.rel) not in self._crc_known and L.url(f.rel) not in unreadable_urls],
+                                hold=False)
         for e in errors:
             self._log_error(e)
         return not errors
 
     STREAM_ABOVE = 4 * 2**20  # log files bigger than this are checked streamed, never held
 
-    def _check_lenient(self, log: CompactibleLog, skip) -> tuple[dict[str, bytes], list[LogFormatError]]:
+    def _check_lenient(self, log: CompactibleLog, skip) -> list[LogFormatError]:
         """``read_all_lenient`` without keeping the entries (a compact file of a long-running source
-        holds every file it ever read): the bytes of small files (for the checksum check) and the
-        errors. Big files are streamed, their Hadoop checksum computed as they pass (``_crc_known``)."""
+        holds every file it ever read): the errors. Small files are read a chunk at a time and judged against
+        their sidecars (``_judge_sidecars``); big ones are streamed, their Hadoop checksum computed as they
+        pass (``_crc_known``)."""
         import io
 
-        from .model.compactible import check_log_stream
+        from .model.compactible import check_log_stream, in_chunks
 
         L = log.listing
-        raw: dict[str, bytes] = {}
         errors: list[LogFormatError] = []
         small = {L.abs(f.rel): b for b, f in log.files.items() if b not in skip
                  and (f.info.known_size or f.info.size) <= self.STREAM_ABOVE}
         big = [b for b, f in log.files.items() if b not in skip and L.abs(f.rel) not in small]
-        failed: dict[str, OSError] = {}
-        for path, blob in L.fm.read_many(small, errors=failed).items():
-            url = L.fm.url(path)
-            try:
-                if path in failed:
-                    raise unreadable(url, failed[path])
-                if blob is None:
-                    continue
-                raw[path] = blob
-                if not log.is_checked(small[path]):  # the window may have checked it already
-                    check_log_stream(io.BytesIO(blob), url, log.kind)
-                    log.mark_checked(small[path])
-            except LogFormatError as e:
-                errors.append(e)
+        sizes = {p: log.files[b].info.known_size or log.files[b].info.size for p, b in small.items()}
+        for chunk in in_chunks(list(small), sizes, self.READ_CHUNK_BYTES):
+            failed: dict[str, OSError] = {}
+            raw: dict[str, bytes] = {}
+            for path, blob in L.fm.read_many(chunk, errors=failed).items():
+                url = L.fm.url(path)
+                try:
+                    if path in failed:
+                        raise unreadable(url, failed[path])
+                    if blob is None:
+                        continue
+                    raw[path] = blob
+                    if not log.is_checked(small[path]):  # the window may have checked it already
+                        check_log_stream(io.BytesIO(blob), url, log.kind)
+                        log.mark_checked(small[path])
+                except LogFormatError as e:
+                    errors.append(e)
+            self._judge_sidecars(L, raw)
         for b in big:
             e = self._stream_check(log, b, check_log_stream)
             if e is not None:
                 errors.append(e)
-        return raw, errors
+        return errors
 
     def _stream_check(self, log: CompactibleLog, b: int, check) -> LogFormatError | None:
         """Check one big log file streamed, and its ``.crc`` sidecar's content as it passes."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 from .listing import Listing
 from .logfile import LogFile, LogFormatError, log_files, parse_json_line, split_versioned, unreadable
@@ -92,6 +92,7 @@ class CompactibleLog:
         self.compact_ids = [b for b, f in self.files.items() if f.compact]
         self.interval, self.interval_source = infer_interval(self.compact_ids, default_interval)
         self._entries: dict[int, list[LogEntry]] = {}
+        self._compacts_held: list[int] = []  # compact files in ``_entries``, least recently parsed first
         self._bad: dict[int, LogFormatError] = {}  # files that failed to read or parse, once
         self._checked: set[int] = set()  # files ``check`` (or a caller's own check) found readable, once
 
@@ -193,7 +194,28 @@ class CompactibleLog:
             for b in need:
                 if b in self._bad:
                     raise self._bad[b]
-        return {b: self._entries[b] for b in batch_ids if b in self._entries}
+        got = {b: self._entries[b] for b in batch_ids if b in self._entries}
+        self._release_compacts([b for b in need if b in self._entries])
+        return got
+
+    # A compact file holds every entry so far, so the entries of all of them grow with the square of the batches
+    # (the window reads one as of each retained batch; fsck parses each): only the newest parsed are held.
+    COMPACTS_HELD = 2
+
+    def _release_compacts(self, parsed: list[int]) -> None:
+        """After ``parsed`` were parsed into ``_entries``: drop the entries of all but the ``COMPACTS_HELD`` compact
+        files parsed last. A dropped file stays known readable (``is_checked``); asked for again, it is read
+        again."""
+        held = self._compacts_held
+        for b in parsed:
+            if self.files[b].compact:
+                if b in held:
+                    held.remove(b)
+                held.append(b)
+        while len(held) > self.COMPACTS_HELD:
+            b = held.pop(0)
+            if self._entries.pop(b, None) is not None:
+                self._checked.add(b)
 
     def stream_lines(self, batch_id: int):
         """The entry lines of one file as bytes, streamed (the log can be far bigger than memory).
@@ -267,31 +289,42 @@ class CompactibleLog:
             except LogFormatError:
                 pass  # recorded per file in _bad
 
-    def read_all_lenient(self, skip=()) -> tuple[dict[str, bytes], list[LogFormatError]]:
+    def read_all_lenient(self, on_bytes: Callable[[dict[str, bytes]], None], skip=(),
+                         chunk_bytes: int = 64 * 2**20) -> list[LogFormatError]:
         """Read and parse every file once (but those in ``skip``, batch ids a caller already knows to be
-        sound), collecting errors per file instead of stopping.
+        sound, and those already found readable), collecting errors per file instead of stopping: the errors.
 
-        Returns the raw bytes by absolute path (for checksum checks) and the errors; parsed
-        entries land in the cache that ``read``/``entries_after`` use.
+        Read a chunk of files at a time (about ``chunk_bytes``): ``on_bytes`` gets each chunk's bytes by absolute
+        path (for checksum checks) before they are let go, since a log's compact files together grow with the
+        square of its batches. Parsed entries land in the cache that ``read``/``entries_after`` use (of compact
+        files, the last ``COMPACTS_HELD``).
         """
-        paths = {self.listing.abs(f.rel): b for b, f in self.files.items() if b not in self._entries and b not in skip}
-        raw, errors = {}, [e for b, e in self._bad.items() if self.listing.abs(self.files[b].rel) in paths]
-        paths = {p: b for p, b in paths.items() if b not in self._bad}
-        failed: dict[str, OSError] = {}
-        for path, blob in self.listing.fm.read_many(paths, errors=failed).items():
-            if path in failed:
-                self._bad[paths[path]] = e = unreadable(self.listing.fm.url(path), failed[path])
-                errors.append(e)
-                continue
-            if blob is None:
-                continue
-            raw[path] = blob
-            try:
-                self._entries[paths[path]] = self.parse(blob, self.listing.fm.url(path))
-            except LogFormatError as e:
-                self._bad[paths[path]] = e
-                errors.append(e)
-        return raw, errors
+        paths = {self.listing.abs(f.rel): b for b, f in self.files.items()
+                 if b not in self._entries and b not in self._checked and b not in skip}
+        errors = [e for b, e in self._bad.items() if self.listing.abs(self.files[b].rel) in paths]
+        todo = [p for p, b in paths.items() if b not in self._bad]
+        # a compact file's size (a stat on local disk, where the listing has none); a plain one holds one batch's
+        sizes = {p: self.files[paths[p]].info.size if self.files[paths[p]].compact
+                 else self.files[paths[p]].info.known_size for p in todo}
+        for chunk in in_chunks(todo, sizes, chunk_bytes):
+            failed: dict[str, OSError] = {}
+            raw = {}
+            for path, blob in self.listing.fm.read_many(chunk, errors=failed).items():
+                if path in failed:
+                    self._bad[paths[path]] = e = unreadable(self.listing.fm.url(path), failed[path])
+                    errors.append(e)
+                    continue
+                if blob is None:
+                    continue
+                raw[path] = blob
+                try:
+                    self._entries[paths[path]] = self.parse(blob, self.listing.fm.url(path))
+                    self._release_compacts([paths[path]])
+                except LogFormatError as e:
+                    self._bad[paths[path]] = e
+                    errors.append(e)
+            on_bytes(raw)
+        return errors
 
     def entries_after(self, batch_id: int) -> list[LogEntry]:
         """Spark's ``allFiles()`` as of ``batch_id``; raises if a needed file is missing."""
@@ -315,6 +348,21 @@ class CompactibleLog:
     @staticmethod
     def entry(doc: dict) -> LogEntry:
         return LogEntry(json.dumps(doc, separators=(",", ":")), doc)
+
+
+def in_chunks(paths: list[str], sizes: dict[str, int | None], budget: int, most: int = 1024) -> Iterator[list[str]]:
+    """``paths`` in order, in runs of about ``budget`` bytes (``sizes``; unknown counts as 0) and at most ``most``
+    paths, each at least one."""
+    run, held = [], 0
+    for path in paths:
+        size = sizes.get(path) or 0
+        if run and (held + size > budget or len(run) == most):
+            yield run
+            run, held = [], 0
+        run.append(path)
+        held += size
+    if run:
+        yield run
 
 
 def check_log_stream(f, path: str, kind: str) -> None:
