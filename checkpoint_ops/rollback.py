@@ -49,7 +49,7 @@ from .model.compactible import (
     is_compaction_batch,
     previous_compaction,
 )
-from .model.listing import Listing
+from .model.listing import Listing, is_spark_batch_name
 from .model.logfile import LogFormatError
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
@@ -565,6 +565,7 @@ def plan_rollback(
             fix=recovery_advice(fence, ckpt.url) + ", then run this rollback again",
         )
     sinks = list(sinks)
+    _refuse_dirs_named_as_batches(ckpt)
     target = resolve_target(ckpt, to_batch, to_time, ledger)
     C = ckpt.latest_commit
     if C is None:
@@ -603,6 +604,22 @@ def plan_rollback(
             else target
         _refuse_another_timelines_records(ckpt, ledger, upto)
     return b.plan
+
+
+def _refuse_dirs_named_as_batches(ckpt: Checkpoint) -> None:
+    """Refuse (bad input, nothing changed) a directory in ``offsets/`` or ``commits/`` named as a batch
+    (``offsets/32``, or an object store's marker ``offsets/32/``): Spark lists it as that batch's file, and
+    fails on it after any rollback (a rollback above it reruns the batches up to it, then its write of that
+    batch is refused: CONCURRENT_STREAM_LOG_UPDATE); the rollback left it, reporting success."""
+    for log in ("offsets", "commits"):
+        named = [name for name in ckpt.listing.subdirs(log) if is_spark_batch_name(name)]
+        if named:
+            raise BadInputError(
+                f"{log}/{named[0]} is a directory where Spark expects a batch file{' (and more)' if len(named) > 1 else ''}: "
+                "Spark lists it as a batch and fails on it, before or after a rollback. Nothing was changed",
+                path=ckpt.listing.url(f"{log}/{named[0]}"),
+                fix="move the directory out of the checkpoint (keep a copy), then run `checkpoint-ops fsck` and the "
+                    "rollback again")
 
 
 def _refuse_another_timelines_records(ckpt: Checkpoint, ledger, upto: int) -> None:

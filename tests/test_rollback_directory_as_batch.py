@@ -1,0 +1,48 @@
+"""A directory in ``offsets/`` named as a batch (``offsets/32``; on S3 the marker ``offsets/32/``, as S3A leaves
+a directory): Spark lists it as that batch's file. A rollback above it reported success and left it; Spark then
+reran the batches up to it and failed (``CONCURRENT_STREAM_LOG_UPDATE ... Multiple streaming jobs detected for
+32``, seen by a hostile review with Spark). The rollback now refuses (exit 2) naming it, and changes nothing.
+Fast tier: ``benchmarks.check_pass.Stream``, no Spark."""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+import s3fs
+
+from benchmarks.check_pass import INTERVAL, Stream
+from tests.helpers import cli_json, tree_snapshot
+
+I = ("--source-compact-interval", str(INTERVAL), "--sink-compact-interval", str(INTERVAL))
+
+
+def _stream(root: str, batches: int = 25) -> Stream:
+    s = Stream(root, retain=100)
+    for _ in range(batches):
+        s.batch()
+    return s
+
+
+def test_a_rollback_refuses_a_directory_named_as_a_batch_and_changes_nothing(tmp_path):
+    s = _stream(str(tmp_path))
+    os.mkdir(os.path.join(s.ckpt, "offsets", "25"))  # above the newest batch (24)
+    before = tree_snapshot(s.ckpt, s.out)
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--yes")
+    assert code == 2, r
+    assert r["path"].endswith("offsets/25") and "directory where Spark expects a batch file" in r["problem"], r
+    assert "move the directory" in r["fix"], r
+    assert tree_snapshot(s.ckpt, s.out) == before
+    os.rmdir(os.path.join(s.ckpt, "offsets", "25"))  # what the fix says: the rollback then goes through
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--yes")
+    assert code == 0, r
+
+
+def test_on_s3_a_marker_named_as_a_batch_is_refused_alike(tmp_path, s3_server, bucket):
+    s = _stream(str(tmp_path))
+    s3fs.S3FileSystem(endpoint_url=s3_server).put(s.ckpt + "/", f"{bucket}/ckpt", recursive=True)
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    s3.put_object(Bucket=bucket, Key="ckpt/commits/25/", Body=b"")
+    code, r = cli_json("rollback", f"s3://{bucket}/ckpt", "--to-batch", "20", *I, "--yes")
+    assert code == 2 and r["path"].endswith("commits/25"), r
+    assert "directory where Spark expects a batch file" in r["problem"], r
