@@ -786,6 +786,39 @@ class DirectPutFileManager(CheckpointFileManager):
     def mkdirs(self, path: str) -> None:
         pass  # object stores have no directories
 
+    def remove_dirs_if_empty(self, paths: Iterable[str]) -> None:
+        """On S3, the directory markers (``state/0/3/``: S3A's, the console's) of these directories that hold
+        nothing else, deepest first: S3A lists such a marker as an empty directory, and an empty directory under
+        ``state/`` stops a new query. One listing per directory not below another of them; nothing else is
+        written (the store has no directories of its own)."""
+        if self.location.scheme != "s3":
+            return
+        import bisect
+
+        wanted = {p.strip("/") for p in paths}
+        tops = []
+        for p in wanted:
+            up = p.rpartition("/")[0]
+            while up and up not in wanted:
+                up = up.rpartition("/")[0]
+            if not up:
+                tops.append(p)
+        gone = []
+        for top in sorted(tops):
+            bucket, _, key = top.partition("/")
+            keys = sorted(o["Key"] for resp in self._s3_pages("list_objects_v2", self.url(top),
+                                                               {"Bucket": bucket, "Prefix": f"{key}/"})
+                          for o in resp.get("Contents", []))
+            removed: set[str] = set()
+            for marker in sorted((k for k in keys if k.endswith("/") and f"{bucket}/{k[:-1]}" in wanted),
+                                 key=lambda k: -k.count("/")):
+                at = bisect.bisect_left(keys, marker)
+                below = keys[at + 1:bisect.bisect_left(keys, marker[:-1] + "0", at)]  # "0" sorts right after "/"
+                if all(k in removed for k in below):
+                    removed.add(marker)
+            gone += [f"{bucket}/{k}" for k in removed]
+        self.delete_many(gone)
+
     def move_many(self, pairs: list[tuple[str, str]]) -> list[str]:
         """Server-side copies (concurrently; on S3 each one CopyObject retried on its own, ``_s3_copy``),
         then batched deletes."""

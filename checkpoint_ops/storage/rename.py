@@ -1033,7 +1033,7 @@ class RenameFileManager(CheckpointFileManager):
                     continue
                 self.counter.add("rmdir")
                 self.fs.rmdir(d)
-            except (FileNotFoundError, NotADirectoryError):
+            except OSError:  # gone, not a directory, or a file came in between: keep it
                 continue
 
 
