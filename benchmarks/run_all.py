@@ -32,6 +32,7 @@ BENCHMARKS = [
     ("asset_overhead", ["benchmarks/asset_overhead.py", "--sizes", "10,1000,10000"]),
     ("pass_requests", ["benchmarks/pass_requests.py", "--sizes", "1000,2000"]),
     ("memory", ["benchmarks/memory.py", "--batches", "500000"]),
+    ("compact_memory", ["benchmarks/compact_memory.py", "--batches", "10000"]),
     ("s3_load", ["benchmarks/s3_load.py", "--batches", "100000", "--partitions", "1000"]),
 ]
 
