@@ -46,3 +46,19 @@ def test_on_s3_a_marker_named_as_a_batch_is_refused_alike(tmp_path, s3_server, b
     code, r = cli_json("rollback", f"s3://{bucket}/ckpt", "--to-batch", "20", *I, "--yes")
     assert code == 2 and r["path"].endswith("commits/25"), r
     assert "directory where Spark expects a batch file" in r["problem"], r
+
+
+def test_fsck_names_a_marker_where_a_batch_file_belongs_as_on_local_disk(tmp_path, s3_server, bucket):
+    """On S3 it said 'file vanished while reading (is a query running?)', with a fix (roll back) that does not help;
+    on local disk 'is a directory where Spark expects a file'. The same finding now (hostile review)."""
+    s = _stream(str(tmp_path))
+    s3fs.S3FileSystem(endpoint_url=s3_server).put(s.ckpt + "/", f"{bucket}/ckpt", recursive=True)
+    boto3.client("s3", endpoint_url=s3_server).put_object(Bucket=bucket, Key="ckpt/offsets/25/", Body=b"")
+    os.mkdir(os.path.join(s.ckpt, "offsets", "25"))
+    found = {}
+    for where in (s.ckpt, f"s3://{bucket}/ckpt"):
+        code, r = cli_json("fsck", where, *I)
+        assert code == 1, r
+        found[where] = [(f["code"], f["problem"]) for f in r["findings"] if f["path"].endswith("offsets/25")]
+    assert found[s.ckpt] == found[f"s3://{bucket}/ckpt"] and found[s.ckpt], found
+    assert "is a directory where Spark expects a file" in found[s.ckpt][0][1], found

@@ -6,6 +6,8 @@ goes through a plan and the file manager.
 
 from __future__ import annotations
 
+import errno
+
 import json
 from functools import cached_property
 
@@ -205,6 +207,8 @@ class Checkpoint:
             for path, data in self.fm.read_many(paths, errors=failed).items():
                 b = paths[path]
                 if data is None:
+                    if path not in failed and files[b].info.is_dir:  # an object store's marker: no EISDIR to read
+                        failed[path] = IsADirectoryError(errno.EISDIR, "Is a directory", path)
                     e = (unreadable(self.fm.url(path), failed[path]) if path in failed else
                          LogFormatError("file vanished while reading (is a query running?)", path=self.fm.url(path),
                                         kind="missing"))
