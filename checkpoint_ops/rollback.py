@@ -49,8 +49,8 @@ from .model.compactible import (
     is_compaction_batch,
     previous_compaction,
 )
-from .model.listing import Listing, is_spark_batch_name
-from .model.logfile import LogFormatError
+from .model.listing import Listing
+from .model.logfile import LogFormatError, batch_id_from_name
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
@@ -565,7 +565,7 @@ def plan_rollback(
             fix=recovery_advice(fence, ckpt.url) + ", then run this rollback again",
         )
     sinks = list(sinks)
-    _refuse_dirs_named_as_batches(ckpt)
+    _refuse_dirs_named_as_batches(ckpt, sinks)
     target = resolve_target(ckpt, to_batch, to_time, ledger)
     C = ckpt.latest_commit
     if C is None:
@@ -606,20 +606,24 @@ def plan_rollback(
     return b.plan
 
 
-def _refuse_dirs_named_as_batches(ckpt: Checkpoint) -> None:
-    """Refuse (bad input, nothing changed) a directory in ``offsets/`` or ``commits/`` named as a batch
-    (``offsets/32``, or an object store's marker ``offsets/32/``): Spark lists it as that batch's file, and
-    fails on it after any rollback (a rollback above it reruns the batches up to it, then its write of that
-    batch is refused: CONCURRENT_STREAM_LOG_UPDATE); the rollback left it, reporting success."""
-    for log in ("offsets", "commits"):
-        named = [name for name in ckpt.listing.subdirs(log) if is_spark_batch_name(name)]
+def _refuse_dirs_named_as_batches(ckpt: Checkpoint, sinks: list[SinkOutput] = ()) -> None:
+    """Refuse (bad input, nothing changed) a directory named as a batch in a log Spark lists by batch
+    (``offsets/32``, ``commits/32``, ``sources/0/32``, ``<output>/_spark_metadata/40``; or an object store's marker
+    ``offsets/32/``): Spark lists it as that batch's file and fails to read it or, once a rerun reaches that batch,
+    to write it (CONCURRENT_STREAM_LOG_UPDATE). A rollback left it, reporting success."""
+    logs = [(ckpt.listing, "offsets", False), (ckpt.listing, "commits", False)]
+    logs += [(ckpt.listing, src.log.rel_dir, True) for src in ckpt.sources.values() if src.log is not None]
+    logs += [(s.listing, s.log.rel_dir, True) for s in sinks]
+    for listing, rel_dir, compactible in logs:
+        named = [name for name in listing.subdirs(rel_dir) if batch_id_from_name(name, compactible) is not None]
         if named:
             raise BadInputError(
-                f"{log}/{named[0]} is a directory where Spark expects a batch file{' (and more)' if len(named) > 1 else ''}: "
-                "Spark lists it as a batch and fails on it, before or after a rollback. Nothing was changed",
-                path=ckpt.listing.url(f"{log}/{named[0]}"),
-                fix="move the directory out of the checkpoint (keep a copy), then run `checkpoint-ops fsck` and the "
-                    "rollback again")
+                f"{rel_dir}/{named[0]} is a directory where Spark expects a batch file"
+                f"{' (and more)' if len(named) > 1 else ''}: Spark lists it as a batch file and fails to read it, "
+                "or to write that batch when a rerun reaches it; a rollback would leave it. Nothing was changed",
+                path=listing.url(f"{rel_dir}/{named[0]}"),
+                fix="move the directory out of the checkpoint or output (keep a copy), then run `checkpoint-ops fsck` "
+                    "and the rollback again")
 
 
 def _refuse_another_timelines_records(ckpt: Checkpoint, ledger, upto: int) -> None:

@@ -38,6 +38,20 @@ def test_a_rollback_refuses_a_directory_named_as_a_batch_and_changes_nothing(tmp
     assert code == 0, r
 
 
+def test_a_directory_named_as_a_batch_in_the_source_or_sink_log_is_refused_too(tmp_path):
+    """The source log and the sink log are listed by batch too (a second hostile review): a rollback left
+    ``sources/0/40`` and ``_spark_metadata/40`` and reported success."""
+    s = _stream(str(tmp_path), batches=35)
+    for where in (os.path.join(s.ckpt, "sources", "0", "40"), os.path.join(s.out, "_spark_metadata", "40")):
+        os.mkdir(where)
+        before = tree_snapshot(s.ckpt, s.out)
+        code, r = cli_json("rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--yes")
+        assert code == 2 and r["path"].endswith(where[-len("0/40"):]), r
+        assert "directory where Spark expects a batch file" in r["problem"], r
+        assert tree_snapshot(s.ckpt, s.out) == before
+        os.rmdir(where)
+
+
 def test_on_s3_a_marker_named_as_a_batch_is_refused_alike(tmp_path, s3_server, bucket):
     s = _stream(str(tmp_path))
     s3fs.S3FileSystem(endpoint_url=s3_server).put(s.ckpt + "/", f"{bucket}/ckpt", recursive=True)

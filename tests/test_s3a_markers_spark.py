@@ -100,3 +100,21 @@ def test_undo_of_a_restore_on_s3_removes_the_markers_it_emptied(tmp_path, s3_ser
     assert code == 0, r
     left = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="t/ckpt/").get("Contents", []))
     assert left == ["t/ckpt/", "t/ckpt/mine/"], left
+
+
+def test_many_emptied_directories_cost_one_listing_not_one_each(s3_server, bucket):
+    """A sink's partition directories are each a top directory: undo listed them one round trip at a time (500
+    partitions, 500 LISTs; a second hostile review). Beyond a few, one listing of the directory they share."""
+    from checkpoint_ops.storage import open_file_manager
+
+    s3 = boto3.client("s3", endpoint_url=s3_server)
+    for i in range(40):
+        s3.put_object(Bucket=bucket, Key=f"out/date={i}/", Body=b"")
+    s3.put_object(Bucket=bucket, Key="out/date=0/keep.parquet", Body=b"PAR1")
+    s3.put_object(Bucket=bucket, Key="out/", Body=b"")
+    fm, root = open_file_manager(f"s3://{bucket}/out")
+    fm.counter.reset()
+    fm.remove_dirs_if_empty([f"{root}/date={i}" for i in range(40)])
+    assert fm.counter.snapshot().get("ListObjectsV2", 0) == 1, fm.counter.snapshot()
+    left = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="out/").get("Contents", []))
+    assert left == ["out/", "out/date=0/", "out/date=0/keep.parquet"], left

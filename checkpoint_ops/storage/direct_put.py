@@ -786,11 +786,14 @@ class DirectPutFileManager(CheckpointFileManager):
     def mkdirs(self, path: str) -> None:
         pass  # object stores have no directories
 
+    MARKER_LISTINGS = 8
+
     def remove_dirs_if_empty(self, paths: Iterable[str]) -> None:
         """On S3, the directory markers (``state/0/3/``: S3A's, the console's) of these directories that hold
         nothing else, deepest first: S3A lists such a marker as an empty directory, and an empty directory under
         ``state/`` stops a new query. One listing per directory not below another of them; nothing else is
-        written (the store has no directories of its own)."""
+        written (the store has no directories of its own): beyond ``MARKER_LISTINGS`` such directories (a sink's
+        partition directories), one listing of the directory they share."""
         if self.location.scheme != "s3":
             return
         import bisect
@@ -803,6 +806,12 @@ class DirectPutFileManager(CheckpointFileManager):
                 up = up.rpartition("/")[0]
             if not up:
                 tops.append(p)
+        if len(tops) > self.MARKER_LISTINGS:  # one paged listing of what they share, not a round trip each
+            shared = tops[0]
+            for top in tops[1:]:
+                while shared and not (top == shared or top.startswith(shared + "/")):
+                    shared = shared.rpartition("/")[0]
+            tops = [shared] if "/" in shared else tops  # (never a whole bucket)
         gone = []
         for top in sorted(tops):
             bucket, _, key = top.partition("/")
