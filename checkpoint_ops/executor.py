@@ -711,10 +711,10 @@ class Executor:
 
     def _remove_emptied_dirs(self) -> None:
         """After undo took away what the operation wrote: the directories holding those files that hold nothing
-        now (``state/0/3``, ``sources/0``; never a root itself) go too, as the operation found them absent or
-        empty. Left behind, a restore undone left a location Spark refuses to start a new query at (an empty
+        now (``state/0/3``, ``sources/0``; never a root itself) go too; the operation found each absent, or at
+        most empty. Left behind, a restore undone left a location Spark refuses to start a new query at (an empty
         directory under ``state/``: STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). A directory that holds anything
-        stays (the file system refuses to remove it); object stores have none."""
+        stays (the file system refuses to remove it); on S3 it is their directory markers that go."""
         by_root: dict[str, set[str]] = {}
         for a in self.plan.actions:
             if a.kind != WRITE:
