@@ -50,7 +50,7 @@ from .model.compactible import (
     previous_compaction,
 )
 from .model.listing import Listing
-from .model.logfile import LogFormatError, batch_id_from_name
+from .model.logfile import LogFormatError
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
@@ -611,17 +611,17 @@ def _refuse_dirs_named_as_batches(ckpt: Checkpoint, sinks: list[SinkOutput] = ()
     (``offsets/32``, ``commits/32``, ``sources/0/32``, ``<output>/_spark_metadata/40``; or an object store's marker
     ``offsets/32/``): Spark lists it as that batch's file and fails to read it or, once a rerun reaches that batch,
     to write it (CONCURRENT_STREAM_LOG_UPDATE). A rollback left it, reporting success."""
-    logs = [(ckpt.listing, "offsets", False), (ckpt.listing, "commits", False)]
-    logs += [(ckpt.listing, src.log.rel_dir, True) for src in ckpt.sources.values() if src.log is not None]
-    logs += [(s.listing, s.log.rel_dir, True) for s in sinks]
-    for listing, rel_dir, compactible in logs:
-        named = [name for name in listing.subdirs(rel_dir) if batch_id_from_name(name, compactible) is not None]
+    logs = [(ckpt.listing, ckpt.offset_files), (ckpt.listing, ckpt.commit_files)]
+    logs += [(ckpt.listing, src.log.files) for src in ckpt.sources.values() if src.log is not None]
+    logs += [(s.listing, s.log.files) for s in sinks]
+    for listing, files in logs:  # ``log_files`` lists a directory named as a batch, as Spark does
+        named = [f.rel for f in files.values() if f.info.is_dir]
         if named:
             raise BadInputError(
-                f"{rel_dir}/{named[0]} is a directory where Spark expects a batch file"
+                f"{named[0]} is a directory where Spark expects a batch file"
                 f"{' (and more)' if len(named) > 1 else ''}: Spark lists it as a batch file and fails to read it, "
                 "or to write that batch when a rerun reaches it; a rollback would leave it. Nothing was changed",
-                path=listing.url(f"{rel_dir}/{named[0]}"),
+                path=listing.url(named[0]),
                 fix="move the directory out of the checkpoint or output (keep a copy), then run `checkpoint-ops fsck` "
                     "and the rollback again")
 

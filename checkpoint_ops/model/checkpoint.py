@@ -7,7 +7,6 @@ goes through a plan and the file manager.
 from __future__ import annotations
 
 import errno
-
 import json
 from functools import cached_property
 
