@@ -157,10 +157,10 @@ class _Restore:
                                 f"({', '.join(m.roots[r]['url'] for r in self.sinks) or 'none'}); give one "
                                 f"target for each, in that order ({param('sink_target')}; got {len(sink_targets)})",
                                 path=m.url)
-        _require_empty(self.t_fm, self.t_root, target_url)
+        _require_empty(self.t_fm, self.t_root, target_url, {rel for rel, _, _ in m.files("checkpoint")})
         self.sink_fms = {}
         for rid, url, (fm, root) in zip(self.sinks, sink_targets, opened):
-            _require_empty(fm, root, url)
+            _require_empty(fm, root, url, {rel for rel, _, _ in m.files(rid)})
             self.sink_fms[rid] = (fm, root)
         self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
         _require_no_ledger(self.t_fm, self.ledger_path, self.target_url)
@@ -415,8 +415,22 @@ def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
                                 "directories, none inside another; nothing was written")
 
 
-def _require_empty(fm, root: str, url: str) -> None:
-    found = [f for f in fm.walk(root) if not is_lease_file(f.path[len(root) + 1:])]  # our own lease: not content
+def _require_empty(fm, root: str, url: str, restored: set[str]) -> None:
+    """Nothing but empty directories (and our own lease) at the target, and no directory, empty or not, where
+    the restore writes a file (``restored``: the root's relative paths): its write there fails part-way, after
+    the fence."""
+    listed = fm.walk(root, empty_dirs=True)
+    for f in listed:
+        if not f.is_dir:
+            continue
+        parts = f.path[len(root) + 1:].rstrip("/").split("/")
+        for depth in range(1, len(parts) + 1):  # the empty directory itself, or one it lies in
+            rel = "/".join(parts[:depth])
+            if rel in restored:
+                raise BadInputError(f"{rel} is a directory where the restore writes a file of the backup",
+                                    path=fm.url(f"{root}/{rel}"), fix=f"remove the directory {rel} (or restore into "
+                                    "a new, empty location); nothing was written")
+    found = [f for f in listed if not f.is_dir and not is_lease_file(f.path[len(root) + 1:])]  # our lease: not content
     if found:
         names = sorted(f.path[len(root) + 1:] for f in found)
         if "metadata" in names:  # an operation of ours stopped there (this restore, run before): finish it instead
