@@ -68,7 +68,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
-from .errors import CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, store_kept_failing
+from .errors import BadInputError, CheckpointOpsError, RefusedError, StorageError, StoreUnavailableError, store_kept_failing
 from .interrupts import interrupts_held
 from .liveness import OPERATION, RUN, Heartbeat, Holder, default_ttl, process_start
 from .model.listing import OWN_FILE_PREFIXES
@@ -178,6 +178,10 @@ def _read_record(fm: CheckpointFileManager, path: str, now: float | None = None)
         data, version = fm.read_versioned(path)
     except FileNotFoundError:
         return LeaseState(url, None, False)
+    except IsADirectoryError:  # made by hand, or by a copy tool: no lease could be taken or read there
+        raise BadInputError(f"{basename(path)} is a directory, where checkpoint-ops keeps the lease file",
+                            path=url, fix="remove that directory (nothing of checkpoint-ops is kept in it); "
+                            "nothing was changed") from None
     try:
         holder = Holder.from_dict(json.loads(data))
     except ValueError:

@@ -491,3 +491,28 @@ def test_release_removes_only_the_temp_files_of_lease_writes_that_died_before_th
     lease = acquire(fm, root, "A", ttl_s=30, heartbeat=False)
     lease.release()
     assert sorted(os.listdir(tmp_path)) == sorted([racing.name, spark_temp.name, "part-00000.parquet"])
+
+
+def test_a_directory_where_the_lease_file_goes_is_named_with_what_to_do(tmp_path):
+    """A directory ``.checkpoint-ops.lease`` (made by hand or by a copy tool) beside a checkpoint: every command
+    said "storage error: Is a directory" with advice about credentials and endpoints (a hostile review). Each
+    names it now, says to remove it, exits 2 and changes nothing; with it removed, they work."""
+    from benchmarks.check_pass import INTERVAL, Stream
+
+    s = Stream(str(tmp_path), retain=100)
+    for _ in range(4):
+        s.batch()
+    lease_dir = os.path.join(s.ckpt, LEASE_NAME)
+    os.mkdir(lease_dir)
+    before = sorted(os.walk(s.ckpt))
+    interval = ("--source-compact-interval", str(INTERVAL))
+    for command in (("inspect", s.ckpt), ("fsck", s.ckpt), ("lease", "show", s.ckpt),
+                    ("rollback", s.ckpt, "--to-batch", "1", "--yes", *interval)):
+        code, r = cli_json(*command)
+        assert code == 2, (command, r)
+        assert r["path"].endswith(LEASE_NAME) and "is a directory" in r["problem"], (command, r)
+        assert r["fix"].startswith("remove that directory"), (command, r)
+    assert sorted(os.walk(s.ckpt)) == before
+    os.rmdir(lease_dir)
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "1", "--yes", *interval)
+    assert code == 0, r
