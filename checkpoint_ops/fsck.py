@@ -516,7 +516,9 @@ class Fsck:
                     self.add(WARNING, "state-stale", ck.listing.url(stale[0].rel),
                              f"{len(stale)} state files of {store.label} are above version {top} "
                              f"(versions {vs[0]}..{vs[-1]}), left by an abandoned run or a naive rollback: {consequence}",
-                             f"remove them with `{self.cmd} --to-batch {C}` (stop the query first)")
+                             f"remove them with `{self.cmd} --to-batch {C}` (stop the query first)" if C is not None
+                             else "no batch has committed, so no rollback reaches them: see the other findings "
+                             "(a state/ holding only batch 0's uncommitted writes is deleted, and Spark starts afresh)")
                 for rel in store.orphan_sidecars:
                     self.add(WARNING, "orphan-crc", ck.listing.url(rel),
                              "checksum file without its state file", "delete it (Spark's maintenance would, too)")

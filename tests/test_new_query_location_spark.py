@@ -10,6 +10,7 @@ does not stop it, and an orphan ``offsets/.0.crc`` fails its first write. Each c
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 
 import pytest
@@ -19,9 +20,9 @@ from checkpoint_ops.errors import BadInputError
 from checkpoint_ops.model import Checkpoint
 from checkpoint_ops.query_owner import not_started
 from checkpoint_ops.storage import open_file_manager
-from pipelines.event_counts import counts_writer, write_event_files
+from pipelines.event_counts import counts_writer, expected_windows, flush_files, read_output, write_event_files
 from tests.helpers import cli_json, tree_snapshot
-from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
+from tests.spark_runs import FLAVOURS, SESSION_CONF, SparkRun, unload_state_stores
 
 TEMP = f".0.{uuid.uuid4()}.tmp"
 
@@ -163,3 +164,58 @@ def test_directory_markers_on_an_object_store_are_judged_as_spark_lists_them(s3_
     (refused,) = [f for f in shown["findings"] if f["severity"] == "error"]
     assert code == 1 and refused["code"] == "new-query-refused" and NOT_EMPTY in refused["problem"], shown
     assert "state/0" in refused["problem"] and "remove the directories" in refused["fix"], refused
+
+
+NO_DATA_BATCHES = "spark.sql.streaming.noDataMicroBatches.enabled"
+
+
+@pytest.mark.parametrize("flavour", sorted(FLAVOURS))
+def test_a_torn_offsets_0_of_a_batch_that_never_committed_is_repaired_by_following_fsck(spark, tmp_path, flavour):
+    """Batch 0 wrote its state and the sink's log, the query died before ``commits/0``, and ``offsets/0`` is torn
+    (zero bytes). fsck's fix for the torn file (delete it with its sidecar) left state that Spark refuses to start
+    a new query over, and fsck then said "a checkpoint that lost its offsets log? restore it from a backup" (and
+    its state-stale fix read ``--to-batch None``). Deleting state/ alone is not enough either: Spark skips batch 0,
+    which the file sink's log holds, so batch 0's state is never written again and batch 1 fails
+    (CANNOT_READ_DELTA_FILE_NOT_EXISTS). The fixes now name every step: followed one by one, Spark runs the
+    query afresh and writes every window exactly once."""
+    run = SparkRun(flavour, str(tmp_path / "q"))
+    os.makedirs(run.base)
+    write_event_files(run.input, 0, 1)
+    try:
+        run.run_query(spark, conf={NO_DATA_BATCHES: "false"})  # batch 0 only: no batch that moves the watermark
+    finally:
+        spark.conf.set(NO_DATA_BATCHES, "true")
+    ckpt = run.checkpoint
+    assert sorted(n for n in os.listdir(os.path.join(ckpt, "commits")) if n.isdigit()) == ["0"]
+    for rel in ("commits/0", "commits/.0.crc"):  # the query died before its commit
+        os.remove(os.path.join(ckpt, rel))
+    open(os.path.join(ckpt, "offsets", "0"), "wb").close()  # and offsets/0 is torn
+
+    code, r = cli_json("fsck", ckpt)
+    torn = next(f for f in r["findings"] if f["path"].endswith("offsets/0"))
+    assert code == 1 and "deleted with its `.N.crc` sidecar" in torn["fix"] and "offsets/0" in torn["fix"], r
+    assert "state/ too" in torn["fix"], torn
+    for rel in ("offsets/0", "offsets/.0.crc"):
+        os.remove(os.path.join(ckpt, rel))
+
+    code, r = cli_json("fsck", ckpt)
+    assert code == 1, r
+    refused = next(f for f in r["findings"] if f["code"] == "new-query-refused")
+    assert "batch 0 never committed" in refused["problem"] and "delete state/" in refused["fix"], refused
+    assert "_spark_metadata/0" in refused["fix"] and "sink files OUTPUT --batch 0" in refused["fix"], refused
+    assert not any("None" in f["fix"] for f in r["findings"]), r
+    shutil.rmtree(os.path.join(ckpt, "state"))
+    code, listed = cli_json("sink", "files", run.output, "--batch", "0")
+    assert code == 0 and listed["files"], listed
+    for f in listed["files"]:
+        os.remove(f["path"].removeprefix("file://"))
+    for rel in ("_spark_metadata/0", "_spark_metadata/.0.crc"):
+        os.remove(os.path.join(run.output, rel))
+
+    code, r = cli_json("fsck", ckpt)
+    assert not [f for f in r.get("findings", []) if f["severity"] == "error"], r
+    write_event_files(run.input, 1, 3)
+    flush_files(run.input, 2)
+    run.run_query(spark)
+    expected = {key: [value] for key, value in expected_windows(range(3)).items()}
+    assert read_output(spark, run.output) == expected

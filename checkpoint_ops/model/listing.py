@@ -200,6 +200,13 @@ class Listing:
         return found
 
 
+# what else a batch 0 that never committed leaves behind, and Spark trips over once its state is gone
+BATCH_0_SINK_FIX = ("a file sink whose log holds batch 0 (`OUTPUT/_spark_metadata/0`), delete that file, its "
+                    "`.0.crc` and the data files it names (`checkpoint-ops sink files OUTPUT --batch 0` lists them): "
+                    "Spark skips a batch its sink log holds, so it would never write batch 0's state again and "
+                    "fail at batch 1 (CANNOT_READ_DELTA_FILE_NOT_EXISTS)")
+
+
 def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
     """The problem and the fix where ``Listing.blocks_new_query`` found ``found`` (not empty)."""
     refuses = ("offsets/ holds no batch file, so Spark starts this query as a new one, and it refuses to while "
@@ -218,6 +225,16 @@ def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
             sidecars.append(rel)  # of a file that is not there (a temp file's is not counted)
         else:
             other.append(rel)
+    if other and _only_batch_0_state(listing, found):
+        return (f"{', '.join(other[:3])}{' and more' if len(other) > 3 else ''} "
+                f"{'is' if len(other) == 1 else 'are'} there, but offsets/ holds no batch file and commits/ no "
+                "commit, and state/ holds only what batch 0 writes (state version 1): batch 0 never committed (its "
+                "offsets file is gone, e.g. deleted as a torn write); Spark starts this query as a new one, and "
+                "refuses to while state/ holds anything (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY)",
+                f"while no query runs there, delete state/ at {listing.url('')} (it holds only batch 0's uncommitted "
+                f"state) and, for {BATCH_0_SINK_FIX}; Spark then runs the query from its first batch afresh (if "
+                "batches did commit here and their offsets and commits logs were lost, restore the checkpoint from a "
+                "backup instead)")
     if other:  # files Spark wrote, without the offsets log that says what they belong to
         return (f"{', '.join(other[:3])}{' and more' if len(other) > 3 else ''} "
                 f"{'is' if len(other) == 1 else 'are'} there, but offsets/ holds no batch file: Spark cannot restart "
@@ -245,6 +262,27 @@ def new_query_blocked(listing: Listing, found: list[str]) -> tuple[str, str]:
     return (f"{' and '.join(what)}{why}",
             f"{' and '.join(todo)} at {listing.url('')}, while no query runs there: Spark never reads a temp file, "
             "an empty directory or a sidecar of no file, and it then starts the query afresh")
+
+
+def _only_batch_0_state(listing: Listing, found: list[str]) -> bool:
+    """Whether ``found`` (what blocks a new query) is all under ``state/``, commits/ holds no file, and every
+    versioned state file (a delta, snapshot, changelog or zip, with or without a unique id) is of version 1 or
+    below: what batch 0 writes before its commit, so nothing any committed batch relies on."""
+    from .state import HDFS_CF_FILE, STATE_FILE
+
+    if not all(rel.startswith("state/") for rel in found) or any(True for _ in listing.under("commits")):
+        return False
+    versioned = False
+    for rel, _ in listing.under("state"):
+        name = rel.rpartition("/")[2]
+        if is_hadoop_crc_name(name):
+            name = hadoop_crc_target(name)
+        m = STATE_FILE.match(name) or HDFS_CF_FILE.match(name)
+        if m:
+            versioned = True
+            if int(m.group(1)) > 1:
+                return False
+    return versioned
 
 
 def require_no_dir_links(listing: Listing, what: str) -> None:

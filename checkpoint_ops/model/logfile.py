@@ -102,7 +102,9 @@ def unreadable(path: str, e: OSError) -> LogFormatError:
 
 TORN_LOG_FIX = ("if it is the newest file of its log: the newest `commits/N`, or `offsets/N` of a batch with "
                 "no `commits/N` yet, can be deleted with its `.N.crc` sidecar (Spark runs batch N again; its write "
-                "of the file fails on a sidecar left behind); once batch N committed, "
+                "of the file fails on a sidecar left behind; for `offsets/0`, delete state/ too, and batch 0 from "
+                "a file sink's log: fsck names both once offsets/0 is gone); once batch N "
+                "committed, "
                 "`checkpoint-ops rollback` to the batch before it instead (deleting only `offsets/N` leaves a "
                 "commit without its offsets, which Spark refuses; the rollback also trims the source and sink "
                 "logs); otherwise restore it from a backup")
