@@ -398,9 +398,10 @@ def plan_compact(ctx: SinkContext, drop_missing: bool = False, stage: bool = Fal
     if drop_missing:
         present = set(sink.data_files())
 
-        def keep(path: bytes, mtime: int) -> bool:
+        def present_or_elsewhere(path: bytes, mtime: int) -> bool:
             rel = sink.rel_of_path(path.decode())
             return rel is None or rel in present  # files elsewhere are not ours to judge
+        keep = present_or_elsewhere
     entries = dropped = 0
     for b in all_valid_batches(log.latest, log.interval):
         r = _rewrite(ctx, plan, log.rel(b), keep, stage, "entries whose data file is missing dropped (readers "
@@ -541,7 +542,7 @@ def plan_retain(ctx: SinkContext, keep_after_batch: int | None = None, older_tha
         for path in sorted(by_age):  # the log's own entries no record attributes, dropped by age: their files too
             rel = sink.rel_of_path(path.decode())
             if rel is not None and rel in sink.listing and rel not in deleted:
-                _delete(plan, sink, rel, f"data files of log entries older than the cutoff that no record attributes "
+                _delete(plan, sink, rel, "data files of log entries older than the cutoff that no record attributes "
                         "to a batch (their modificationTime)", "sink-data", sink.listing.get(rel).size)
                 deleted.add(rel)
         files = len(deleted)
@@ -606,7 +607,7 @@ def _refuse_dropping_every_visible_file(sink: SinkOutput, log: CompactibleLog, r
         keep = f"batch {wrote[-1]} wrote the only files readers see: there is nothing older to drop"
     else:
         keep = f"a shorter {param('older_than')} keeps the files readers see"
-    kept_files = (f"list no data file" if not staying else
+    kept_files = ("list no data file" if not staying else
                   f"list only files without a row ({len(staying)}: Spark writes one for a batch that kept no row)")
     raise RefusedError(f"dropping {rule} drops every file with rows Spark's readers see in the output "
                        f"({len(visible) - len(staying)}): the batches it keeps ({span}) {kept_files}, so readers "

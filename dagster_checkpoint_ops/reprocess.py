@@ -43,7 +43,7 @@ from typing import Optional, Union
 import dagster as dg
 
 from dagster_checkpoint_ops.query import StreamingQuery, job_name
-from dagster_checkpoint_ops.request_folder import (FAILED, HANDLED, LEAVE, MAX_NOTE_BYTES, MAX_REQUEST_BYTES, OWN, REJECT,
+from dagster_checkpoint_ops.request_folder import (FAILED, HANDLED, LEAVE, MAX_NOTE_BYTES, OWN, REJECT,
                                       REJECTED, REQUEST_SUFFIX, Entry, EntryChangedError, RequestFolder,
                                       RequestFolderError, UnreadableRequestError, UnsafeFolderError, shown)
 from dagster_checkpoint_ops.resources.settings import StreamingSettings
