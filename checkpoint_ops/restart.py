@@ -441,11 +441,16 @@ class RestartSets:
             if rel is None:
                 continue  # elsewhere (a moved output): fsck reports it; rollback refuses to touch it
             if rel not in sink.listing:
+                newest_compact = max(sink.log.compact_ids, default=-1)
+                # ``sink compact --drop-missing`` rewrites the newest compact file only (and what follows)
+                fix = ("restore the file from a backup, or drop its entry from the sink log "
+                       "(`checkpoint-ops sink compact --drop-missing`)" if b >= newest_compact else
+                       f"restore the file from a backup (`sink compact --drop-missing` rewrites the newest compact "
+                       f"file only, {sink.log.rel(newest_compact)}, not {sink.log.rel(b)}, which readers read again "
+                       f"after a rollback to a batch from {b} to {newest_compact - 1})")
                 out.append(Damage(root, rel, sink.listing.url(rel), "sink data", MISSING, "sink-file-missing",
                                   f"{rel} is listed in the sink log ({sink.log.rel(b)}) but missing: Spark's readers "
-                                  "of the sink fail with FileNotFoundException",
-                                  "restore the file from a backup, or drop its entry from the sink log "
-                                  "(`checkpoint-ops sink compact --drop-missing`)"))
+                                  "of the sink fail with FileNotFoundException", fix))
         return out
 
     # -- state ------------------------------------------------------------------------------------------

@@ -154,6 +154,11 @@ def test_compact_drop_missing_makes_readers_whole_and_undo_brings_the_entry_back
     assert code == 0, r
     assert "1 dropped" in json.dumps(r["plan"]), r["plan"]
     assert rows(spark, run.out) == expected(b for b in range(run.batches()) if b != 7)
+    code, f = cli_json("fsck", run.ckpt, "--sink", run.out, *SINK, "--source-compact-interval", str(COMPACT_INTERVAL))
+    still = [x for x in f["findings"] if x["path"].endswith(os.path.basename(gone))]  # in an older, kept compact file
+    assert still and all("--drop-missing` rewrites the newest compact file only" in x["fix"] for x in still), f
+    code, again = cli_json("sink", "compact", run.out, "--checkpoint", run.ckpt, *SINK, "--drop-missing", "--yes")
+    assert code == 0 and not any(again["plan"]["counts"].values()), again  # nothing it can drop
     code, u = cli_json("undo", run.ckpt, "--yes")
     assert code == 0, u
     assert {path: digest for path, (digest, _) in tree_snapshot(run.out).items()} == before
