@@ -196,6 +196,8 @@ class Plan:
         for rid, url in self.roots.items():
             lines.append(f"  {rid}: {url}")
         for k, v in self.summary.items():
+            if isinstance(v, dict):  # name -> why (the backups a prune keeps): read as a list
+                v = [f"{name}: {why}" for name, why in v.items()]
             if isinstance(v, list):
                 shown = v if verbose or len(v) <= limit else v[:limit]
                 more = f", ... and {len(v) - len(shown)} more (--verbose or --json lists all)" if len(v) > len(shown) else ""
