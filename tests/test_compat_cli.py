@@ -151,6 +151,14 @@ def test_unusable_query_argument(agg, query, problem):
     assert tree_snapshot(base.root) == before
 
 
+def test_a_spark_conf_that_is_not_key_value_is_refused(agg):
+    """``--spark-conf`` was checked only where a new session was built: beside an active one (the Dagster step,
+    a notebook, these tests) a slip such as a missing ``=`` was silently ignored."""
+    base, module = agg
+    code, _, err = cli("compat", base.checkpoint, "--query", f"{module}:unchanged", "--spark-conf", "spark.master")
+    assert code == 2 and "--spark-conf 'spark.master' is not KEY=VALUE" in err and "fix:" in err, err
+
+
 def test_missing_checkpoint(agg, tmp_path):
     _, module = agg
     code, _, err = cli("compat", str(tmp_path / "nothing"), "--query", f"{module}:unchanged")

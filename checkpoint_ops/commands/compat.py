@@ -17,6 +17,12 @@ def spark_session(args):
     ``--spark-remote``) session, stopped afterwards. pyspark is imported here only."""
     from pyspark.sql import SparkSession
 
+    confs = []
+    for text in args.spark_conf:  # checked before any session is used, so a slip is never silently ignored
+        key, sep, value = text.partition("=")
+        if not sep or not key:
+            raise BadInputError(f"--spark-conf {text!r} is not KEY=VALUE", fix="e.g. --spark-conf spark.master=local[4]")
+        confs.append((key, value))
     active = SparkSession.getActiveSession()
     if active is not None and not args.spark_remote:
         yield active
@@ -26,10 +32,7 @@ def spark_session(args):
         builder = builder.remote(args.spark_remote)
     else:
         builder = builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-    for text in args.spark_conf:
-        key, sep, value = text.partition("=")
-        if not sep or not key:
-            raise BadInputError(f"--spark-conf {text!r} is not KEY=VALUE", fix="e.g. --spark-conf spark.master=local[4]")
+    for key, value in confs:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     try:
