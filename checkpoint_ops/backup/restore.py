@@ -157,10 +157,10 @@ class _Restore:
                                 f"({', '.join(m.roots[r]['url'] for r in self.sinks) or 'none'}); give one "
                                 f"target for each, in that order ({param('sink_target')}; got {len(sink_targets)})",
                                 path=m.url)
-        _require_empty(self.t_fm, self.t_root, target_url, {rel for rel, _, _ in m.files("checkpoint")})
+        _require_empty(self.t_fm, self.t_root, target_url)
         self.sink_fms = {}
         for rid, url, (fm, root) in zip(self.sinks, sink_targets, opened):
-            _require_empty(fm, root, url, {rel for rel, _, _ in m.files(rid)})
+            _require_empty(fm, root, url)
             self.sink_fms[rid] = (fm, root)
         self.ledger_path = join(ops_dir(self.t_fm, self.t_root), "ledger")
         _require_no_ledger(self.t_fm, self.ledger_path, self.target_url)
@@ -415,21 +415,12 @@ def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
                                 "directories, none inside another; nothing was written")
 
 
-def _require_empty(fm, root: str, url: str, restored: set[str]) -> None:
-    """Nothing but empty directories (and our own lease) at the target, and no directory, empty or not, where
-    the restore writes a file (``restored``: the root's relative paths): its write there fails part-way, after
-    the fence."""
+def _require_empty(fm, root: str, url: str) -> None:
+    """Nothing at the target but our own lease: no file, and no directory either, even an empty one (on S3 a
+    directory marker). An empty ``offsets/9``, ``commits/9`` or ``_spark_metadata/9`` is a batch to Spark's
+    listing, which it then fails on (CONCURRENT_STREAM_LOG_UPDATE); one where the restore writes a file makes
+    the write fail part-way, after the fence; an empty ``state/0/5`` is a partition the metadata does not have."""
     listed = fm.walk(root, empty_dirs=True)
-    for f in listed:
-        if not f.is_dir:
-            continue
-        parts = f.path[len(root) + 1:].rstrip("/").split("/")
-        for depth in range(1, len(parts) + 1):  # the empty directory itself, or one it lies in
-            rel = "/".join(parts[:depth])
-            if rel in restored:
-                raise BadInputError(f"{rel} is a directory where the restore writes a file of the backup",
-                                    path=fm.url(f"{root}/{rel}"), fix=f"remove the directory {rel} (or restore into "
-                                    "a new, empty location); nothing was written")
     found = [f for f in listed if not f.is_dir and not is_lease_file(f.path[len(root) + 1:])]  # our lease: not content
     if found:
         names = sorted(f.path[len(root) + 1:] for f in found)
@@ -444,6 +435,13 @@ def _require_empty(fm, root: str, url: str, restored: set[str]) -> None:
         raise BadInputError(f"the target is not empty: it holds {', '.join(names[:5])}"
                             + (f" and {len(names) - 5} more" if len(names) > 5 else ""), path=url,
                             fix="restore into a new, empty location (a restore never overwrites)")
+    dirs = sorted(f.path[len(root) + 1:].rstrip("/") for f in listed if f.is_dir)
+    if dirs:
+        raise BadInputError(f"the target holds {'a directory' if len(dirs) == 1 else 'directories'} with no file "
+                            f"below: {', '.join(dirs[:5])}{f' and {len(dirs) - 5} more' if len(dirs) > 5 else ''} "
+                            "(Spark reads one named like a batch, such as offsets/9, as that batch and fails)",
+                            path=fm.url(f"{root}/{dirs[0]}"), fix="remove them, or restore into a new, empty "
+                            "location; nothing was written")
 
 
 def _require_no_ledger(fm, ledger: str, target_url: str) -> None:
