@@ -283,6 +283,20 @@ class _JournalOperation(Operation):
                             f"after it, or it was not the newest {self.want}able one)", path=self.anchor.url,
                             fix=again)
 
+    def _holder_stopped_since(self, op_id: str):
+        """(holder, lease state, journal of ``op_id``, url) when an undoable operation (``_UNDOABLE``) died holding
+        the anchor's lease, which it took after ``op_id`` was journaled, else None: that command is what a user
+        who runs ``undo`` or ``resume`` next means, and it journaled nothing. Reads the lease only."""
+        state = read_lease(self.fm, self.root)
+        holder = state.holder
+        journaled = op_id_time(op_id)
+        if holder is None or state.stale_reason is None or journaled is None or holder.acquired_ms / 1000 <= journaled:
+            return None
+        if holder.kind != OPERATION or holder.operation not in _UNDOABLE:
+            return None
+        url = self.fm.url(self.root)
+        return holder, state, load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id)), url
+
     def more_sites(self) -> list[Site]:
         """The checkpoint and sinks the journaled plan changes (never its ledger or trash)."""
         out = []
@@ -337,6 +351,26 @@ class ResumeOperation(_JournalOperation):
 
     record_only = False  # every change was on disk and ``metadata`` back: only the ``applied`` marker is written
     _claim = None  # a restore's intent at its backup destination, while it plans and applies (``hold_for_resume``)
+
+    def precheck(self) -> None:
+        """Where the newest operation finished and a command that took the lease after it died before it journaled
+        anything, there is nothing to resume, and it is said without taking the stale lease over: that lease is
+        what makes an ``undo`` run next refuse to revert the older operation instead of the stopped command (a
+        hostile review: resume cleared it, and the undo that followed removed a whole restored checkpoint)."""
+        super().precheck()
+        if self.op_id is not None or self.target in (None, NOTHING):
+            return
+        stopped = self._holder_stopped_since(self.target)
+        if stopped is None or not stopped[2].has_marker("applied"):
+            return
+        holder, state, mine, url = stopped
+        raise RefusedError(
+            f"nothing to resume: the last command to take this location's lease, {holder.describe()}, was stopped "
+            f"({state.stale_reason}) before it journaled anything, so it changed nothing here that resume could "
+            f"finish; the newest journaled operation, {_describe(mine)}, completed. Nothing was changed (the stale "
+            "lease is left as it is, so that an undo run next still refuses to revert that older operation instead)",
+            path=url, fix="to do what the stopped command set out to do, run it again (it takes the stale lease "
+            f"over); to revert {mine.op_id} itself, name it: `checkpoint-ops undo {url} {param('op')} {mine.op_id}`")
 
     def plan(self, stage: bool) -> Plan:
         if self.state == APPLIED:
@@ -443,16 +477,11 @@ class UndoOperation(_JournalOperation):
         """The refusal when an undoable operation (``_UNDOABLE``) died holding the anchor's lease, which it took
         after ``op_id`` was journaled (class docstring), else None. Reads the lease only (nothing is taken over:
         the next undo sees the same)."""
-        state = read_lease(self.fm, self.root)
-        holder = state.holder
-        journaled = op_id_time(op_id)
-        if holder is None or state.stale_reason is None or journaled is None or holder.acquired_ms / 1000 <= journaled:
+        stopped = self._holder_stopped_since(op_id)
+        if stopped is None:
             return None
-        if holder.kind != OPERATION or holder.operation not in _UNDOABLE:
-            return None
-        url = self.fm.url(self.root)
-        mine = load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id))
-        age = _age(time.time() - journaled)
+        holder, state, mine, url = stopped
+        age = _age(time.time() - op_id_time(op_id))
         return RefusedError(
             f"the last command to take this location's lease, {holder.describe()}, was stopped ({state.stale_reason}) "
             f"after the newest operation here was journaled, and has no journaled operation to undo: undo would "

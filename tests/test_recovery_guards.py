@@ -589,6 +589,37 @@ def test_undo_after_a_command_killed_before_it_journaled_names_the_older_operati
         {p: d for p, d in before_first.items() if "/." not in p}
 
 
+def test_resume_after_a_command_killed_before_it_journaled_keeps_the_lease_that_stops_undo(tmp_path):
+    """A rollback died holding the lease before it journaled (its record as a killed rollback leaves it), after an
+    operation that finished. ``resume``, the natural next step after a crash, said "nothing to resume" but took the
+    dead holder's lease over and released it, so the ``undo`` run next no longer refused and reverted the older
+    operation (a hostile review: a restore, whose undo emptied the checkpoint on S3). ``resume`` now says that the
+    stopped command changed nothing, names the older operation, and leaves the lease as it was: undo still
+    refuses."""
+    ckpt, out = str(tmp_path / "ck"), str(tmp_path / "out")
+    synthetic.write_local(ckpt, batches=6, partitions=2, retain_state=5)
+    _synthetic_sink(out, 6)
+    code, first = cli_json("rollback", ckpt, "--to-batch", "4", "--sink", out, "--yes")
+    assert code == 0, first
+    first_id = first["result"]["op_id"]
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    holder = Holder(**{**Holder.me("checkpoint-ops rollback (user x)", kind="operation",
+                                   operation="rollback").to_dict(), "pid": int(dead.stdout), "pid_start": None})
+    lease = os.path.join(ckpt, ".checkpoint-ops.lease")
+    with open(lease, "w") as f:
+        json.dump(holder.to_dict(), f)
+    before = _files(ckpt, out)
+    for _ in range(2):
+        code, r = cli_json("resume", ckpt)
+        assert code == 1 and r["problem"].startswith("nothing to resume: the last command"), r
+        assert "checkpoint-ops rollback" in r["problem"] and first_id in r["problem"], r
+        assert f"--op {first_id}" in r["fix"] and "run it again" in r["fix"], r
+        assert _files(ckpt, out) == before and os.path.exists(lease)
+    code, u = cli_json("undo", ckpt, "--yes")
+    assert code == 1 and first_id in u["problem"] and "was stopped" in u["problem"], u
+    assert _files(ckpt, out) == before
+
+
 def test_running_the_killed_command_again_ends_the_undo_refusal(tmp_path):
     """After a command died holding the lease (here: a dead holder's record written as a killed rollback leaves
     it), running that command again takes the lease over and journals; ``undo`` then reverts it, as asked."""
