@@ -19,7 +19,7 @@ from .listing import Listing, is_hidden_temp, new_query_blocked, require_no_dir_
 from .logfile import LogFile, LogFormatError, log_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
 from .operators import OperatorFiles
-from .sink import SinkOutput
+from .sink import SINK_LOG_DIR, SinkOutput
 from .sources import SourceDir, classify_sources
 from .state import StateModel
 
@@ -318,6 +318,16 @@ def open_sink(url: str, storage_options: dict | None = None, compact_interval: i
 def require_sink(sink: SinkOutput, url: str) -> SinkOutput:
     """``sink`` if it is a file sink's output with a log, else BadInputError naming ``url``."""
     require_no_dir_links(sink.listing, "sink output")
+    if not sink.log.files and any(rel == SINK_LOG_DIR or rel.startswith(SINK_LOG_DIR + "/")
+                                  for rel in sink.listing.empty_dirs):
+        raise BadInputError(
+            f"{SINK_LOG_DIR}/ is there but holds no log file: no batch has committed to this file sink yet (Spark "
+            "makes the directory when the query starts, so a query stopped before its first batch leaves it empty), "
+            "or its log files were deleted; there is nothing of the sink to judge",
+            path=url,
+            fix="if the query has not committed a batch yet, leave the sink out (no --sink) until it has; if the log "
+                "files were lost, restore the output from a backup; nothing was changed",
+        )
     if not sink.exists():
         raise BadInputError(
             "no such sink output directory (nothing found at this location)",

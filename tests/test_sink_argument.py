@@ -1,0 +1,61 @@
+"""What ``--sink`` says about a path that is no file sink's output with a log, fast tier (``benchmarks.check_pass.
+Stream``: a checkpoint and its sink in Spark's formats, no Spark). An output whose ``_spark_metadata/`` is there
+but empty (Spark makes it when the query starts: a query stopped before its first batch committed leaves it so)
+was called "not a file-sink output" locally and "no such sink output directory" on S3 (a hostile review), for the
+path the query writes to. It is named as it is now, with what to do; exit 2 and nothing changed, as before."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from benchmarks.check_pass import INTERVAL, Stream
+from tests.helpers import cli_json, tree_snapshot
+
+I = ("--source-compact-interval", str(INTERVAL), "--sink-compact-interval", str(INTERVAL))
+
+
+@pytest.fixture
+def stream(tmp_path):
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(3):
+        s.batch()
+    return s
+
+
+@pytest.mark.parametrize("command", ["fsck", "inspect", "rollback"])
+def test_an_output_whose_log_directory_is_empty_is_named_as_such(stream, command):
+    shutil.rmtree(stream.out)
+    os.makedirs(os.path.join(stream.out, "_spark_metadata"))
+    before = tree_snapshot(stream.ckpt, stream.out)
+    extra = ("--to-batch", "1", "--yes") if command == "rollback" else ()
+    code, r = cli_json(command, stream.ckpt, "--sink", stream.out, *I, *extra)
+    assert code == 2, r
+    assert r["problem"].startswith("_spark_metadata/ is there but holds no log file"), r
+    assert "leave the sink out" in r["fix"] and "restore the output from a backup" in r["fix"], r
+    assert tree_snapshot(stream.ckpt, stream.out) == before
+
+
+def test_other_paths_keep_their_own_words(stream, tmp_path):
+    code, r = cli_json("fsck", stream.ckpt, "--sink", str(tmp_path / "nowhere"), *I)
+    assert code == 2 and r["problem"].startswith("no such sink output directory"), r
+    elsewhere = tmp_path / "plain"
+    (elsewhere / "sub").mkdir(parents=True)
+    (elsewhere / "data.txt").write_text("x")
+    code, r = cli_json("fsck", stream.ckpt, "--sink", str(elsewhere), *I)
+    assert code == 2 and r["problem"].startswith("not a file-sink output"), r
+
+
+def test_on_s3_an_output_with_only_its_log_directory_marker_is_named_as_such(stream, s3_server, bucket):
+    import json
+
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_server)
+    for key in ("out/", "out/_spark_metadata/"):  # what S3A's mkdirs leaves
+        client.put_object(Bucket=bucket, Key=key, Body=b"")
+    code, r = cli_json("fsck", stream.ckpt, "--sink", f"s3://{bucket}/out", *I,
+                       "--storage-options", json.dumps({"endpoint_url": s3_server}))
+    assert code == 2 and r["problem"].startswith("_spark_metadata/ is there but holds no log file"), r
