@@ -573,10 +573,7 @@ class Fsck:
             if is_hidden_temp(target_name):
                 continue  # a temp file's sidecar goes with it (temp-file above): Spark never reads either
             if info.size != hadoop_crc_size(tinfo.size):
-                self.add(ERROR, "stale-crc", L.url(rel),
-                         f"checksum sidecar does not match {target_name} ({tinfo.size} bytes): Spark reads through "
-                         "Hadoop's FileSystem API fail with ChecksumException",
-                         "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
+                self._stale_crc(L, rel, target, f"({tinfo.size} bytes)")
                 continue
             if L.abs(target) in self._crc_known:
                 if not self._crc_known[L.abs(target)]:
@@ -599,12 +596,31 @@ class Fsck:
         if self.deep and L is self.ckpt.listing:
             self._spark_checksums()
 
-    def _stale_crc(self, L, rel: str, target: str) -> None:
-        self.add(ERROR, "stale-crc", L.url(rel),
-                 f"checksum sidecar does not match the content of {target.rsplit('/', 1)[-1]} (the file "
-                 "was rewritten without updating it): Spark reads through Hadoop's FileSystem API fail "
-                 "with ChecksumException",
-                 "delete the .crc file (a missing checksum is accepted; Hadoop rewrites it on the next write)")
+    def _stale_crc(self, L, rel: str, target: str, how: str = "(the file was rewritten without updating it)") -> None:
+        """A Hadoop sidecar that does not match its file. Spark reads a sink's data files and RocksDB's state
+        snapshots through Hadoop's FileSystem API, which checks it: its readers fail, or the state load (an error;
+        for state files, one rule for every store). It does not check it when it reads the checkpoint's logs,
+        ``metadata``, operator metadata, state schemas or the sink log (proven: it restarts over them), so there it
+        only trips tools that read through that API (a warning)."""
+        name = target.rsplit("/", 1)[-1]
+        parent = target.rpartition("/")[0]
+        store_dirs = self.ckpt.state.store_dirs if L is self.ckpt.listing else ()
+        if parent in store_dirs or (parent.endswith("/SSTs") and parent[:-5] in store_dirs):
+            self.add(ERROR, "stale-crc", L.url(rel), f"checksum sidecar does not match the state file {name} {how}: "
+                     "Spark's load of the state fails on it where it reads through Hadoop's FileSystem API (RocksDB "
+                     "snapshots)", f"if {name} is right, delete the .crc file; else restore both from a backup")
+            return
+        fix = (f"if {name} is right (edited on purpose), delete the .crc file (a missing checksum is accepted; Hadoop "
+               f"rewrites it on the next write); if {name} changed by itself (a disk or copy fault), restore both "
+               "from a backup")
+        if L is not self.ckpt.listing and not target.startswith("_spark_metadata/"):
+            self.add(ERROR, "stale-crc", L.url(rel), f"checksum sidecar does not match the sink data file {name} "
+                     f"{how}: Spark's readers of the sink fail with ChecksumException", fix)
+            return
+        self.add(WARNING, "stale-crc", L.url(rel),
+                 f"checksum sidecar does not match {name} {how}: Spark does not check it when it reads a "
+                 "checkpoint or a sink log, but tools that read through Hadoop's FileSystem API (`hadoop fs -cat`, "
+                 "distcp) fail with ChecksumException", fix)
 
     def _spark_checksums(self) -> None:
         """Deep: every state file's bytes (LZ4 framing, zip structure, format version) and Spark's own

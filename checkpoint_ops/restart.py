@@ -17,7 +17,10 @@ After batch N is the last committed one, Spark's restart reads (reference §2.5,
 Rollback validates the whole set before planning, ``inspect`` computes the rollback window from it and
 ``fsck`` reports it for the latest batch, all in the same words. A problem is either *purged* (below
 what Spark's retention keeps: the batch is simply out of reach) or *damage* (a file that should be
-there is missing, torn, unreadable, from a newer Spark, or has a stale checksum).
+there is missing, torn, unreadable, from a newer Spark, or has a stale checksum). A state file's Hadoop
+``.X.crc`` sidecar that does not match it is damage (Spark reads RocksDB snapshots through Hadoop's FileSystem
+API, which checks it); that of a log file, ``metadata``, operator metadata or a state schema is not: Spark 4.3
+does not check it when it reads them (``tests/test_stale_crc_spark.py``), and fsck names it as a warning.
 
 ``deep=False`` judges from the listing, the log files and the operator files (all small); ``deep``
 also reads every state file of the set (LZ4 framing, zips, SST sizes, checksum files).
@@ -215,9 +218,6 @@ class RestartSets:
     def _add_metadata(self, rs: RestartSet) -> None:
         if self._metadata is None:
             d = metadata_damage(self.ckpt)
-            if d is None and self.ckpt.fence is None and self.ckpt.metadata_raw is not None:
-                L = self.ckpt.listing
-                d = self._hadoop_crc(CKPT, L, "metadata", "metadata", self.ckpt.metadata_raw)
             files = [RestartFile(CKPT, "metadata", "metadata")] if self.ckpt.metadata_raw is not None else []
             self._metadata = (files, [d] if d else [])
         rs.files += self._metadata[0]
@@ -236,17 +236,7 @@ class RestartSets:
                 raw: dict[str, bytes] = {}
                 load = ck.load_offsets if kind == "offsets" else ck.load_commits
                 load([b], errors=errors, raw=raw)
-                verdict = _log_damage(CKPT, rel, kind, errors[0]) if errors else None
-                if verdict is None:
-                    # a log parsed earlier comes from the model's cache, without its bytes
-                    data = raw.get(L.abs(rel))
-                    if data is None and self.deep:
-                        try:
-                            data = L.fm.read_bytes(L.abs(rel))
-                        except OSError:
-                            data = None  # gone since the listing: the log itself reports it
-                    verdict = self._hadoop_crc(CKPT, L, rel, kind, data)
-                self._verdicts[key] = verdict
+                self._verdicts[key] = _log_damage(CKPT, rel, kind, errors[0]) if errors else None
             if self._verdicts[key]:
                 rs.damage.append(self._verdicts[key])
             return
@@ -381,7 +371,7 @@ class RestartSets:
                     log.check(b)  # whether it reads; its entries are not needed (and can be many)
                 else:
                     log.read([b])
-                verdict = self._hadoop_crc(root, listing, rel, role, None)
+                verdict = None
             except LogFormatError as e:
                 verdict = _log_damage(root, rel, role, e)
             self._verdicts[key] = verdict
@@ -675,13 +665,13 @@ class RestartSets:
             return bad(UNREADABLE, unreadable(url, info.error).problem)
         if info is not None and info.size == 0:
             return bad(TORN, "is empty (0 bytes): Spark fails to load the state from it")
-        for rel in f.sidecars:
+        for rel in f.sidecars:  # Spark reads RocksDB snapshots through Hadoop's FileSystem API, which checks them
             name = rel.rsplit("/", 1)[-1]
             side = L.get(rel)
             if name == hadoop_crc_name(f.name) and side is not None and info is not None \
                     and side.size != hadoop_crc_size(info.size):
-                return bad(STALE, f"its checksum sidecar {name} does not match it: Spark's reads fail with "
-                                  "ChecksumException (delete the sidecar if the file is right)")
+                return bad(STALE, f"its checksum sidecar {name} does not match it: Spark's load of the state fails "
+                                  "with ChecksumException (delete the sidecar if the file is right)")
         if blobs is None:
             return None
         data = blobs.get(L.abs(f.rel))
@@ -698,33 +688,12 @@ class RestartSets:
             if side is None:
                 continue
             if name == hadoop_crc_name(f.name) and not hadoop_crc_matches(data, side):
-                return bad(STALE, f"its checksum sidecar {name} does not match its content: Spark's reads fail "
-                                  "with ChecksumException")
+                return bad(STALE, f"its checksum sidecar {name} does not match its content: Spark's load of the "
+                                  "state fails with ChecksumException")
             if name == f"{f.name}.crc" and not spark_checksum_matches(data, side):
                 return bad(STALE, f"its Spark checksum file {name} does not match its content: Spark fails "
                                   "verifying it when the state loads")
         return None
-
-    # -- checksum sidecars of log files ---------------------------------------------------------------
-    def _hadoop_crc(self, root: str, listing: Listing, rel: str, role: str, data: bytes | None) -> Damage | None:
-        parent, _, name = rel.rpartition("/")
-        crc_rel = (f"{parent}/" if parent else "") + hadoop_crc_name(name)
-        side, info = listing.get(crc_rel), listing.get(rel)
-        if side is None or info is None:
-            return None
-        stale = side.size != hadoop_crc_size(info.size)
-        if not stale and data is not None and self.deep:
-            try:
-                stale = not hadoop_crc_matches(data, listing.fm.read_bytes(listing.abs(crc_rel)))
-            except OSError:
-                stale = False  # an unreadable sidecar is fsck's to report; Spark tolerates a missing one
-        if not stale:
-            return None
-        return Damage(root, rel, listing.url(rel), role, STALE, "stale-crc",
-                      f"its checksum sidecar {hadoop_crc_name(name)} does not match it: Spark's reads through "
-                      "Hadoop's FileSystem API fail with ChecksumException",
-                      f"delete {crc_rel} if {rel} is right (a missing checksum is accepted), else restore both "
-                      "from a backup")
 
 
 def _operator_damage(p: FileProblem) -> Damage:
@@ -867,11 +836,11 @@ def restart_set(ckpt: Checkpoint, batch: int, sinks: list[SinkOutput] = (), ledg
 
 def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: int) -> list[str]:
     """Plan warnings for damaged files an operation removes anyway (a repair). Torn writes happen to the
-    newest file of a directory: its size, checksum sidecar and content are judged. The other removed files
+    newest file of a directory: its size and content are judged (a stale Hadoop checksum sidecar of a log file is
+    no damage: Spark does not check it, see fsck's ``stale-crc``). The other removed files
     are judged from the listing where it knows their sizes (object stores); on local disk that would cost
     a ``stat`` of every removed file for a warning about a file being deleted anyway, so it is not made."""
     listings = {CKPT: ckpt.listing, **{f"sink{i}": s.listing for i, s in enumerate(sinks)}}
-    checker = RestartSets(ckpt, sinks)
     out = []
     # the removed files of each directory, by name: one pass over the plan, then each directory's names
     by_dir: dict[tuple[str, str, str], list[str]] = {}
@@ -913,8 +882,6 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
                 d = f"{rel} is unreadable ({info.error.strerror or info.error})"
             elif info.size == 0:
                 d = f"{rel} is torn (0 bytes)"
-            elif checker._hadoop_crc(root, listing, rel, phase, None):
-                d = f"{rel} has a stale checksum"
             if d:
                 out.append(d)
                 damaged.add((root, rel))
