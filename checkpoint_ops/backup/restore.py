@@ -53,6 +53,7 @@ from ..pairing import PAIRING_FILE
 from ..plan import Plan
 from ..rollback import plan_rollback
 from ..storage import open_file_manager
+from ..units import iso_ms
 from ..storage.paths import (
     Location,
     hadoop_path,
@@ -141,6 +142,9 @@ class RestorePlan:
     staged: list[tuple] = None
 
 
+INPUT_SAMPLE = 200  # relocated file-source entries whose input files' times a restore checks (``_Restore``)
+
+
 class _Restore:
     def __init__(self, repo: Repository, m: Manifest, target_url: str, sink_targets: list[str], relocate: list[str],
                  storage_options: dict | None, stage: bool):
@@ -174,6 +178,7 @@ class _Restore:
         self.rules += list(self.sink_rules.values())
         self.objects: set[str] = set()
         self.staged: list[tuple] = []
+        self.moved_inputs: list[tuple[str, int]] = []  # (relocated path, logged time ms) of file-source entries
 
     # -- relocating the paths inside logs -------------------------------------------------------------
     def _relocate(self, loc: Location) -> Location | None:
@@ -211,6 +216,9 @@ class _Restore:
         if not isinstance(doc, dict) or not isinstance(doc.get("path"), str):
             return line
         new = self._move(doc["path"])
+        if new is not None and rid == "checkpoint" and len(self.moved_inputs) < INPUT_SAMPLE \
+                and isinstance(doc.get("timestamp"), int):
+            self.moved_inputs.append((new, doc["timestamp"]))  # a file-source entry: its time is checked
         if rid in self.sink_rules:  # a sink entry must stay in its sink target
             target = self.sink_rules[rid].new
             final = spark_url_to_location(new or doc["path"])
@@ -337,6 +345,7 @@ class _Restore:
             new = self.relocated(rid, rel, None, content)
             self._write(plan, rid, rel, new if new is not None else content, reason)
         self._require_rules_used()
+        plan.warnings += self._inputs_with_other_times()
         if to_batch is not None and to_batch < m.batch and "ledger" in m.roots:
             # records above the batch belong to the timeline the restore leaves behind
             name = f"{utc_stamp()}-truncate-restore-{m.id[-8:]}.json"
@@ -357,6 +366,40 @@ class _Restore:
             fms["ledger"] = (self.t_fm, self.ledger_path)
         anchor = Anchor(self.t_fm, self.t_root, self.target_url, None, checkpoint=True)
         return RestorePlan(plan, m, metadata, anchor, fms, self.objects, self.staged)
+
+    def _inputs_with_other_times(self) -> list[str]:
+        """A warning when input files a ``--relocate`` rule moved (a sample of the file-source log's entries, the
+        oldest first) are not at their new place with the modification time the log recorded: a copy that reset
+        them. Spark's file source forgets the files it has read whose time lies more than ``maxFileAge`` (7 days by
+        default) before the newest it has seen, and takes a file of a newer time that it does not remember as new:
+        it reads such a copy again (duplicated rows). One listing per directory of the sample."""
+        by_dir: dict[str, list[tuple[str, int]]] = {}
+        for path, logged in self.moved_inputs:
+            by_dir.setdefault(path.rsplit("/", 1)[0], []).append((path, logged))
+        differ, checked = [], 0
+        for parent, entries in by_dir.items():
+            try:
+                fm, root = open_file_manager(parent, self.so)
+                listed = {spark_url(spark_url_to_location(fm.url(f.path))): f for f in fm.list(root)}
+            except (OSError, CheckpointOpsError):
+                continue  # not reachable from here: Spark's own run will tell
+            for path, logged in entries:
+                info = listed.get(path)
+                if info is None or info.mtime is None:
+                    continue  # gone: Spark has read it already, and does not list it again
+                checked += 1
+                if abs(info.mtime * 1000 - logged) > 2000:
+                    differ.append((path, info.mtime * 1000, logged))
+        if not differ:
+            return []
+        path, now_ms, logged = differ[0]
+        return [f"{len(differ)} of {checked} relocated input files checked have another modification time than the "
+                f"source log recorded (e.g. {path}: {iso_ms(int(now_ms))}, logged {iso_ms(logged)}): a copy that reset "
+                "them. Spark's file source forgets the files it has read that are more than maxFileAge (7 days by "
+                "default) older than the newest it has seen, and reads such a file again when its copy is newer "
+                "(duplicated rows); it also orders unread files by this time. Copy the input keeping modification "
+                "times (cp -a, rsync -t) and restore again; an object store sets an upload's time itself, so there "
+                "this holds for any query that ran longer than maxFileAge"]
 
     def _pairing(self, plan: Plan, roots: dict[str, str], query_id: str | None) -> None:
         """The restored checkpoint and sinks, recorded as paired at their new locations (both sides). The
