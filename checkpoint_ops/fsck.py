@@ -103,6 +103,19 @@ class Fsck:
                                                     if self.ckpt.listing.url(rel) not in unreadable_urls])
         for e in errors:
             self._log_error(e)
+        dirs = sorted(f.rel for files in (self.ckpt.offset_files, self.ckpt.commit_files) for f in files.values()
+                      if f.info is not None and f.info.is_dir)
+        if dirs:
+            # Spark takes each as the batch its name says and fails on it: what follows from that batch (commits
+            # ahead, gaps, missing state and sink entries) would be findings about a batch that never ran
+            self.add(WARNING, "checks-skipped", self.ckpt.listing.url(dirs[0]),
+                     f"the restart rules, state, sink and rollback window checks are skipped while {', '.join(dirs[:3])}"
+                     f"{' and more' if len(dirs) > 3 else ''} {'is a directory' if len(dirs) == 1 else 'are directories'}"
+                     " (named above): they would judge batches that never ran",
+                     "move the directory out as said above, then run fsck again")
+            self._temp_files()
+            self._checksums(self.ckpt.listing)
+            return self.findings
         self._restart_rules(offsets, commits)
         self._sources(offsets)
         self._state(commits)

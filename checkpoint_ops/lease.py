@@ -180,8 +180,8 @@ def _read_record(fm: CheckpointFileManager, path: str, now: float | None = None)
         return LeaseState(url, None, False)
     except IsADirectoryError:  # made by hand, or by a copy tool: no lease could be taken or read there
         raise BadInputError(f"{basename(path)} is a directory, where checkpoint-ops keeps the lease file",
-                            path=url, fix="remove that directory (nothing of checkpoint-ops is kept in it); "
-                            "nothing was changed") from None
+                            path=url, fix="move that directory away (checkpoint-ops keeps nothing in a directory of that "
+                            "name; keep what it holds elsewhere); nothing was changed") from None
     try:
         holder = Holder.from_dict(json.loads(data))
     except ValueError:
@@ -197,7 +197,8 @@ def _read_record(fm: CheckpointFileManager, path: str, now: float | None = None)
 
 def lease_of(fm: CheckpointFileManager, root: str, listing=None) -> LeaseState:
     """``read_lease``, without a request when a listing of ``root`` already shows there is none."""
-    if listing is not None and LEASE_NAME not in listing.own:
+    if listing is not None and LEASE_NAME not in listing.own \
+            and not any(rel.startswith(LEASE_NAME + "/") for rel in listing.own):  # (a directory holding files)
         return LeaseState(fm.url(lease_path(root)), None, False)
     return read_lease(fm, root)
 

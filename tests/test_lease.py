@@ -511,8 +511,14 @@ def test_a_directory_where_the_lease_file_goes_is_named_with_what_to_do(tmp_path
         code, r = cli_json(*command)
         assert code == 2, (command, r)
         assert r["path"].endswith(LEASE_NAME) and "is a directory" in r["problem"], (command, r)
-        assert r["fix"].startswith("remove that directory"), (command, r)
+        assert r["fix"].startswith("move that directory away"), (command, r)
     assert sorted(os.walk(s.ckpt)) == before
+    with open(os.path.join(lease_dir, "notes.txt"), "w") as f:  # one that holds a file: the read-only ones too
+        f.write("mine")
+    for command in (("inspect", s.ckpt), ("fsck", s.ckpt)):
+        code, r = cli_json(*command)
+        assert code == 2 and r["path"].endswith(LEASE_NAME), (command, r)
+    os.remove(os.path.join(lease_dir, "notes.txt"))
     os.rmdir(lease_dir)
     code, r = cli_json("rollback", s.ckpt, "--to-batch", "1", "--yes", *interval)
     assert code == 0, r

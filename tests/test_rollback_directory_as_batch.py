@@ -76,3 +76,22 @@ def test_fsck_names_a_marker_where_a_batch_file_belongs_as_on_local_disk(tmp_pat
         found[where] = [(f["code"], f["problem"]) for f in r["findings"] if f["path"].endswith("offsets/25")]
     assert found[s.ckpt] == found[f"s3://{bucket}/ckpt"] and found[s.ckpt], found
     assert "is a directory where Spark expects a file" in found[s.ckpt][0][1], found
+
+
+def test_fsck_names_the_directory_and_judges_no_batch_that_never_ran(tmp_path):
+    """``commits/9`` made a directory above the newest batch (4): fsck named it, then went on as if batch 9 had
+    committed: commits ahead of the offsets, offsets gaps ("restore it from a backup"), missing state, a sink behind
+    ("do not delete data files: those of batch 9 are what the sink log lost"), all about a batch that never ran
+    (a hostile review). It names the directory and says the other checks wait until it is moved away; once it is,
+    fsck is clean."""
+    s = _stream(str(tmp_path), batches=5)
+    os.mkdir(os.path.join(s.ckpt, "commits", "9"))
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert code == 1, r
+    assert [(f["severity"], f["code"]) for f in r["findings"]] == [("error", "unreadable-file"),
+                                                                   ("warning", "checks-skipped")], r
+    assert all(f["path"].endswith("commits/9") for f in r["findings"]), r
+    assert "move the directory" in r["findings"][0]["fix"], r
+    os.rmdir(os.path.join(s.ckpt, "commits", "9"))
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert (code, r["findings"]) == (0, []), r
