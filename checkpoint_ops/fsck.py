@@ -15,13 +15,13 @@ from .lease import LeaseState, lease_of
 from .lag import sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
-from .model.listing import is_hidden_temp, new_query_blocked, spark_batch_id
+from .model.listing import is_hidden_temp, is_unfinished_write, new_query_blocked, spark_batch_id
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
 from .model.sink import SinkOutput
 from .model.logfile import unreadable
-from .pairing import check_pairing
+from .pairing import PAIRING_FILE, check_pairing
 from .recorded_sinks import left_out
 from .restart import PURGED, log_finding_code, metadata_damage, restart_set, state_bytes_problem
 from .window import rollback_window
@@ -713,6 +713,11 @@ class Fsck:
         """The sink's own log and files; and, when it belongs to the checkpoint, how the two compare."""
         log = sink.log
         L = sink.listing
+        for rel in L.files_in(""):  # the temp file of our own pairing record's write, killed part-way
+            if rel.startswith(f".{PAIRING_FILE}.") and is_unfinished_write(rel):
+                self.add(WARNING, "temp-file", L.url(rel), "leftover temp file of a checkpoint-ops write of the "
+                         f"pairing record ({PAIRING_FILE}) that never finished (hidden; Spark never reads it)",
+                         "delete it (and its .crc sidecar, if any) while no checkpoint-ops command runs on this output")
         if not self._parse_compactible(log) or log.latest is None:
             self._checksums(L)
             return

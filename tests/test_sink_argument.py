@@ -59,3 +59,17 @@ def test_on_s3_an_output_with_only_its_log_directory_marker_is_named_as_such(str
     code, r = cli_json("fsck", stream.ckpt, "--sink", f"s3://{bucket}/out", *I,
                        "--storage-options", json.dumps({"endpoint_url": s3_server}))
     assert code == 2 and r["problem"].startswith("_spark_metadata/ is there but holds no log file"), r
+
+
+def test_fsck_names_the_temp_file_of_a_pairing_record_write_that_never_finished(stream):
+    """A command killed while it wrote the pairing record beside the sink log leaves its hidden temp file in the
+    output (a hostile review: ``kill -9`` of a rollback); nothing reported or removed it. fsck names it now."""
+    temp = os.path.join(stream.out, "..checkpoint-ops.pairing.json.0b3c5d6e-aaaa-bbbb-cccc-123456789abc.tmp")
+    with open(temp, "w") as f:
+        f.write('{"checkpoint"')
+    code, r = cli_json("fsck", stream.ckpt, "--sink", stream.out, *I)
+    assert code == 1 and [(f["severity"], f["code"], f["path"]) for f in r["findings"]] == \
+        [("warning", "temp-file", temp)], r
+    os.remove(temp)
+    code, r = cli_json("fsck", stream.ckpt, "--sink", stream.out, *I)
+    assert (code, r["findings"]) == (0, []), r
