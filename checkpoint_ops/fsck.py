@@ -530,8 +530,9 @@ class Fsck:
                              f"{len(stale)} state files of {store.label} are above version {top} "
                              f"(versions {vs[0]}..{vs[-1]}), left by an abandoned run or a naive rollback: {consequence}",
                              f"remove them with `{self.cmd} --to-batch {C}` (stop the query first)" if C is not None
-                             else "no batch has committed, so no rollback reaches them: see the other findings "
-                             "(a state/ holding only batch 0's uncommitted writes is deleted, and Spark starts afresh)")
+                             else "no batch has committed, so no rollback reaches them: follow the new-query-refused "
+                             "finding (a state/ that holds only batch 0's uncommitted writes is deleted, and Spark "
+                             "starts afresh)")
                 for rel in store.orphan_sidecars:
                     self.add(WARNING, "orphan-crc", ck.listing.url(rel),
                              "checksum file without its state file", "delete it (Spark's maintenance would, too)")
@@ -620,8 +621,10 @@ class Fsck:
         store_dirs = self.ckpt.state.store_dirs if L is self.ckpt.listing else ()
         if parent in store_dirs or (parent.endswith("/SSTs") and parent[:-5] in store_dirs):
             self.add(ERROR, "stale-crc", L.url(rel), f"checksum sidecar does not match the state file {name} {how}: "
-                     "Spark's load of the state fails on it where it reads through Hadoop's FileSystem API (RocksDB "
-                     "snapshots)", f"if {name} is right, delete the .crc file; else restore both from a backup")
+                     "RocksDB's load checks it and fails on it (it falls back to older snapshots, then fails where "
+                     "the changelogs before them are purged); the HDFS store does not check it, but a state file "
+                     "that may have changed by itself is judged alike for every store",
+                     f"if {name} is right, delete the .crc file; else restore both from a backup")
             return
         fix = (f"if {name} is right (edited on purpose), delete the .crc file (a missing checksum is accepted; Hadoop "
                f"rewrites it on the next write); if {name} changed by itself (a disk or copy fault), restore both "

@@ -233,9 +233,8 @@ class RestartSets:
             key = (CKPT, rel)
             if key not in self._verdicts:
                 errors: list[LogFormatError] = []
-                raw: dict[str, bytes] = {}
                 load = ck.load_offsets if kind == "offsets" else ck.load_commits
-                load([b], errors=errors, raw=raw)
+                load([b], errors=errors)
                 self._verdicts[key] = _log_damage(CKPT, rel, kind, errors[0]) if errors else None
             if self._verdicts[key]:
                 rs.damage.append(self._verdicts[key])
