@@ -95,3 +95,17 @@ def test_fsck_names_the_directory_and_judges_no_batch_that_never_ran(tmp_path):
     os.rmdir(os.path.join(s.ckpt, "commits", "9"))
     code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
     assert (code, r["findings"]) == (0, []), r
+
+
+def test_a_directory_named_as_a_batch_that_holds_an_empty_directory_is_seen_too(tmp_path):
+    """``offsets/14/sub``: the listing knew ``sub`` as an empty directory, but not ``offsets/14`` as a subdirectory
+    of ``offsets/``, so fsck said healthy and a rollback went through; Spark then failed at batch 14
+    (CONCURRENT_STREAM_LOG_UPDATE; a hostile review, with Spark). Both name it now."""
+    s = _stream(str(tmp_path), batches=12)
+    os.makedirs(os.path.join(s.ckpt, "offsets", "14", "sub"))
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert code == 1 and r["findings"][0]["path"].endswith("offsets/14"), r
+    before = tree_snapshot(s.ckpt, s.out)
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "9", "--sink", s.out, *I, "--yes")
+    assert code == 2 and r["path"].endswith("offsets/14"), r
+    assert tree_snapshot(s.ckpt, s.out) == before

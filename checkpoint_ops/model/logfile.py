@@ -55,7 +55,11 @@ def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict
     """
     out: dict[int, LogFile] = {}
     entries = dict(listing.files_in(rel_dir))
-    for d in listing.subdirs(rel_dir):
+    # a directory holding only empty directories (``offsets/14/sub``) is no subdirectory to the listing, which
+    # keeps a store directory with no file from being a store: here it is one, as Spark lists it
+    prefix = f"{rel_dir}/" if rel_dir else ""
+    nested = {rel[len(prefix):].partition("/")[0] for rel in listing.empty_dirs if rel.startswith(prefix)}
+    for d in sorted(set(listing.subdirs(rel_dir)) | nested):
         if batch_id_from_name(d, compactible) is not None:
             entries.setdefault(d, listing.dir_entry(f"{rel_dir}/{d}" if rel_dir else d))
     for name, info in entries.items():
