@@ -611,19 +611,19 @@ class Fsck:
             self._spark_checksums()
 
     def _stale_crc(self, L, rel: str, target: str, how: str = "(the file was rewritten without updating it)") -> None:
-        """A Hadoop sidecar that does not match its file. Spark reads a sink's data files and RocksDB's state
-        snapshots through Hadoop's FileSystem API, which checks it: its readers fail, or the state load (an error;
-        for state files, one rule for every store). It does not check it when it reads the checkpoint's logs,
-        ``metadata``, operator metadata, state schemas or the sink log (proven: it restarts over them), so there it
-        only trips tools that read through that API (a warning)."""
+        """A Hadoop sidecar that does not match its file. Spark reads a sink's data files and RocksDB's state files
+        through Hadoop's FileSystem API, which checks it: its readers fail, or the state load (an error). It does not
+        check it when it reads the checkpoint's logs, ``metadata``, operator metadata, state schemas, the HDFS
+        store's state files or the sink log (proven: it restarts over them), so there it only trips tools that read
+        through that API (a warning)."""
         name = target.rsplit("/", 1)[-1]
         parent = target.rpartition("/")[0]
         store_dirs = self.ckpt.state.store_dirs if L is self.ckpt.listing else ()
-        if parent in store_dirs or (parent.endswith("/SSTs") and parent[:-5] in store_dirs):
+        rocksdb = self.ckpt.state.provider != "hdfs"
+        if rocksdb and (parent in store_dirs or (parent.endswith("/SSTs") and parent[:-5] in store_dirs)):
             self.add(ERROR, "stale-crc", L.url(rel), f"checksum sidecar does not match the state file {name} {how}: "
                      "RocksDB's load checks it and fails on it (it falls back to older snapshots, then fails where "
-                     "the changelogs before them are purged); the HDFS store does not check it, but a state file "
-                     "that may have changed by itself is judged alike for every store",
+                     "the changelogs before them are purged)",
                      f"if {name} is right, delete the .crc file; else restore both from a backup")
             return
         fix = (f"if {name} is right (edited on purpose), delete the .crc file (a missing checksum is accepted; Hadoop "
@@ -635,7 +635,7 @@ class Fsck:
             return
         self.add(WARNING, "stale-crc", L.url(rel),
                  f"checksum sidecar does not match {name} {how}: Spark does not check it when it reads a "
-                 "checkpoint or a sink log, but tools that read through Hadoop's FileSystem API (`hadoop fs -cat`, "
+                 "checkpoint (its logs, metadata and the HDFS store's state) or a sink log, but tools that read through Hadoop's FileSystem API (`hadoop fs -cat`, "
                  "distcp) fail with ChecksumException", fix)
 
     def _spark_checksums(self) -> None:

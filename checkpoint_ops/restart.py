@@ -17,10 +17,11 @@ After batch N is the last committed one, Spark's restart reads (reference §2.5,
 Rollback validates the whole set before planning, ``inspect`` computes the rollback window from it and
 ``fsck`` reports it for the latest batch, all in the same words. A problem is either *purged* (below
 what Spark's retention keeps: the batch is simply out of reach) or *damage* (a file that should be
-there is missing, torn, unreadable, from a newer Spark, or has a stale checksum). A state file's Hadoop
-``.X.crc`` sidecar that does not match it is damage (Spark reads RocksDB snapshots through Hadoop's FileSystem
-API, which checks it); that of a log file, ``metadata``, operator metadata or a state schema is not: Spark 4.3
-does not check it when it reads them (``tests/test_stale_crc_spark.py``), and fsck names it as a warning.
+there is missing, torn, unreadable, from a newer Spark, or has a stale checksum). A RocksDB state file's Hadoop
+``.X.crc`` sidecar that does not match it is damage (RocksDB reads its files through Hadoop's FileSystem API,
+which checks it); that of an HDFS-store state file, a log file, ``metadata``, operator metadata or a state
+schema is not: Spark 4.3 does not check it when it reads them (``tests/test_stale_crc_spark.py``), and fsck
+names it as a warning.
 
 ``deep=False`` judges from the listing, the log files and the operator files (all small); ``deep``
 also reads every state file of the set (LZ4 framing, zips, SST sizes, checksum files).
@@ -664,7 +665,10 @@ class RestartSets:
             return bad(UNREADABLE, unreadable(url, info.error).problem)
         if info is not None and info.size == 0:
             return bad(TORN, "is empty (0 bytes): Spark fails to load the state from it")
-        for rel in f.sidecars:  # Spark reads RocksDB snapshots through Hadoop's FileSystem API, which checks them
+        # RocksDB reads its files through Hadoop's FileSystem API, which checks their sidecars; the HDFS store does
+        # not (its load, like the logs', restarts over a stale one: tests/test_stale_crc_spark.py)
+        checked = self.ckpt.state.provider != "hdfs"
+        for rel in f.sidecars if checked else ():
             name = rel.rsplit("/", 1)[-1]
             side = L.get(rel)
             if name == hadoop_crc_name(f.name) and side is not None and info is not None \
@@ -686,7 +690,7 @@ class RestartSets:
             side = blobs.get(L.abs(rel))
             if side is None:
                 continue
-            if name == hadoop_crc_name(f.name) and not hadoop_crc_matches(data, side):
+            if checked and name == hadoop_crc_name(f.name) and not hadoop_crc_matches(data, side):
                 return bad(STALE, f"its checksum sidecar {name} does not match its content: Spark's load of the "
                                   "state fails with ChecksumException")
             if name == f"{f.name}.crc" and not spark_checksum_matches(data, side):
