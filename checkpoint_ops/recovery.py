@@ -292,10 +292,18 @@ class _JournalOperation(Operation):
         journaled = op_id_time(op_id)
         if holder is None or state.stale_reason is None or journaled is None or holder.acquired_ms / 1000 <= journaled:
             return None
-        if holder.kind != OPERATION or holder.operation not in _UNDOABLE:
+        if holder.kind != OPERATION or holder.operation not in (*_UNDOABLE, "undo"):
             return None
         url = self.fm.url(self.root)
-        return holder, state, load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id)), url
+        mine = load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id))
+        if holder.operation == "undo":
+            # a dead undo: one left part-way is what ``op_id`` is (fenced, undoing): running undo again finishes it.
+            # One that had finished (killed while it released its lease) leaves ``op_id`` the operation before it,
+            # which undo run again, meant to finish it, would revert instead (a second review)
+            glance = self._glance()
+            if is_fence(glance.metadata) or mine.has_marker(UNDOING) or not mine.has_marker(APPLIED):
+                return None
+        return holder, state, mine, url
 
     def more_sites(self) -> list[Site]:
         """The checkpoint and sinks the journaled plan changes (never its ledger or trash)."""
@@ -364,13 +372,16 @@ class ResumeOperation(_JournalOperation):
         if stopped is None or not stopped[2].has_marker("applied"):
             return
         holder, state, mine, url = stopped
+        done = ("after it had finished its undo" if holder.operation == "undo" else
+                "before it journaled anything, so it changed nothing here that resume could finish")
         raise RefusedError(
             f"nothing to resume: the last command to take this location's lease, {holder.describe()}, was stopped "
-            f"({state.stale_reason}) before it journaled anything, so it changed nothing here that resume could "
-            f"finish; the newest journaled operation, {_describe(mine)}, completed. Nothing was changed (the stale "
-            "lease is left as it is, so that an undo run next still refuses to revert that older operation instead)",
-            path=url, fix="to do what the stopped command set out to do, run it again (it takes the stale lease "
-            f"over); to revert {mine.op_id} itself, name it: `checkpoint-ops undo {url} {param('op')} {mine.op_id}`")
+            f"({state.stale_reason}) {done}; the newest journaled operation, {_describe(mine)}, completed. Nothing "
+            "was changed (the stale lease is left as it is, so that an undo run next still refuses to revert that "
+            "older operation instead)",
+            path=url, fix=("nothing is left of the stopped undo to finish" if holder.operation == "undo" else
+                           "to do what the stopped command set out to do, run it again (it takes the stale lease over)")
+            + f"; to revert {mine.op_id} itself, name it: `checkpoint-ops undo {url} {param('op')} {mine.op_id}`")
 
     def plan(self, stage: bool) -> Plan:
         if self.state == APPLIED:
@@ -482,9 +493,11 @@ class UndoOperation(_JournalOperation):
             return None
         holder, state, mine, url = stopped
         age = _age(time.time() - op_id_time(op_id))
+        what = ("had finished its undo (`checkpoint-ops history` shows it undone), so there is nothing of it to "
+                "finish" if holder.operation == "undo" else "has no journaled operation to undo")
         return RefusedError(
             f"the last command to take this location's lease, {holder.describe()}, was stopped ({state.stale_reason}) "
-            f"after the newest operation here was journaled, and has no journaled operation to undo: undo would "
+            f"after the newest operation here was journaled, and {what}: undo would "
             f"revert {_describe(mine)}, journaled {age} ago, not the command that was stopped. Nothing was changed",
             path=url,
             fix=f"if you mean to revert {op_id}, name it ({param('op')} {op_id}); to finish what the stopped command "

@@ -620,6 +620,53 @@ def test_resume_after_a_command_killed_before_it_journaled_keeps_the_lease_that_
     assert _files(ckpt, out) == before
 
 
+def test_an_undo_killed_after_it_finished_is_not_followed_by_an_undo_of_the_operation_before(tmp_path):
+    """Rollback X, rollback Y, then an undo of Y killed after it had marked Y undone, while it released its lease
+    (a second review: kill points 25 and 30 of 30). Running undo again, as its help says for an interrupted undo,
+    reverted X too, without a word; ``resume`` first cleared the lease, with the same result. Both now refuse,
+    saying the stopped undo had finished, and leave everything (the lease included); ``--op`` reverts X. An undo
+    killed part-way (any earlier kill point) is still finished by running undo again."""
+    def scenario(name: str) -> tuple[str, str]:
+        """A checkpoint rolled back to 5 (X), then to 3 (Y): its path and X's op id."""
+        ckpt = str(tmp_path / name)
+        synthetic.write_local(ckpt, batches=8, partitions=2, retain_state=7)
+        ids = []
+        for batch in ("5", "3"):
+            code, r = cli_json("rollback", ckpt, "--to-batch", batch, "--yes")
+            assert code == 0, r
+            ids.append(r["result"]["op_id"])
+        return ckpt, ids[0]
+
+    traced, _ = scenario("traced")
+    trace = str(tmp_path / "trace.txt")
+    done = _armed_cli(["undo", traced, "--yes"], {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    total = len(open(trace).read().splitlines())
+    # the last kill point: Y is marked undone, the lease not yet released
+    ckpt, x_id = scenario("last")
+    killed = _armed_cli(["undo", ckpt, "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(total)})
+    assert killed.returncode == -9, killed.stderr
+    code, h = cli_json("history", ckpt)
+    assert [op["status"] for op in h["operations"]] == ["applied", "undone"], h  # Y undone
+    assert any(is_lease_file(n) for n in os.listdir(ckpt)), "the killed undo left no lease"
+    before = _files(ckpt)
+    for command in (["resume", ckpt], ["undo", ckpt, "--yes"], ["undo", ckpt, "--yes"]):
+        code, r = cli_json(*command)
+        assert code == 1 and "had finished its undo" in r["problem"] and x_id in r["problem"], (command, r)
+        assert f"--op {x_id}" in r["fix"], r
+        assert _files(ckpt) == before
+    code, r = cli_json("undo", ckpt, "--op", x_id, "--yes")
+    assert code == 0 and r["result"]["op_id"] == x_id, r
+    # a kill part-way: undo run again finishes the undo of Y, as before
+    ckpt, x_id = scenario("middle")
+    killed = _armed_cli(["undo", ckpt, "--yes"], {"CHECKPOINT_OPS_KILL_AT": str(total // 2)})
+    assert killed.returncode == -9, killed.stderr
+    code, r = cli_json("undo", ckpt, "--yes")
+    assert code == 0 and r["result"]["op_id"] != x_id, r
+    code, h = cli_json("history", ckpt)
+    assert [op["status"] for op in h["operations"]] == ["applied", "undone"], h
+
+
 def test_running_the_killed_command_again_ends_the_undo_refusal(tmp_path):
     """After a command died holding the lease (here: a dead holder's record written as a killed rollback leaves
     it), running that command again takes the lease over and journals; ``undo`` then reverts it, as asked."""

@@ -482,7 +482,8 @@ def _require_empty(fm, root: str, url: str) -> None:
     if dirs:
         raise BadInputError(f"the target holds {'a directory' if len(dirs) == 1 else 'directories'} with no file "
                             f"below: {', '.join(dirs[:5])}{f' and {len(dirs) - 5} more' if len(dirs) > 5 else ''} "
-                            "(Spark reads one named like a batch, such as offsets/9, as that batch and fails)",
+                            "(a restore writes into an empty location: Spark reads an empty offsets/9 as batch 9 and "
+                            "fails, and one where the restore writes a file stops its write part-way)",
                             path=fm.url(f"{root}/{dirs[0]}"), fix="remove them, or restore into a new, empty "
                             "location; nothing was written")
 
