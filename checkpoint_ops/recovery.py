@@ -296,14 +296,24 @@ class _JournalOperation(Operation):
             return None
         url = self.fm.url(self.root)
         mine = load_journal(self.fm, join(Anchor(self.fm, self.root, url).ops, "journal", op_id))
-        if holder.operation == "undo":
-            # a dead undo: one left part-way is what ``op_id`` is (fenced, undoing): running undo again finishes it.
-            # One that had finished (killed while it released its lease) leaves ``op_id`` the operation before it,
-            # which undo run again, meant to finish it, would revert instead (a second review)
-            glance = self._glance()
-            if is_fence(glance.metadata) or mine.has_marker(UNDOING) or not mine.has_marker(APPLIED):
-                return None
+        if holder.operation == "undo" and not self._undone_by(holder, op_id):
+            # a dead undo that had not finished: ``op_id`` is what it was undoing (or about to), and running undo
+            # again finishes it. One that had finished (killed while it released its lease) marked a newer
+            # operation undone, and leaves ``op_id`` the one before it, which undo run again, meant to finish it,
+            # would revert instead (a second review)
+            return None
         return holder, state, mine, url
+
+    def _undone_by(self, holder, op_id: str) -> bool:
+        """Whether an operation journaled after ``op_id`` was marked undone since ``holder`` took the lease."""
+        ops = Anchor(self.fm, self.root, self.fm.url(self.root)).ops
+        for path, markers in scan_journals(self.fm, ops).items():
+            if "undone" not in markers or path.rsplit("/", 1)[-1] <= op_id:
+                continue
+            at = load_journal(self.fm, path).marked_at("undone")
+            if at is not None and at >= holder.acquired_ms / 1000:
+                return True
+        return False
 
     def more_sites(self) -> list[Site]:
         """The checkpoint and sinks the journaled plan changes (never its ledger or trash)."""
