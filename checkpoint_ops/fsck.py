@@ -19,7 +19,7 @@ from .model.listing import is_hidden_temp, is_unfinished_write, new_query_blocke
 from .model.logfile import LogFormatError
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
-from .model.sink import SinkOutput
+from .model.sink import SINK_LOG_DIR, SinkOutput
 from .model.logfile import unreadable
 from .pairing import PAIRING_FILE, check_pairing
 from .recorded_sinks import left_out
@@ -629,7 +629,7 @@ class Fsck:
         fix = (f"if {name} is right (edited on purpose), delete the .crc file (a missing checksum is accepted; Hadoop "
                f"rewrites it on the next write); if {name} changed by itself (a disk or copy fault), restore both "
                "from a backup")
-        if L is not self.ckpt.listing and not target.startswith("_spark_metadata/"):
+        if L is not self.ckpt.listing and not target.startswith(SINK_LOG_DIR + "/"):
             self.add(ERROR, "stale-crc", L.url(rel), f"checksum sidecar does not match the sink data file {name} "
                      f"{how}: Spark's readers of the sink fail with ChecksumException", fix)
             return

@@ -284,9 +284,10 @@ class _JournalOperation(Operation):
                             fix=again)
 
     def _holder_stopped_since(self, op_id: str):
-        """(holder, lease state, journal of ``op_id``, url) when an undoable operation (``_UNDOABLE``) died holding
-        the anchor's lease, which it took after ``op_id`` was journaled, else None: that command is what a user
-        who runs ``undo`` or ``resume`` next means, and it journaled nothing. Reads the lease only."""
+        """(holder, lease state, journal of ``op_id``, url) when a command died holding the anchor's lease, which it
+        took after ``op_id`` was journaled, else None: an undoable operation (``_UNDOABLE``), which journaled nothing,
+        or an undo that had finished (``_undone_by``). That command is what a user who runs ``undo`` or ``resume``
+        next means, and nothing of it is left to act on. Reads the lease (and, for a dead undo, the journals)."""
         state = read_lease(self.fm, self.root)
         holder = state.holder
         journaled = op_id_time(op_id)
@@ -495,9 +496,9 @@ class UndoOperation(_JournalOperation):
                 raise refusal
 
     def _stopped_since(self, op_id: str) -> RefusedError | None:
-        """The refusal when an undoable operation (``_UNDOABLE``) died holding the anchor's lease, which it took
-        after ``op_id`` was journaled (class docstring), else None. Reads the lease only (nothing is taken over:
-        the next undo sees the same)."""
+        """The refusal when a command died holding the anchor's lease after ``op_id`` was journaled, leaving
+        nothing of itself to undo (``_holder_stopped_since``; class docstring), else None. Takes nothing over: the
+        next undo sees the same."""
         stopped = self._holder_stopped_since(op_id)
         if stopped is None:
             return None
@@ -510,9 +511,10 @@ class UndoOperation(_JournalOperation):
             f"after the newest operation here was journaled, and {what}: undo would "
             f"revert {_describe(mine)}, journaled {age} ago, not the command that was stopped. Nothing was changed",
             path=url,
-            fix=f"if you mean to revert {op_id}, name it ({param('op')} {op_id}); to finish what the stopped command "
-                "set out to do, run it again (it takes the stale lease over); `checkpoint-ops history` lists what was "
-                "journaled here")
+            fix=f"if you mean to revert {op_id}, name it ({param('op')} {op_id}); "
+                + ("the stopped undo needs nothing more" if holder.operation == "undo" else
+                   "to finish what the stopped command set out to do, run it again (it takes the stale lease over)")
+                + "; `checkpoint-ops history` lists what was journaled here")
 
     def plan(self, stage: bool) -> Plan:
         if self.state == UNFINISHED:
