@@ -16,7 +16,7 @@ from .lag import sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.listing import is_hidden_temp, is_unfinished_write, new_query_blocked, spark_batch_id
-from .model.logfile import LogFormatError
+from .model.logfile import LogFormatError, misnamed_batch_file, misnamed_log_files
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
 from .model.sink import SINK_LOG_DIR, SinkOutput
@@ -103,6 +103,7 @@ class Fsck:
                                                     if self.ckpt.listing.url(rel) not in unreadable_urls])
         for e in errors:
             self._log_error(e)
+        self._misnamed_batch_files()
         dirs = sorted(f.rel for files in (self.ckpt.offset_files, self.ckpt.commit_files) for f in files.values()
                       if f.info is not None and f.info.is_dir)
         if dirs:
@@ -538,6 +539,13 @@ class Fsck:
                              "checksum file without its state file", "delete it (Spark's maintenance would, too)")
 
     # -- litter and checksums ----------------------------------------------------------------------
+    def _misnamed_batch_files(self) -> None:
+        """A log entry Spark lists as a batch but reads that batch from another name (``misnamed_log_files``)."""
+        for listing, rel_dir, compactible in self.ckpt.batch_logs(self.sinks):
+            for rel, batch in misnamed_log_files(listing, rel_dir, compactible):
+                problem, fix = misnamed_batch_file(listing, rel, batch)
+                self.add(ERROR, "misnamed-batch-file", listing.url(rel), problem, fix)
+
     def _temp_files(self) -> None:
         # offsets/ holds no batch file: Spark starts a new query here, and refuses to (not while an operation fences
         # the checkpoint: its temp files and half-written logs are its own, and resume or undo finishes it)

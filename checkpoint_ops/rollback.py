@@ -50,7 +50,7 @@ from .model.compactible import (
     previous_compaction,
 )
 from .model.listing import Listing
-from .model.logfile import LogFormatError
+from .model.logfile import LogFormatError, refuse_misnamed_batch_files
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
@@ -614,6 +614,7 @@ def _refuse_dirs_named_as_batches(ckpt: Checkpoint, sinks: list[SinkOutput] = ()
     logs = [(ckpt.listing, ckpt.offset_files), (ckpt.listing, ckpt.commit_files)]
     logs += [(ckpt.listing, src.log.files) for src in ckpt.sources.values() if src.log is not None]
     logs += [(s.listing, s.log.files) for s in sinks]
+    refuse_misnamed_batch_files(ckpt.batch_logs(sinks), "the rollback is refused, nothing was changed")
     for listing, files in logs:  # ``log_files`` lists a directory named as a batch, as Spark does
         named = [f.rel for f in files.values() if f.info.is_dir]
         if named:

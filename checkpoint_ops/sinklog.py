@@ -36,7 +36,7 @@ from .lag import SinkLag, sink_lag
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
-from .model.logfile import LogFormatError, unreadable
+from .model.logfile import LogFormatError, refuse_misnamed_batch_files, unreadable
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
 from .pairing import PAIRING_FILE, paired_checkpoint, paired_checkpoint_url, record_pairing_after, require_pairing
@@ -338,6 +338,8 @@ def _rewrite(ctx: SinkContext, plan: Plan, rel: str, keep, stage: bool, reason: 
 
 def _check_log(log: CompactibleLog) -> None:
     """Refuse a log Spark's readers cannot read as of its latest batch (exit 2, naming the file)."""
+    refuse_misnamed_batch_files([(log.listing, log.rel_dir, True)],
+                                "the change to the sink log is refused, nothing was changed")
     if log.latest is None:
         return
     missing = log.missing_for(log.latest)

@@ -85,13 +85,15 @@ def test_a_state_schema_file_cut_short_after_warm_passes_closes_the_window(strea
 
 @pytest.mark.parametrize("rel", ["_spark_metadata/025", "sources/0/025", "offsets/015"])
 def test_a_directory_named_like_an_old_log_file_is_judged_again(stream, rel):
-    """Spark takes ``025`` for batch 25's file and fails to read a directory: the memo hashes a log
-    directory's subdirectories named like log files too (it hashed files only)."""
+    """Spark lists ``025`` as batch 25 (and reads batch 25 from ``25``): the memo hashes a log directory's
+    subdirectories named like log files too (it hashed files only). The model took the directory for batch 25's
+    file (which cut the window); now it keeps ``25`` and fsck names the directory as misnamed."""
     _pass(stream)
     _pass(stream)
-    os.mkdir(os.path.join(stream.out if rel.startswith("_spark") else stream.ckpt, rel))
+    where = os.path.join(stream.out if rel.startswith("_spark") else stream.ckpt, rel)
+    os.mkdir(where)
     want_findings, want_report = _without_cache(stream)
-    assert want_report["rollback_window"]["earliest"] > 0
+    assert ("error", "misnamed-batch-file", where) in want_findings, want_findings
     _, findings, report = _pass(stream)
     assert report["rollback_window"] == want_report["rollback_window"]
     assert findings == want_findings
@@ -197,3 +199,23 @@ def test_the_first_pass_reports_the_pairing_its_own_sync_recorded(stream):
     assert "sink" in want_report["sink"]["pairing"]["recorded"]
     assert got.report == want_report
     assert _keys(f.to_dict() for f in got.findings) == want_findings
+
+
+@pytest.mark.parametrize("name", ["offsets/+29", "commits/029", "_spark_metadata/+29", "sources/0/029"])
+def test_a_copy_under_a_name_spark_misreads_is_found_after_warm_passes(stream, name):
+    """``offsets/+29`` beside ``offsets/29``: Spark lists it as batch 29 and never reads it (a stray; a rollback
+    refuses it). The passes that warmed the cache and the health check's fingerprint must see it appear."""
+    _pass(stream)
+    assert _shared(stream) == []
+    root = stream.out if name.startswith("_spark") else stream.ckpt
+    log, _, wrong = name.rpartition("/")
+    right = str(int(wrong))
+    names = os.listdir(os.path.join(root, log))
+    right = right if right in names else f"{right}.compact" if f"{right}.compact" in names else \
+        max((n for n in names if not n.startswith(".")), key=lambda n: int(n.split(".")[0]))
+    shutil.copy2(os.path.join(root, log, right), os.path.join(root, name))
+    want = _without_cache(stream)[0]
+    assert ("error", "misnamed-batch-file", os.path.join(root, name)) in want, want
+    _, findings, _ = _pass(stream)
+    assert findings == want
+    assert _shared(stream) == want

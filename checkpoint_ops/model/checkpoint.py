@@ -303,6 +303,13 @@ class Checkpoint:
 
         return ids_for
 
+    def batch_logs(self, sinks=()) -> list[tuple[Listing, str, bool]]:
+        """(listing, directory, compactible) of every log Spark lists by batch: ``offsets/``, ``commits/``, each
+        file source's log and each of ``sinks``' ``_spark_metadata/``."""
+        logs = [(self.listing, "offsets", False), (self.listing, "commits", False)]
+        logs += [(self.listing, src.log.rel_dir, True) for src in self.sources.values() if src.log is not None]
+        return logs + [(sink.listing, SINK_LOG_DIR, True) for sink in sinks]
+
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""
         # the suffix first: one C call per listed file, the name split only for the few that end so

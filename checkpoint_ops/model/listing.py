@@ -32,8 +32,17 @@ def spark_batch_id(name: str) -> int | None:
     return value if value in _LONG_RANGE else None
 
 
-def is_spark_batch_name(name: str) -> bool:
-    return spark_batch_id(name) is not None
+def listed_batch_id(name: str) -> int | None:
+    """The batch id Spark's ``isBatchFile`` lists ``name`` as, a leading ``+`` included (Java's ``toLong``
+    takes ``+31`` for 31), or None."""
+    return spark_batch_id(name[1:] if name[:1] == "+" and name[1:2] != "-" else name)
+
+
+def misnamed_batch_id(name: str) -> int | None:
+    """The batch id of a name Spark lists as a batch but does not read that batch from (``031``, ``+31``,
+    Unicode digits, ``-0``): Spark reads batch N from the file named ``str(N)`` only. None for any other name."""
+    batch = listed_batch_id(name)
+    return batch if batch is not None and str(batch) != name else None
 
 
 # What Spark requires to be empty (or absent) to start a new query at a checkpoint location (Listing.blocks_new_query)
@@ -184,7 +193,7 @@ class Listing:
         directory (``empty_dirs``: local, or an object store's marker)."""
         if any(rel == d or rel.startswith(d + "/") for rel in self.unreadable_dirs for d in NEW_QUERY_EMPTY_DIRS):
             return []
-        if any(is_spark_batch_name(name) for name in self.files_in("offsets")):
+        if any(listed_batch_id(name) is not None for name in self.files_in("offsets")):
             return []
         found = []
         for rel_dir in NEW_QUERY_EMPTY_DIRS:

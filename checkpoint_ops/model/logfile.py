@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import BadInputError, UnsupportedVersionError
 from ..storage import FileInfo
-from .listing import Listing, spark_batch_id
+from .listing import Listing, misnamed_batch_id, spark_batch_id
 
 COMPACT_SUFFIX = ".compact"
 
@@ -69,8 +69,65 @@ def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict
         prev = out.get(bid)
         if prev is not None and prev.compact and not name.endswith(COMPACT_SUFFIX):
             continue  # both "9" and "9.compact": Spark reads the name its interval dictates
+        if prev is not None and prev.name in (str(bid), f"{bid}{COMPACT_SUFFIX}"):
+            continue  # "31" beside a misnamed "031": Spark reads "31" (``misnamed_log_files`` names the other)
         out[bid] = LogFile(bid, name, f"{rel_dir}/{name}" if rel_dir else name, info)
     return dict(sorted(out.items()))
+
+
+def misnamed_log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> list[tuple[str, int]]:
+    """(rel, batch id) of every entry of a log directory that Spark lists as a batch but never reads that batch
+    from (``offsets/031``, ``offsets/+31``: Spark reads batch 31 from ``offsets/31``), files and directories."""
+    prefix = f"{rel_dir}/" if rel_dir else ""
+    names = set(listing.files_in(rel_dir)) | set(listing.subdirs(rel_dir))
+    names |= {rel[len(prefix):].partition("/")[0] for rel in listing.empty_dirs if rel.startswith(prefix)}
+    out = []
+    for name in sorted(names):
+        stem = name[: -len(COMPACT_SUFFIX)] if compactible and name.endswith(COMPACT_SUFFIX) else name
+        bid = misnamed_batch_id(stem) if stem else None
+        if bid is not None:
+            out.append((f"{prefix}{name}", bid))
+    return out
+
+
+def misnamed_batch_file(listing: Listing, rel: str, batch: int) -> tuple[str, str]:
+    """The problem and the fix for ``rel``, an entry Spark lists as batch ``batch`` but reads it from another name."""
+    rel_dir, _, name = rel.rpartition("/")
+    right = f"{batch}{COMPACT_SUFFIX}" if name.endswith(COMPACT_SUFFIX) else str(batch)
+    right_rel = f"{rel_dir}/{right}" if rel_dir else right
+    there = listing.get(right_rel) is not None or listing.dir_entry(right_rel) is not None
+    problem = (f"{rel} is not a name Spark reads: Spark lists it as batch {batch} (its name parses as that number) "
+               f"but reads batch {batch} only from {right_rel}, ")
+    if there:
+        problem += ("which is there: Spark never reads this one, and a rollback or compaction cannot tell which of "
+                    "the two is that batch's")
+        fix = (f"move {rel} (and its `.{name}.crc` sidecar, if any) out of this directory, keeping a copy, then run "
+               "`checkpoint-ops fsck` again")
+    else:
+        from .sink import SINK_LOG_DIR
+
+        problem += (f"which is missing: Spark's readers of the output fail where they read batch {batch} (every batch "
+                    f"since the last compact file, as of the newest): File {right_rel} does not exist"
+                    if rel_dir == SINK_LOG_DIR else
+                    f"which is missing: the query fails to start where Spark reads batch {batch} (File {right_rel} "
+                    "does not exist)")
+        fix = (f"if it is batch {batch}'s file, rename it to {right_rel} (and its `.{name}.crc` sidecar, if any, to "
+               f"`.{right}.crc`); otherwise move it out of this directory, keeping a copy. Then run "
+               "`checkpoint-ops fsck` again")
+    return problem, fix
+
+
+def refuse_misnamed_batch_files(logs, doing: str) -> None:
+    """Refuse (bad input, nothing changed) where a log of ``logs`` ((listing, rel_dir, compactible) each) holds an
+    entry Spark lists as a batch but does not read that batch from: which file is that batch's is not known, and
+    the command would act on one of the two. ``doing`` ends the message: what the command did not do."""
+    for listing, rel_dir, compactible in logs:
+        found = misnamed_log_files(listing, rel_dir, compactible)
+        if found:
+            rel, batch = found[0]
+            problem, fix = misnamed_batch_file(listing, rel, batch)
+            raise BadInputError(f"{problem}{' (and more in this log)' if len(found) > 1 else ''}; {doing}",
+                                path=listing.url(rel), fix=fix)
 
 
 class LogFormatError(BadInputError):
