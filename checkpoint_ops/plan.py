@@ -192,7 +192,10 @@ class Plan:
 
     # -- rendering -------------------------------------------------------------------------------
     def render(self, verbose: bool = False, limit: int = 8) -> str:
-        lines = [f"Plan {self.hash[:12]} ({self.operation}" + (f" to batch {self.target_batch})" if self.target_batch is not None else ")")]
+        # an undo's plan carries the target of the operation it reverts (its guards judge by it), not where it
+        # leaves the checkpoint: its summary names that operation and its target
+        to = f" to batch {self.target_batch}" if self.target_batch is not None and self.operation != "undo" else ""
+        lines = [f"Plan {self.hash[:12]} ({self.operation}{to})"]
         for rid, url in self.roots.items():
             lines.append(f"  {rid}: {url}")
         for k, v in self.summary.items():

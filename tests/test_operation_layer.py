@@ -314,6 +314,8 @@ def test_shared_options_behave_the_same_everywhere(run, tmp_path):
     assert code == 0 and dry["plan"]["operation"] == "undo" and dry["result"] is None
     code, out, err = cli("undo", run.checkpoint, "--dry-run")
     assert code == 0 and "total: " in out and "None bytes" not in out, out  # sizes it knows, or none
+    # the header says what the undo is, not the target of the rollback it reverts as if the undo went there
+    assert "(undo)" in out.splitlines()[0] and f"to batch {n}" in out and "undo to batch" not in out, out
     code, out, err = cli("undo", run.checkpoint, "--plan-hash", "abc")
     assert code == 2 and "too short" in err
     # a plan that is not the one reviewed is refused, and not shown as if it were about to apply
