@@ -135,3 +135,22 @@ def test_restart_set_names_what_spark_reads(run):
         root = run.checkpoint if f.root == "checkpoint" else run.output
         if f.origin == "disk":
             assert os.path.isfile(os.path.join(root, f.rel)), f
+
+
+@pytest.mark.parametrize("flavour", ["hdfs", "rocksdb_v2"])
+def test_a_state_directory_beyond_the_pinned_partitions_is_not_read(spark, run, tmp_path):
+    """``state/0/2`` (empty: a hand ``mkdir``, or an object store's marker) where the offsets log pins 2 shuffle
+    partitions: Spark loads partitions 0 and 1 only. fsck called it ``state-missing`` (version N+1 "loads from empty
+    state but 1.delta is missing"), and backup create and rollback refused (exit 2)."""
+    pinned = json.loads(open(os.path.join(run.checkpoint, "offsets", str(run.last_batch))).read().split("\n")[1])[
+        "conf"]["spark.sql.shuffle.partitions"]
+    beyond = os.path.join(run.checkpoint, "state", "0", str(pinned))
+    assert not os.path.exists(beyond)
+    os.mkdir(beyond)
+    code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    assert (code, f["findings"]) == (0, []), f
+    code, b = cli_json("backup", "create", run.checkpoint, str(tmp_path / "dest"), "--sink", run.output)
+    assert code == 0, b
+    code, r = rollback(run, target_before_last_compaction(run), "--yes")
+    assert code == 0, r
+    assert finish_and_read(spark, run) == exact(run)
