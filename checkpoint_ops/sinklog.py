@@ -33,7 +33,9 @@ from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, clear_staged_sources, staging_dir
 from .journal import ops_dir
 from .lag import SinkLag, sink_lag
+from .lease import read_lease
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
+from .liveness import OPERATION
 from .model.checkpoint import Checkpoint
 from .model.compactible import CompactibleLog, all_valid_batches, infer_interval
 from .model.logfile import LogFormatError, refuse_misnamed_batch_files, unreadable
@@ -767,6 +769,10 @@ def clear_staging(ctx: SinkContext, plan: Plan) -> None:
 # ---- the operations ----------------------------------------------------------------------------------------
 
 
+# operations anchored at a checkpoint that change its file sinks' outputs too (their journal is beside the checkpoint)
+CHECKPOINT_OPERATIONS = ("rollback", "restore", "undo", "resume")
+
+
 class _SinkOperation(Operation):
     """A plan on a sink's log (and data files), anchored at its checkpoint when given, else at the output."""
 
@@ -792,6 +798,34 @@ class _SinkOperation(Operation):
 
     def recovery_url(self) -> str | None:
         return self.sites()[-1].url  # the anchor: the checkpoint when given, else the output
+
+    def precheck(self) -> None:
+        super().precheck()
+        if self.checkpoint_url is None:
+            self._refuse_a_dead_checkpoint_operation()
+
+    def _refuse_a_dead_checkpoint_operation(self) -> None:
+        """Without its checkpoint, refuse to take over the output's lease from a dead rollback, restore, undo or
+        resume: it may have stopped part-way through this output, its journal is beside its checkpoint (which
+        fences only itself), and this command would change the sink log under it. A compaction did, between a
+        killed rollback and its ``resume``: the resume then reported success over a log missing the batches it
+        kept, and Spark failed (BATCH_METADATA_NOT_FOUND; a hostile review). With ``--checkpoint`` its fence is
+        seen; a live holder is refused when the lease is taken."""
+        fm, root = open_file_manager(self.output_url, self.storage_options)
+        state = read_lease(fm, root)
+        holder = state.holder
+        if not (state.present and state.stale_reason is not None and holder is not None
+                and holder.kind == OPERATION and holder.operation in CHECKPOINT_OPERATIONS):
+            return
+        flag = param("checkpoint") or "the checkpoint"
+        raise RefusedError(
+            f"the lease of this output is {state.describe()}: that {holder.operation} stopped while it held this "
+            "output, perhaps part-way through changing it, and its journal is beside its checkpoint, which this "
+            f"{self.what} was not given; nothing was changed", path=fm.url(root),
+            fix=f"run `checkpoint-ops resume CKPT` (or `checkpoint-ops undo CKPT`) on that checkpoint: it finishes "
+                f"the {holder.operation} and frees this lease; or run this again with {flag} CKPT, which sees it. If "
+                f"that checkpoint has nothing to resume (`checkpoint-ops history CKPT`), `checkpoint-ops lease break "
+                f"{self.output_url}` frees the lease")
 
     def open(self) -> None:
         self.ctx = open_context(self.output_url, self.checkpoint_url, self.storage_options, self.compact_interval,
