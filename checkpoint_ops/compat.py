@@ -48,7 +48,6 @@ from .lag import SinkAheadOfCommits, sink_ahead_of_commits
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.listing import new_query_blocked
-from .model.logfile import refuse_misnamed_batch_files
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, OperatorProfile, ProfileRecord, QueryProfile, SinkProfile,
@@ -290,7 +289,7 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     if blocked:  # Spark starts it as a new query, and refuses to (a fenced one: refused below, naming resume)
         problem, fix = new_query_blocked(ckpt.listing, blocked)
         raise BadInputError(problem, path=ckpt.url, fix=fix)
-    refuse_misnamed_batch_files(ckpt.batch_logs(), "no query restarts here until it is put right")
+    ckpt.refuse_misnamed([], "no query restarts here until it is put right")
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:

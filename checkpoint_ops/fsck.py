@@ -20,6 +20,7 @@ from .model.logfile import LogFormatError, misnamed_batch_file, misnamed_log_fil
 from .model.operator_metadata import OperatorMetadata
 from .model.operators import FileProblem
 from .model.sink import SINK_LOG_DIR, SinkOutput
+from .model.state import misnamed_state_entry
 from .model.logfile import unreadable
 from .pairing import PAIRING_FILE, check_pairing
 from .recorded_sinks import left_out
@@ -542,9 +543,13 @@ class Fsck:
     def _misnamed_batch_files(self) -> None:
         """A log entry Spark lists as a batch but reads that batch from another name (``misnamed_log_files``)."""
         for listing, rel_dir, compactible in self.ckpt.batch_logs(self.sinks):
-            for rel, batch in misnamed_log_files(listing, rel_dir, compactible):
-                problem, fix = misnamed_batch_file(listing, rel, batch)
-                self.add(ERROR, "misnamed-batch-file", listing.url(rel), problem, fix)
+            for entry in misnamed_log_files(listing, rel_dir, compactible):
+                problem, fix = misnamed_batch_file(listing, entry)
+                self.add(ERROR if entry.oldest_kept is None else WARNING, "misnamed-batch-file",
+                         listing.url(entry.rel), problem, fix)
+        for rel, right in self.ckpt.state.misnamed:
+            problem, fix = misnamed_state_entry(self.ckpt.listing, rel, right)
+            self.add(ERROR, "misnamed-state-file", self.ckpt.listing.url(rel), problem, fix)
 
     def _temp_files(self) -> None:
         # offsets/ holds no batch file: Spark starts a new query here, and refuses to (not while an operation fences

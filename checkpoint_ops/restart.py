@@ -867,7 +867,7 @@ def damage_in_removed(ckpt: Checkpoint, sinks: list[SinkOutput], plan, target: i
         prefix = f"{parent}/" if parent else ""
         for name in names:
             head = name.split(".", 1)[0].split("_", 1)[0]
-            if not head.isdigit() or name.startswith("."):
+            if not head.isdecimal() or name.startswith("."):
                 continue
             bid = int(head)
             cur = newest.get(key := (root, parent, phase == "state"))

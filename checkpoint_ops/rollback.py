@@ -50,7 +50,7 @@ from .model.compactible import (
     previous_compaction,
 )
 from .model.listing import Listing
-from .model.logfile import LogFormatError, refuse_misnamed_batch_files
+from .model.logfile import LogFormatError
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
 from .operation import ApplyContext, Operation, Site
@@ -614,7 +614,7 @@ def _refuse_dirs_named_as_batches(ckpt: Checkpoint, sinks: list[SinkOutput] = ()
     logs = [(ckpt.listing, ckpt.offset_files), (ckpt.listing, ckpt.commit_files)]
     logs += [(ckpt.listing, src.log.files) for src in ckpt.sources.values() if src.log is not None]
     logs += [(s.listing, s.log.files) for s in sinks]
-    refuse_misnamed_batch_files(ckpt.batch_logs(sinks), "the rollback is refused, nothing was changed")
+    ckpt.refuse_misnamed(sinks, "the rollback is refused, nothing was changed")
     for listing, files in logs:  # ``log_files`` lists a directory named as a batch, as Spark does
         named = [f.rel for f in files.values() if f.info.is_dir]
         if named:
@@ -744,6 +744,8 @@ class RollbackOperation(Operation):
         self.sinks = [require_sink(SinkOutput(fm, root, self.sink_compact_interval), url)
                       for (fm, root), url in zip(self.sink_fms, self.sink_urls)]
         self.ledger = ledger_or_none(self.ckpt)
+        # before the activity check: a commits/031 of commits/31 leaves offsets/31 looking uncommitted
+        self.ckpt.refuse_misnamed(self.sinks, "the rollback is refused, nothing was changed")
 
     def check_active(self, force: bool) -> list[str]:
         return refuse_if_active(self.ckpt, force)

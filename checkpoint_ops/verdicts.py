@@ -247,7 +247,7 @@ class VerdictCache:
                     raise TypeError
                 old_findings = (last["fingerprint"], last["findings"])
             window = doc.get("window", {})
-            if not isinstance(window, dict) or not all(isinstance(k, str) and k.isdigit() and isinstance(v, str)
+            if not isinstance(window, dict) or not all(isinstance(k, str) and k.isdecimal() and isinstance(v, str)
                                                        for k, v in window.items()):
                 raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):

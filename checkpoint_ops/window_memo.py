@@ -294,7 +294,7 @@ class WindowMemo:
         if not sep:
             return digest, None
         parts = rest.split(",") if rest else []
-        if len(parts) != len(self.source_logs) or not all(p == "-" or p.isdigit() for p in parts):
+        if len(parts) != len(self.source_logs) or not all(p == "-" or p.isdecimal() for p in parts):
             return digest, None
         return digest, [None if p == "-" else int(p) for p in parts]
 

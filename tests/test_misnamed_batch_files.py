@@ -13,7 +13,7 @@ import pytest
 import s3fs
 
 from benchmarks.check_pass import INTERVAL
-from tests.helpers import cli_json, tree_snapshot
+from tests.helpers import cli, cli_json, tree_snapshot
 from tests.test_rollback_directory_as_batch import I, _stream
 
 
@@ -31,7 +31,7 @@ def test_a_misnamed_sink_log_file_stops_every_change_to_the_sink_log(tmp_path, c
     code, r = cli_json(*command[:2], s.out, "--checkpoint", s.ckpt, "--sink-compact-interval", str(INTERVAL),
                        *command[2:], "--yes")
     assert code == 2, r
-    assert r["path"] == os.path.join(log, "+" + newest) and "which is there" in r["problem"], r
+    assert r["path"] == os.path.join(log, "+" + newest) and " is there: Spark reads no batch from this one" in r["problem"], r
     assert "the change to the sink log is refused, nothing was changed" in r["problem"], r
     assert tree_snapshot(s.ckpt, s.out) == before
 
@@ -66,3 +66,90 @@ def test_on_s3_a_misnamed_offsets_file_is_named_and_the_rollback_refused(tmp_pat
     assert code == 2 and r["path"] == f"{where}/offsets/024" and "which is missing" in r["problem"], r
     assert sorted(o["Key"] for o in boto3.client("s3", endpoint_url=s3_server).list_objects_v2(
         Bucket=bucket, Prefix="ckpt/")["Contents"]) == keys
+
+
+def _kept(s, batches: int = 25):
+    """A stream whose logs keep only their newest 10 batches, as Spark's retention leaves them."""
+    from benchmarks.check_pass import Stream
+
+    stream = Stream(s, retain=10)
+    for _ in range(batches):
+        stream.batch()
+    return stream
+
+
+def test_a_stray_below_every_kept_batch_is_a_warning_and_stops_nothing(tmp_path):
+    """``offsets/05`` and ``commits/05`` where the logs keep 15..24: Spark restarts over them (and a sink log's)
+    exactly (a hostile review, with Spark); fsck called each an error ("the query fails to start"), and rollback,
+    compat and the sink commands refused. ``ledger sync`` crashed (it read ``offsets/5``)."""
+    s = _kept(str(tmp_path))
+    strays = [os.path.join(s.ckpt, "offsets", "05"), os.path.join(s.ckpt, "commits", "05")]
+    for path in strays:
+        shutil.copy2(os.path.join(os.path.dirname(path), "24"), path)
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert code == 1 and sorted((f["severity"], f["code"], f["path"]) for f in r["findings"]) == \
+        sorted(("warning", "misnamed-batch-file", p) for p in strays), r
+    assert all("below every batch this log keeps" in f["problem"] for f in r["findings"]), r
+    code, out, err = cli("ledger", "sync", s.ckpt, "--sink", s.out, *I)
+    assert code == 0 and "Traceback" not in err, err
+    code, r = cli_json("sink", "compact", s.out, "--checkpoint", s.ckpt, "--sink-compact-interval", str(INTERVAL),
+                       "--yes")
+    assert code == 0, r
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--yes")
+    assert code == 0, r
+    assert all(os.path.exists(p) for p in strays)  # below the target: not the rollback's to move
+
+
+def test_a_misnamed_newest_offsets_file_is_not_backed_up(tmp_path):
+    """``backup create``, ``verify`` and ``restore`` passed ``offsets/024`` (``offsets/24`` missing), and Spark
+    then failed at the restored copy (a hostile review, with Spark)."""
+    s = _stream(str(tmp_path / "q"))
+    os.rename(os.path.join(s.ckpt, "offsets", "24"), os.path.join(s.ckpt, "offsets", "024"))
+    code, r = cli_json("backup", "create", s.ckpt, str(tmp_path / "dest"), "--sink", s.out, *I)
+    assert code == 2 and r["path"].endswith("offsets/024") and "nothing was backed up" in r["problem"], r
+    assert not os.path.exists(tmp_path / "dest") or not os.listdir(tmp_path / "dest" / "manifests")
+
+
+@pytest.mark.parametrize("name", ["\U0001d7d1\U0001d7d0", "²"])
+def test_digits_java_does_not_read_are_not_batches(tmp_path, name):
+    """``offsets/𝟑𝟐`` (digits outside the basic plane: two UTF-16 units each, which Java's ``parseLong`` refuses) and
+    ``offsets/²`` are no batch to Spark, which resumes over them (a hostile review, with Spark); the first was
+    called misnamed and a running batch 32."""
+    s = _stream(str(tmp_path))
+    shutil.copy2(os.path.join(s.ckpt, "offsets", "24"), os.path.join(s.ckpt, "offsets", name))
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert (code, r["findings"]) == (0, []), r
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--yes")
+    assert code == 0, r
+
+
+@pytest.mark.parametrize("where", ["state/0/0/².delta", "state/²/0/1.delta", "log"])
+def test_a_superscript_digit_in_a_state_name_or_a_version_line_is_no_crash(tmp_path, where):
+    """``str.isdigit`` takes "²" for a digit and ``int`` refuses it: fsck, inspect, rollback and backup create
+    ended in a ValueError traceback (exit 3; a hostile review)."""
+    s = _stream(str(tmp_path / "q"))
+    if where == "log":
+        path = os.path.join(s.ckpt, "commits", "10")
+        data = open(path, "rb").read().split(b"\n", 1)
+        open(path, "wb").write("v²".encode() + b"\n" + data[1])
+    else:
+        os.makedirs(os.path.dirname(os.path.join(s.ckpt, where)), exist_ok=True)
+        open(os.path.join(s.ckpt, where), "w").write("x")
+    for args in (["fsck", s.ckpt, *I], ["inspect", s.ckpt, *I],
+                 ["rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--dry-run"],
+                 ["backup", "create", s.ckpt, str(tmp_path / "dest"), "--sink", s.out, *I]):
+        code, out, err = cli(*args)
+        assert code in (0, 1, 2) and "Traceback" not in err, (args, code, err[-2000:])
+
+
+def test_a_misnamed_compact_file_beside_a_plain_one_says_move_it_out(tmp_path):
+    """``_spark_metadata/020.compact`` beside a plain ``20`` (a review): the fix said to rename it to ``20.compact``,
+    which leaves Spark working out another compact interval and failing. Batch 20's file is there: move it out."""
+    s = _stream(str(tmp_path))
+    log = os.path.join(s.out, "_spark_metadata")
+    plain = next(str(b) for b in range(24, 0, -1) if os.path.exists(os.path.join(log, str(b))))
+    shutil.copy2(os.path.join(log, plain), os.path.join(log, f"0{plain}.compact"))
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    found = [f for f in r["findings"] if f["code"] == "misnamed-batch-file"]
+    assert code == 1 and len(found) == 1 and found[0]["severity"] == "error", r
+    assert f"_spark_metadata/{plain} is there" in found[0]["problem"] and found[0]["fix"].startswith("move "), found

@@ -19,7 +19,7 @@ import pytest
 from checkpoint_ops.compat import check_compat
 from checkpoint_ops.errors import BadInputError
 from checkpoint_ops.model import Checkpoint
-from pipelines.event_counts import counts_writer
+from pipelines.event_counts import counts_writer, flush_files
 from tests.helpers import cli_json, tree_snapshot
 from tests.test_rollback_spark import INTERVALS, exact, finish_and_read, rollback, target_before_last_compaction
 
@@ -93,7 +93,7 @@ def test_a_stray_copy_beside_the_file_spark_reads_is_refused_until_moved_out(spa
     code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
     named = [x for x in f["findings"] if x["code"] == "misnamed-batch-file"]
     assert code == 1 and [x["path"] for x in named] == [os.path.join(directory, "+" + last)], f
-    assert "which is there" in named[0]["problem"] and "move offsets/+" in named[0]["fix"], named
+    assert " is there: Spark reads no batch from this one" in named[0]["problem"] and "move offsets/+" in named[0]["fix"], named
     before = tree_snapshot(run.checkpoint, run.output)
     code, r = rollback(run, n, "--yes")
     assert code == 2 and r["path"] == os.path.join(directory, "+" + last), r
@@ -104,6 +104,53 @@ def test_a_stray_copy_beside_the_file_spark_reads_is_refused_until_moved_out(spa
     shutil.move(os.path.join(directory, f".+{last}.crc"), str(tmp_path))
     code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
     assert code == 0, f
+    code, r = rollback(run, n, "--yes")
+    assert code == 0, r
+    assert finish_and_read(spark, run) == exact(run)
+
+
+def _state_rename(run, case: str) -> list[tuple[str, str]]:
+    """(right, wrong) relative paths renamed under the checkpoint for ``case``."""
+    ckpt = run.checkpoint
+    if case == "operator directory":
+        return [("state/0", "state/00")]
+    if case == "partition directory":
+        return [("state/0/1", "state/0/01")]
+    store = os.path.join(ckpt, "state", "0", "1")
+    newest = max((n for n in os.listdir(store) if n.rpartition(".")[2] in ("delta", "snapshot", "zip", "changelog")
+                  and not n.startswith(".")),
+                 key=lambda n: int(n.split(".")[0].split("_")[0]))
+    return [(f"state/0/1/{newest}", f"state/0/1/0{newest}")]
+
+
+@pytest.mark.parametrize("flavour,case", [("hdfs", "operator directory"), ("hdfs", "partition directory"),
+                                          ("hdfs", "newest state file"), ("rocksdb_v2", "newest state file")])
+def test_a_state_name_spark_parses_but_does_not_read_is_named_and_refused(spark, run, case):
+    """``state/00``, ``state/0/01``, ``state/0/1/032.delta``, ``032_<uuid>.changelog``: the state model took each
+    for Spark's (``isdigit``), so fsck called the checkpoint healthy and a rollback applied; Spark then failed
+    (CANNOT_READ_DELTA_FILE_NOT_EXISTS, CANNOT_READ_STREAMING_STATE_FILE; a hostile review, with Spark)."""
+    renamed = _state_rename(run, case)
+    for right, wrong in renamed:
+        os.rename(os.path.join(run.checkpoint, right), os.path.join(run.checkpoint, wrong))
+    n = target_before_last_compaction(run)
+    code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
+    named = [x for x in f["findings"] if x["code"] == "misnamed-state-file"]
+    assert code == 1 and [x["path"] for x in named] == [os.path.join(run.checkpoint, w) for _, w in renamed], f
+    assert named[0]["severity"] == "error" and f"rename it to {renamed[0][0]}" in named[0]["fix"], named
+    before = tree_snapshot(run.checkpoint, run.output)
+    code, r = rollback(run, n, "--yes")
+    assert code == 2 and r["path"] == os.path.join(run.checkpoint, renamed[0][1]), r
+    code, b = cli_json("backup", "create", run.checkpoint, os.path.join(run.base, "..", f"dest-{case[:4]}"),
+                       "--sink", run.output)
+    assert code == 2 and "nothing was backed up" in b["problem"], b
+    assert tree_snapshot(run.checkpoint, run.output) == before
+    flush_files(run.input, run.files)  # a batch to run, which loads the state
+    with pytest.raises(Exception, match="CANNOT_READ|CANNOT_LOAD|does not exist"):  # read under Spark's own name
+        run.run_query(spark)
+    run.reset()  # the failed run may have written a batch: start from what Spark wrote, renamed and put back
+    for right, wrong in renamed:
+        os.rename(os.path.join(run.checkpoint, right), os.path.join(run.checkpoint, wrong))
+        os.rename(os.path.join(run.checkpoint, wrong), os.path.join(run.checkpoint, right))
     code, r = rollback(run, n, "--yes")
     assert code == 0, r
     assert finish_and_read(spark, run) == exact(run)

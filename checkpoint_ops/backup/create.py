@@ -142,7 +142,7 @@ def checkpoint_files(ckpt: Checkpoint, batch: int, kept_planned: bool = False) -
 def _state_file_wanted(parts: list[str], batch: int) -> bool:
     name = parts[-1]
     if "_metadata" in parts and len(parts) >= 4 and parts[-2] == "v2":  # state/<op>/_metadata/v2/<batch>
-        return name.isdigit() and int(name) <= batch
+        return name.isdecimal() and int(name) <= batch
     if "_stateSchema" in parts:
         m = SCHEMA_V3_FILE.match(name)
         return bool(m) and int(m.group(1)) <= batch
@@ -410,6 +410,8 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         for s in sinks:
             _require_readable(s.listing)
             _require_named_as_logged(s)
+        # a restore puts it back as it is, and the query fails there as it does here
+        ckpt.refuse_misnamed(sinks, "nothing was backed up")
         if not without_recorded_sinks:
             _require_recorded_sinks(ckpt, sinks, ledger, storage_options, sink_interval)
         rs = RestartSets(ckpt, sinks).of(batch)

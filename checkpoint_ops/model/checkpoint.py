@@ -16,12 +16,12 @@ from .commits import CommitMetadata, parse_commit
 from .compactible import SPARK_DEFAULT_COMPACT_INTERVAL
 from .dstream import DStreamModel, is_dstream_checkpoint, scan_dstream
 from .listing import Listing, is_hidden_temp, new_query_blocked, require_no_dir_links
-from .logfile import LogFile, LogFormatError, log_files, unreadable
+from .logfile import LogFile, LogFormatError, log_files, refuse_misnamed_batch_files, unreadable
 from .offsets import CODEC_KEY, PROVIDER_CLASS_KEY, OffsetSeq, parse_offsets
 from .operators import OperatorFiles
 from .sink import SINK_LOG_DIR, SinkOutput
 from .sources import SourceDir, classify_sources
-from .state import StateModel
+from .state import StateModel, misnamed_state_entry
 
 STRUCTURED_DIRS = ("offsets", "commits", "sources", "state")
 
@@ -309,6 +309,17 @@ class Checkpoint:
         logs = [(self.listing, "offsets", False), (self.listing, "commits", False)]
         logs += [(self.listing, src.log.rel_dir, True) for src in self.sources.values() if src.log is not None]
         return logs + [(sink.listing, SINK_LOG_DIR, True) for sink in sinks]
+
+    def refuse_misnamed(self, sinks, doing: str) -> None:
+        """Refuse (bad input, nothing changed) a name Spark parses as a batch, operator, partition or version but
+        reads from another (``logfile.refuse_misnamed_batch_files``, ``StateModel.misnamed``). ``doing`` ends the
+        message: what the command did not do."""
+        refuse_misnamed_batch_files(self.batch_logs(sinks), doing)
+        if self.state.misnamed:
+            rel, right = self.state.misnamed[0]
+            problem, fix = misnamed_state_entry(self.listing, rel, right)
+            raise BadInputError(f"{problem}{' (and more)' if len(self.state.misnamed) > 1 else ''}; {doing}",
+                                path=self.listing.url(rel), fix=fix)
 
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""

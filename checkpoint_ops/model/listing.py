@@ -23,10 +23,12 @@ _LONG_RANGE = range(-(1 << 63), 1 << 63)
 
 def spark_batch_id(name: str) -> int | None:
     """The batch id Spark's ``isBatchFile`` reads in ``name`` (Java's ``toLong``: decimal digits, Unicode ones
-    too, an optional ``-``, within 64 bits), or None. A leading ``+``, which Java also accepts, is not read (as
-    the model never has)."""
+    too but only those of one UTF-16 unit, an optional ``-``, within 64 bits), or None. A leading ``+``, which
+    Java also accepts, is not read (``listed_batch_id`` reads it)."""
     digits = name[1:] if name[:1] == "-" else name
     if not digits.isdecimal():  # not isdigit(): "²" is a digit that int() refuses
+        return None
+    if not all(ch < "\U00010000" for ch in digits):  # Java reads UTF-16 units: "𝟑" is two, neither a digit
         return None
     value = int(name)
     return value if value in _LONG_RANGE else None

@@ -41,17 +41,20 @@ class LogFile:
 
 
 def batch_id_from_name(name: str, compactible: bool = False) -> int | None:
-    """Spark's ``isBatchFile``: the name (minus ``.compact``) parses as a long."""
+    """The batch Spark reads from a file of this name: the name (minus ``.compact``) parses as a long, written as
+    Spark writes it (``31``, not ``031``: ``misnamed_log_files``)."""
     if compactible and name.endswith(COMPACT_SUFFIX):
         name = name[: -len(COMPACT_SUFFIX)]
-    return spark_batch_id(name)
+    batch = spark_batch_id(name)
+    return batch if batch is not None and str(batch) == name else None
 
 
 def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict[int, LogFile]:
-    """Batch files of one log directory, by batch id.
+    """Batch files of one log directory, by batch id: the files Spark reads each batch from.
 
     A directory named like a batch file counts, as it does for Spark's ``isBatchFile`` (reading it
-    then fails, and says so).
+    then fails, and says so). A name Spark lists as a batch but reads no batch from (``031``) does not
+    (``misnamed_log_files`` names it).
     """
     out: dict[int, LogFile] = {}
     entries = dict(listing.files_in(rel_dir))
@@ -69,65 +72,84 @@ def log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> dict
         prev = out.get(bid)
         if prev is not None and prev.compact and not name.endswith(COMPACT_SUFFIX):
             continue  # both "9" and "9.compact": Spark reads the name its interval dictates
-        if prev is not None and prev.name in (str(bid), f"{bid}{COMPACT_SUFFIX}"):
-            continue  # "31" beside a misnamed "031": Spark reads "31" (``misnamed_log_files`` names the other)
         out[bid] = LogFile(bid, name, f"{rel_dir}/{name}" if rel_dir else name, info)
     return dict(sorted(out.items()))
 
 
-def misnamed_log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> list[tuple[str, int]]:
-    """(rel, batch id) of every entry of a log directory that Spark lists as a batch but never reads that batch
-    from (``offsets/031``, ``offsets/+31``: Spark reads batch 31 from ``offsets/31``), files and directories."""
+@dataclass(frozen=True)
+class MisnamedEntry:
+    """An entry of a log directory Spark lists as batch ``batch`` but reads no batch from (``offsets/031``,
+    ``offsets/+31``: Spark reads batch 31 from ``offsets/31`` only). ``oldest_kept``: the oldest batch the log
+    holds under its own name, where this one is below it (a stray Spark never reaches), else None."""
+
+    rel: str
+    batch: int
+    oldest_kept: int | None = None
+
+
+def misnamed_log_files(listing: Listing, rel_dir: str, compactible: bool = False) -> list[MisnamedEntry]:
+    """Every entry of a log directory (files and directories) Spark lists as a batch but reads no batch from."""
     prefix = f"{rel_dir}/" if rel_dir else ""
     names = set(listing.files_in(rel_dir)) | set(listing.subdirs(rel_dir))
     names |= {rel[len(prefix):].partition("/")[0] for rel in listing.empty_dirs if rel.startswith(prefix)}
-    out = []
+    found, kept = [], []
     for name in sorted(names):
         stem = name[: -len(COMPACT_SUFFIX)] if compactible and name.endswith(COMPACT_SUFFIX) else name
         bid = misnamed_batch_id(stem) if stem else None
         if bid is not None:
-            out.append((f"{prefix}{name}", bid))
-    return out
+            found.append((f"{prefix}{name}", bid))
+        elif stem and spark_batch_id(stem) is not None:
+            kept.append(spark_batch_id(stem))
+    oldest = min(kept) if kept else None
+    return [MisnamedEntry(rel, bid, oldest if oldest is not None and bid < oldest else None) for rel, bid in found]
 
 
-def misnamed_batch_file(listing: Listing, rel: str, batch: int) -> tuple[str, str]:
-    """The problem and the fix for ``rel``, an entry Spark lists as batch ``batch`` but reads it from another name."""
+def misnamed_batch_file(listing: Listing, entry: MisnamedEntry) -> tuple[str, str]:
+    """The problem and the fix for a ``MisnamedEntry``."""
+    rel, batch = entry.rel, entry.batch
     rel_dir, _, name = rel.rpartition("/")
     right = f"{batch}{COMPACT_SUFFIX}" if name.endswith(COMPACT_SUFFIX) else str(batch)
     right_rel = f"{rel_dir}/{right}" if rel_dir else right
-    there = listing.get(right_rel) is not None or listing.dir_entry(right_rel) is not None
     problem = (f"{rel} is not a name Spark reads: Spark lists it as batch {batch} (its name parses as that number) "
-               f"but reads batch {batch} only from {right_rel}, ")
-    if there:
-        problem += ("which is there: Spark never reads this one, and a rollback or compaction cannot tell which of "
-                    "the two is that batch's")
-        fix = (f"move {rel} (and its `.{name}.crc` sidecar, if any) out of this directory, keeping a copy, then run "
-               "`checkpoint-ops fsck` again")
-    else:
-        from .sink import SINK_LOG_DIR
+               f"but reads batch {batch} only from {right_rel}")
+    move_out = (f"move {rel} (and its `.{name}.crc` sidecar, if any) out of this directory, keeping a copy, then run "
+                "`checkpoint-ops fsck` again")
+    if entry.oldest_kept is not None:
+        return (problem + f", and batch {batch} is below every batch this log keeps (the oldest is "
+                f"{entry.oldest_kept}): a stray Spark never reaches"), move_out
+    forms = (str(batch), f"{batch}{COMPACT_SUFFIX}")
+    there = next((f"{rel_dir}/{x}" if rel_dir else x for x in forms
+                  if listing.get(f"{rel_dir}/{x}" if rel_dir else x) is not None
+                  or listing.dir_entry(f"{rel_dir}/{x}" if rel_dir else x) is not None), None)
+    if there is not None:
+        return (problem + f". {there} is there: Spark reads no batch from this one, but counts it among the batches "
+                "it lists (its newest batch, and the compact interval it works out from the newest `.compact` "
+                "names), and a rollback or compaction cannot tell which of the two is that batch's"), move_out
+    from .sink import SINK_LOG_DIR
 
-        problem += (f"which is missing: Spark's readers of the output fail where they read batch {batch} (every batch "
-                    f"since the last compact file, as of the newest): File {right_rel} does not exist"
-                    if rel_dir == SINK_LOG_DIR else
-                    f"which is missing: the query fails to start where Spark reads batch {batch} (File {right_rel} "
-                    "does not exist)")
-        fix = (f"if it is batch {batch}'s file, rename it to {right_rel} (and its `.{name}.crc` sidecar, if any, to "
-               f"`.{right}.crc`); otherwise move it out of this directory, keeping a copy. Then run "
-               "`checkpoint-ops fsck` again")
+    problem += (f", which is missing: Spark's readers of the output fail where they read batch {batch} (every batch "
+                f"since the last compact file, as of the newest): File {right_rel} does not exist"
+                if rel_dir == SINK_LOG_DIR else
+                f", which is missing: the query fails to start where Spark reads batch {batch} (File {right_rel} "
+                "does not exist)")
+    fix = (f"if it is batch {batch}'s file, rename it to {right_rel} (and its `.{name}.crc` sidecar, if any, to "
+           f"`.{right}.crc`); otherwise move it out of this directory, keeping a copy. Then run "
+           "`checkpoint-ops fsck` again")
     return problem, fix
 
 
 def refuse_misnamed_batch_files(logs, doing: str) -> None:
     """Refuse (bad input, nothing changed) where a log of ``logs`` ((listing, rel_dir, compactible) each) holds an
-    entry Spark lists as a batch but does not read that batch from: which file is that batch's is not known, and
-    the command would act on one of the two. ``doing`` ends the message: what the command did not do."""
+    entry Spark lists as a batch but reads no batch from, at or above the oldest batch the log keeps: Spark reads
+    that batch under another name, and the command would judge the log without it (a rollback would leave it
+    above its target). A stray below every kept batch does not stop it. ``doing`` ends the message: what the
+    command did not do."""
     for listing, rel_dir, compactible in logs:
-        found = misnamed_log_files(listing, rel_dir, compactible)
+        found = [e for e in misnamed_log_files(listing, rel_dir, compactible) if e.oldest_kept is None]
         if found:
-            rel, batch = found[0]
-            problem, fix = misnamed_batch_file(listing, rel, batch)
+            problem, fix = misnamed_batch_file(listing, found[0])
             raise BadInputError(f"{problem}{' (and more in this log)' if len(found) > 1 else ''}; {doing}",
-                                path=listing.url(rel), fix=fix)
+                                path=listing.url(found[0].rel), fix=fix)
 
 
 class LogFormatError(BadInputError):
@@ -190,7 +212,7 @@ def split_versioned(data: bytes, path: str, log_kind: str, *, strip_nul: bool = 
     lines = text.split("\n")
     head = lines[0].strip()
     max_version = MAX_VERSIONS[log_kind]
-    if not head.startswith("v") or not head[1:].isdigit():
+    if not head.startswith("v") or not head[1:].isdecimal():
         raise LogFormatError(
             f"first line {head[:40]!r} is not a version line like 'v1'",
             path=path,

@@ -68,7 +68,7 @@ def offset_kind(value: object) -> str:
     if isinstance(value, dict):
         if set(value) == {"logOffset"}:
             return "file"
-        if value and all(isinstance(v, dict) and all(str(k).lstrip("-").isdigit() for k in v) for v in value.values()):
+        if value and all(isinstance(v, dict) and all(str(k).lstrip("-").isdecimal() for k in v) for v in value.values()):
             return "kafka"
     if isinstance(value, int):
         return "long"  # LongOffset: memory, socket and older rate sources

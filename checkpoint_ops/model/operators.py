@@ -282,4 +282,4 @@ class OperatorFiles:
 
 def _schema_batch(rel: str) -> int | None:
     head = rel.rsplit("/", 1)[-1].split("_", 1)[0]
-    return int(head) if head.isdigit() else None
+    return int(head) if head.isdecimal() else None

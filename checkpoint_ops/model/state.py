@@ -21,7 +21,7 @@ from typing import Callable
 
 from ..storage.checksums import is_hadoop_crc_name
 from .codecs import CodecError, changelog_header, decompress_prefix
-from .listing import Listing, is_hidden_temp
+from .listing import Listing, is_hidden_temp, listed_batch_id, spark_batch_id
 from .state_schema import SCHEMA_FILE
 
 STATE_FILE = re.compile(r"^(\d+)(?:_([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}))?\.(delta|snapshot|zip|changelog)$")
@@ -31,6 +31,25 @@ HDFS_CF_METADATA = re.compile(r"^(\d+)\.metadata$")
 SCHEMA_V3_FILE = re.compile(r"^(\d+)_([0-9a-fA-F-]{36})$")
 
 STORE_SUBDIRS = {"_metadata", "SSTs", "logs"}
+
+
+def misnamed_state_entry(listing: Listing, rel: str, right: str) -> tuple[str, str]:
+    """The problem and the fix for ``rel`` under ``state/``, a name Spark parses but reads from ``right``."""
+    problem = f"{rel} is not a name Spark reads: Spark parses its name as {right.rpartition('/')[2]} but reads {right}"
+    if listing.get(right) is not None or listing.has_dir(right):
+        return (problem + ", which is there: a stray, and a rollback or backup cannot tell which of the two is "
+                "Spark's"), (f"move {rel} out of the checkpoint (keep a copy), then run `checkpoint-ops fsck` again")
+    return (problem + ", which is missing: the query fails where Spark reads it (CANNOT_LOAD_STATE_STORE, or a "
+            "file that does not exist)"), (f"if it is that file (or directory), rename it to {right}, its `.crc` "
+                                           "sidecars with it; otherwise move it out of the checkpoint, keeping a "
+                                           "copy. Then run `checkpoint-ops fsck` again")
+
+
+def _number(text: str) -> int | None:
+    """A non-negative number as Spark writes it in a state path (``32``; not ``032``, ``+32`` or "٣٢", which Spark
+    parses as 32 when it lists a directory but never reads: it reads version 32 from ``32.delta``), or None."""
+    value = spark_batch_id(text)
+    return value if value is not None and value >= 0 and str(value) == text else None
 _PLAIN_KINDS = {"delta", "snapshot", "zip", "changelog"}
 DEFAULT_STORE = "default"
 SNAPSHOT_KINDS = {"snapshot", "zip"}
@@ -184,6 +203,9 @@ class StateModel:
         self.codec = codec
         self.operators: dict[int, Operator] = {}
         self.other_files: list[str] = []  # anything under state/ we do not recognise
+        # (rel, what Spark reads instead): a name Spark parses as an operator, partition or version but reads
+        # from another (``state/00``, ``state/0/01``, ``state/0/0/032.delta``: ``_number``)
+        self.misnamed: list[tuple[str, str]] = []
         self._lineage_cache: dict[str, list[tuple[int, str]] | None] = {}
         self._zip_cache: dict[str, dict] = {}
         self._blobs: dict[str, bytes | None] = {}  # contents a caller already read (see preload)
@@ -195,7 +217,8 @@ class StateModel:
     def _scan(self) -> None:
         L = self.listing
         for op_name in L.subdirs("state"):
-            if not op_name.isdigit():
+            if _number(op_name) is None:  # not an operator Spark reads (``state/00``: it reads operator 0 at state/0)
+                self._misnamed(f"state/{op_name}")
                 continue
             op = Operator(int(op_name), f"state/{op_name}")
             self.operators[op.op_id] = op
@@ -203,15 +226,18 @@ class StateModel:
             if md in L:
                 op.metadata_v1_rel = md
             for name in L.files_in(f"{op.rel_dir}/_metadata/v2"):
-                if name.isdigit():
+                if _number(name) is not None:
                     op.metadata_v2[int(name)] = f"{op.rel_dir}/_metadata/v2/{name}"
+                else:
+                    self._misnamed(f"{op.rel_dir}/_metadata/v2/{name}")
             for store in L.subdirs(f"{op.rel_dir}/_stateSchema"):
                 for name in L.files_in(f"{op.rel_dir}/_stateSchema/{store}"):
                     m = SCHEMA_V3_FILE.match(name)
                     if m:
                         op.schema_files.append((store, int(m.group(1)), f"{op.rel_dir}/_stateSchema/{store}/{name}"))
             for part_name in L.subdirs(op.rel_dir):
-                if not part_name.isdigit():
+                if _number(part_name) is None:
+                    self._misnamed(f"{op.rel_dir}/{part_name}")
                     continue
                 part = int(part_name)
                 pdir = f"{op.rel_dir}/{part_name}"
@@ -225,6 +251,15 @@ class StateModel:
                         if SCHEMA_FILE in L.files_in(f"{sdir}/_metadata"):
                             op.legacy_schema_files[store_name] = f"{sdir}/_metadata/{SCHEMA_FILE}"
 
+    def _misnamed(self, rel: str, number: str | None = None) -> None:
+        """Note ``rel`` when ``number`` (its name's numeric part; the whole name for a directory) is one Spark
+        parses, a leading ``+`` included, but not as Spark writes it."""
+        head, _, name = rel.rpartition("/")
+        number = name if number is None else number.split("_", 1)[0]
+        value = listed_batch_id(number)
+        if value is not None and value >= 0 and str(value) != number:
+            self.misnamed.append((rel, f"{head}/{str(value) + name[len(number):]}"))
+
     def _scan_store(self, op_id: int, part: int, name: str, rel_dir: str) -> Store:
         L = self.listing
         store = Store(op_id, part, name, rel_dir)
@@ -234,18 +269,20 @@ class StateModel:
             rel = f"{rel_dir}/{fname}"
             if fname[0] != ".":  # hidden names are sidecars or temp files: skip the regexes
                 stem, _, ext = fname.partition(".")
-                if ext in _PLAIN_KINDS and stem.isdigit():  # "<v>.delta" etc.: the common case, no regex
+                if ext in _PLAIN_KINDS and _number(stem) is not None:  # "<v>.delta" etc.: no regex
                     by_name[fname] = StateFile(rel, int(stem), ext, None, info)
                     continue
                 m = STATE_FILE.match(fname)
-                if m:
+                if m and _number(m.group(1)) is not None:
                     by_name[fname] = StateFile(rel, int(m.group(1)), m.group(3), m.group(2), info)
                     continue
                 m = HDFS_CF_FILE.match(fname) or HDFS_CF_METADATA.match(fname)
-                if m:
+                if m and _number(m.group(1)) is not None:
                     kind = m.group(3) if m.re is HDFS_CF_FILE else "metadata"
                     by_name[fname] = StateFile(rel, int(m.group(1)), kind, None, info)
                     continue
+                if fname.rpartition(".")[2] in _PLAIN_KINDS:
+                    self._misnamed(rel, stem)
             if is_hidden_temp(fname):
                 store.temp_files.append(rel)
             elif fname.endswith(".crc"):

@@ -150,7 +150,7 @@ def parse_state_schema(data: bytes, rel: str, path: str, store: str = DEFAULT_CO
         raise StateSchemaError("is empty (0 bytes)", path=path, kind="empty")
     r = _Reader(data, path)
     head = r.utf("the version header")
-    if not (head.startswith("v") and head[1:].isdigit()):
+    if not (head.startswith("v") and head[1:].isdecimal()):
         raise StateSchemaError(f"is not a state schema file: it starts with {head[:20]!r}, not a version like 'v2'",
                                path=path, kind="malformed")
     version = int(head[1:])
