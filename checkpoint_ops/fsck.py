@@ -547,9 +547,10 @@ class Fsck:
                 problem, fix = misnamed_batch_file(listing, entry)
                 self.add(ERROR if entry.oldest_kept is None else WARNING, "misnamed-batch-file",
                          listing.url(entry.rel), problem, fix)
-        for rel, right in self.ckpt.state.misnamed:
-            problem, fix = misnamed_state_entry(self.ckpt.listing, rel, right)
-            self.add(ERROR, "misnamed-state-file", self.ckpt.listing.url(rel), problem, fix)
+        for rel, right, stray in self.ckpt.misnamed_state():
+            problem, fix = misnamed_state_entry(rel, right, stray)
+            self.add(ERROR if stray is None else WARNING, "misnamed-state-file", self.ckpt.listing.url(rel),
+                     problem, fix)
 
     def _temp_files(self) -> None:
         # offsets/ holds no batch file: Spark starts a new query here, and refuses to (not while an operation fences

@@ -31,7 +31,7 @@ from typing import Callable
 from .errors import BadInputError, RefusedError, StoreUnavailableError, param, require_batch_number
 from .activity import refuse_if_active, refuse_if_sink_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, clear_staged_sources, staging_dir
-from .journal import ops_dir
+from .journal import ops_dir, scan_journals
 from .lag import SinkLag, sink_lag
 from .lease import read_lease
 from .ledger import Ledger, attribute_batch, attribute_sink_batches, sync
@@ -773,6 +773,17 @@ def clear_staging(ctx: SinkContext, plan: Plan) -> None:
 CHECKPOINT_OPERATIONS = ("rollback", "restore", "undo", "resume")
 
 
+def _unfinished_journal(fm, root: str) -> bool:
+    """Whether an operation journaled beside ``root`` (a sink command run without its checkpoint) stopped part-way:
+    neither applied nor abandoned, or its undo begun and not finished."""
+    try:
+        journals = scan_journals(fm, ops_dir(fm, root))
+    except (OSError, ValueError, BadInputError):
+        return False
+    return any(("applied" not in markers and "abandoned" not in markers)
+               or ("undoing" in markers and "undone" not in markers) for markers in journals.values())
+
+
 class _SinkOperation(Operation):
     """A plan on a sink's log (and data files), anchored at its checkpoint when given, else at the output."""
 
@@ -806,26 +817,33 @@ class _SinkOperation(Operation):
 
     def _refuse_a_dead_checkpoint_operation(self) -> None:
         """Without its checkpoint, refuse to take over the output's lease from a dead rollback, restore, undo or
-        resume: it may have stopped part-way through this output, its journal is beside its checkpoint (which
-        fences only itself), and this command would change the sink log under it. A compaction did, between a
-        killed rollback and its ``resume``: the resume then reported success over a log missing the batches it
-        kept, and Spark failed (BATCH_METADATA_NOT_FOUND; a hostile review). With ``--checkpoint`` its fence is
-        seen; a live holder is refused when the lease is taken."""
+        resume of a checkpoint: it may have stopped part-way through this output, its journal is beside its
+        checkpoint (which fences only itself), and this command would change the sink log under it. A compaction
+        did, between a killed rollback and its ``resume``: the resume then reported success over a log missing
+        the batches it kept, and Spark failed (BATCH_METADATA_NOT_FOUND; a hostile review). With ``--checkpoint``
+        its fence is seen; a live holder is refused when the lease is taken. An undo or resume of an operation
+        journaled beside this output (a sink command run without its checkpoint) is named as such."""
         fm, root = open_file_manager(self.output_url, self.storage_options)
         state = read_lease(fm, root)
         holder = state.holder
         if not (state.present and state.stale_reason is not None and holder is not None
                 and holder.kind == OPERATION and holder.operation in CHECKPOINT_OPERATIONS):
             return
+        here = self.output_url
+        if holder.operation in ("undo", "resume") and _unfinished_journal(fm, root):
+            raise RefusedError(
+                f"the lease of this output is {state.describe()}, and an operation journaled beside this output "
+                "stopped part-way (`checkpoint-ops history` lists it); nothing was changed", path=fm.url(root),
+                fix=f"finish it first: `checkpoint-ops resume {here}` (or `checkpoint-ops undo {here}`)")
         flag = param("checkpoint") or "the checkpoint"
         raise RefusedError(
-            f"the lease of this output is {state.describe()}: that {holder.operation} stopped while it held this "
-            "output, perhaps part-way through changing it, and its journal is beside its checkpoint, which this "
-            f"{self.what} was not given; nothing was changed", path=fm.url(root),
-            fix=f"run `checkpoint-ops resume CKPT` (or `checkpoint-ops undo CKPT`) on that checkpoint: it finishes "
-                f"the {holder.operation} and frees this lease; or run this again with {flag} CKPT, which sees it. If "
-                f"that checkpoint has nothing to resume (`checkpoint-ops history CKPT`), `checkpoint-ops lease break "
-                f"{self.output_url}` frees the lease")
+            f"the lease of this output is {state.describe()}: that {holder.operation} of a checkpoint stopped while "
+            "it held this output, perhaps part-way through changing it, and its journal is beside that checkpoint, "
+            f"which this {self.what} was not given; nothing was changed", path=fm.url(root),
+            fix=f"run this again with {flag} CKPT (the checkpoint of this output): a {holder.operation} it stopped "
+                f"part-way is then named with what finishes it (`checkpoint-ops resume CKPT`, or undo), and one "
+                f"that stopped before it changed anything is taken over. Or, if `checkpoint-ops history CKPT` shows "
+                f"nothing unfinished, `checkpoint-ops lease break {here}` frees the lease")
 
     def open(self) -> None:
         self.ctx = open_context(self.output_url, self.checkpoint_url, self.storage_options, self.compact_interval,

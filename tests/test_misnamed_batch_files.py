@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 
 import boto3
 import pytest
@@ -153,3 +155,54 @@ def test_a_misnamed_compact_file_beside_a_plain_one_says_move_it_out(tmp_path):
     found = [f for f in r["findings"] if f["code"] == "misnamed-batch-file"]
     assert code == 1 and len(found) == 1 and found[0]["severity"] == "error", r
     assert f"_spark_metadata/{plain} is there" in found[0]["problem"] and found[0]["fix"].startswith("move "), found
+
+
+def test_a_stray_state_name_beside_spark_s_own_is_a_warning_and_stops_nothing(tmp_path):
+    """``state/00`` beside ``state/0``: Spark reads ``state/0`` and never ``state/00``; it was an error that stopped
+    rollback and backup "as neither could tell which is Spark's" (review 2), while the message named Spark's."""
+    s = _stream(str(tmp_path / "q"))
+    os.makedirs(os.path.join(s.ckpt, "state", "00", "0"))
+    open(os.path.join(s.ckpt, "state", "00", "0", "1.delta"), "wb").close()
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert code == 1 and [(f["severity"], f["code"]) for f in r["findings"]] == \
+        [("warning", "misnamed-state-file")], r
+    assert "state/0 is there: a stray Spark never reads" in r["findings"][0]["problem"], r
+    code, r = cli_json("rollback", s.ckpt, "--to-batch", "20", "--sink", s.out, *I, "--dry-run")
+    assert code == 0, r
+
+
+def _cli_killed(at: int, *args) -> int:
+    env = dict(os.environ, CHECKPOINT_OPS_KILL_AT=str(at))
+    env.pop("PYTHONPATH", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", *map(str, args)], env=env, cwd=root,
+                          capture_output=True, text=True).returncode
+
+
+def test_a_killed_undo_of_a_sink_command_run_without_its_checkpoint_is_named_as_the_outputs_own(tmp_path):
+    """``sink compact OUT``, then its ``undo OUT`` killed part-way: the next ``sink compact OUT`` said the undo's
+    journal was beside a checkpoint and told the user to pass one (which took the lease over and compacted under
+    the unfinished undo; review 2). It names ``resume OUT`` now, which ends it."""
+    s = _stream(str(tmp_path / "q"))
+    compact = ["sink", "compact", s.out, "--sink-compact-interval", str(INTERVAL)]
+    assert cli_json(*compact, "--yes")[0] == 0
+    assert _cli_killed(20, "undo", s.out, "--yes") == -9
+    code, r = cli_json(*compact, "--dry-run")
+    assert code == 1 and f"checkpoint-ops resume {s.out}" in r["fix"] and "--checkpoint" not in r["fix"], r
+    assert cli_json("resume", s.out, "--yes")[0] == 0  # rolls the compaction forward again
+    code, r = cli_json("fsck", s.ckpt, "--sink", s.out, *I)
+    assert not [f for f in r["findings"] if f["severity"] == "error"], r
+    assert cli_json(*compact, "--dry-run")[0] == 0  # the lease is free again
+
+
+def test_a_rollback_killed_before_it_journaled_leaves_an_output_its_checkpoint_frees(tmp_path):
+    """The rollback took both leases and died before its journal: ``resume CKPT``, the first fix offered, says
+    nothing to resume and leaves the output's lease (review 2). The fix names ``--checkpoint`` first, which takes
+    the dead lease over."""
+    s = _stream(str(tmp_path / "q"))
+    assert _cli_killed(5, "rollback", s.ckpt, "--to-batch", "12", "--sink", s.out, *I, "--yes") == -9
+    compact = ["sink", "compact", s.out, "--sink-compact-interval", str(INTERVAL)]
+    code, r = cli_json(*compact, "--dry-run")
+    assert code == 1 and r["fix"].startswith("run this again with --checkpoint CKPT"), r
+    code, r = cli_json(*compact, "--checkpoint", s.ckpt, "--dry-run")
+    assert code == 0, r

@@ -315,11 +315,32 @@ class Checkpoint:
         reads from another (``logfile.refuse_misnamed_batch_files``, ``StateModel.misnamed``). ``doing`` ends the
         message: what the command did not do."""
         refuse_misnamed_batch_files(self.batch_logs(sinks), doing)
-        if self.state.misnamed:
-            rel, right = self.state.misnamed[0]
-            problem, fix = misnamed_state_entry(self.listing, rel, right)
-            raise BadInputError(f"{problem}{' (and more)' if len(self.state.misnamed) > 1 else ''}; {doing}",
+        found = [(rel, right) for rel, right, stray in self.misnamed_state() if stray is None]
+        if found:
+            rel, right = found[0]
+            problem, fix = misnamed_state_entry(rel, right, None)
+            raise BadInputError(f"{problem}{' (and more)' if len(found) > 1 else ''}; {doing}",
                                 path=self.listing.url(rel), fix=fix)
+
+    def misnamed_state(self) -> list[tuple[str, str, str | None]]:
+        """(rel, the name Spark reads instead, why Spark never reaches it or None) of each name under ``state/``
+        Spark parses but does not read (``StateModel.misnamed``). A stray: Spark's own name is there beside it, or
+        a partition beyond those the offsets log pins (Spark loads partitions below it only)."""
+        try:
+            pinned = int(self.conf.get("spark.sql.shuffle.partitions") or 0) or None
+        except (TypeError, ValueError, OSError, BadInputError, LogFormatError):
+            pinned = None
+        out = []
+        for rel, right in self.state.misnamed:
+            parts = right.split("/")
+            if self.listing.get(right) is not None or self.listing.has_dir(right):
+                stray = f"{right} is there"
+            elif pinned and len(parts) >= 3 and parts[2].isdecimal() and int(parts[2]) >= pinned:
+                stray = f"partition {parts[2]} is beyond the {pinned} partitions the offsets log pins"
+            else:
+                stray = None
+            out.append((rel, right, stray))
+        return out
 
     def temp_files(self) -> list[str]:
         """Leftover ``.*.tmp`` files anywhere in the checkpoint."""

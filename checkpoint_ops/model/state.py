@@ -33,12 +33,13 @@ SCHEMA_V3_FILE = re.compile(r"^(\d+)_([0-9a-fA-F-]{36})$")
 STORE_SUBDIRS = {"_metadata", "SSTs", "logs"}
 
 
-def misnamed_state_entry(listing: Listing, rel: str, right: str) -> tuple[str, str]:
-    """The problem and the fix for ``rel`` under ``state/``, a name Spark parses but reads from ``right``."""
+def misnamed_state_entry(rel: str, right: str, stray: str | None) -> tuple[str, str]:
+    """The problem and the fix for ``rel`` under ``state/``, a name Spark parses but reads from ``right``; ``stray``:
+    why Spark never reaches it (``Checkpoint.misnamed_state``), or None."""
     problem = f"{rel} is not a name Spark reads: Spark parses its name as {right.rpartition('/')[2]} but reads {right}"
-    if listing.get(right) is not None or listing.has_dir(right):
-        return (problem + ", which is there: a stray, and a rollback or backup cannot tell which of the two is "
-                "Spark's"), (f"move {rel} out of the checkpoint (keep a copy), then run `checkpoint-ops fsck` again")
+    if stray is not None:
+        return (problem + f"; {stray}: a stray Spark never reads",
+                f"move {rel} out of the checkpoint (keep a copy), then run `checkpoint-ops fsck` again")
     return (problem + ", which is missing: the query fails where Spark reads it (CANNOT_LOAD_STATE_STORE, or a "
             "file that does not exist)"), (f"if it is that file (or directory), rename it to {right}, its `.crc` "
                                            "sidecars with it; otherwise move it out of the checkpoint, keeping a "
