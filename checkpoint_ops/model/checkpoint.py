@@ -326,6 +326,8 @@ class Checkpoint:
         """(rel, the name Spark reads instead, why Spark never reaches it or None) of each name under ``state/``
         Spark parses but does not read (``StateModel.misnamed``). A stray: Spark's own name is there beside it, or
         a partition beyond those the offsets log pins (Spark loads partitions below it only)."""
+        if not self.state.misnamed:
+            return []  # (no read of the offsets log for its conf)
         try:
             pinned = int(self.conf.get("spark.sql.shuffle.partitions") or 0) or None
         except (TypeError, ValueError, OSError, BadInputError, LogFormatError):
