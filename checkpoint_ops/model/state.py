@@ -32,6 +32,11 @@ SCHEMA_V3_FILE = re.compile(r"^(\d+)_([0-9a-fA-F-]{36})$")
 
 STORE_SUBDIRS = {"_metadata", "SSTs", "logs"}
 
+_PLAIN_KINDS = {"delta", "snapshot", "zip", "changelog"}
+DEFAULT_STORE = "default"
+SNAPSHOT_KINDS = {"snapshot", "zip"}
+_LINEAGE_PREFIX_BYTES = 128 * 1024
+
 
 def misnamed_state_entry(rel: str, right: str, stray: str | None) -> tuple[str, str]:
     """The problem and the fix for ``rel`` under ``state/``, a name Spark parses but reads from ``right``; ``stray``:
@@ -51,10 +56,7 @@ def _number(text: str) -> int | None:
     parses as 32 when it lists a directory but never reads: it reads version 32 from ``32.delta``), or None."""
     value = spark_batch_id(text)
     return value if value is not None and value >= 0 and str(value) == text else None
-_PLAIN_KINDS = {"delta", "snapshot", "zip", "changelog"}
-DEFAULT_STORE = "default"
-SNAPSHOT_KINDS = {"snapshot", "zip"}
-_LINEAGE_PREFIX_BYTES = 128 * 1024
+
 
 HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
