@@ -824,17 +824,17 @@ class _SinkOperation(Operation):
         its fence is seen; a live holder is refused when the lease is taken. An undo or resume of an operation
         journaled beside this output (a sink command run without its checkpoint) is named as such."""
         fm, root = open_file_manager(self.output_url, self.storage_options)
+        here = self.output_url
+        if _unfinished_journal(fm, root):  # a sink command run without its checkpoint fences nothing: its journal
+            raise RefusedError(               # is all there is to see of it
+                f"an operation journaled beside this output stopped part-way (`checkpoint-ops history {here}` lists "
+                "it): this command would change the sink log under it; nothing was changed", path=fm.url(root),
+                fix=f"finish it first: `checkpoint-ops resume {here}` (or `checkpoint-ops undo {here}`)")
         state = read_lease(fm, root)
         holder = state.holder
         if not (state.present and state.stale_reason is not None and holder is not None
                 and holder.kind == OPERATION and holder.operation in CHECKPOINT_OPERATIONS):
             return
-        here = self.output_url
-        if holder.operation in ("undo", "resume") and _unfinished_journal(fm, root):
-            raise RefusedError(
-                f"the lease of this output is {state.describe()}, and an operation journaled beside this output "
-                "stopped part-way (`checkpoint-ops history` lists it); nothing was changed", path=fm.url(root),
-                fix=f"finish it first: `checkpoint-ops resume {here}` (or `checkpoint-ops undo {here}`)")
         flag = param("checkpoint") or "the checkpoint"
         raise RefusedError(
             f"the lease of this output is {state.describe()}: that {holder.operation} of a checkpoint stopped while "

@@ -206,3 +206,18 @@ def test_a_rollback_killed_before_it_journaled_leaves_an_output_its_checkpoint_f
     assert code == 1 and r["fix"].startswith("run this again with --checkpoint CKPT"), r
     code, r = cli_json(*compact, "--checkpoint", s.ckpt, "--dry-run")
     assert code == 0, r
+
+
+def test_a_sink_command_run_without_its_checkpoint_and_killed_stops_the_next_until_it_is_resumed(tmp_path):
+    """``sink compact OUT`` killed part-way (journaled beside the output; nothing is fenced without a checkpoint):
+    the next ``sink compact OUT`` took the dead lease over and applied over the unfinished journal (review 2)."""
+    s = _stream(str(tmp_path / "q"))
+    compact = ["sink", "compact", s.out, "--sink-compact-interval", str(INTERVAL)]
+    assert _cli_killed(20, *compact, "--yes") == -9
+    before = tree_snapshot(s.out)
+    code, r = cli_json(*compact, "--yes")
+    assert code == 1 and "stopped part-way" in r["problem"] and f"checkpoint-ops resume {s.out}" in r["fix"], r
+    assert tree_snapshot(s.out) == before
+    assert cli_json("resume", s.out, "--yes")[0] == 0
+    code, r = cli_json(*compact, "--dry-run")
+    assert code == 0, r
