@@ -821,16 +821,19 @@ class _SinkOperation(Operation):
         checkpoint (which fences only itself), and this command would change the sink log under it. A compaction
         did, between a killed rollback and its ``resume``: the resume then reported success over a log missing
         the batches it kept, and Spark failed (BATCH_METADATA_NOT_FOUND; a hostile review). With ``--checkpoint``
-        its fence is seen; a live holder is refused when the lease is taken. An undo or resume of an operation
-        journaled beside this output (a sink command run without its checkpoint) is named as such."""
+        its fence is seen; a live holder is refused when the lease is taken. Before that: an operation journaled
+        beside this output that stopped part-way (a sink command run without its checkpoint, or its undo), which
+        nothing fences, is refused, naming ``resume`` of the output."""
         fm, root = open_file_manager(self.output_url, self.storage_options)
         here = self.output_url
+        state = read_lease(fm, root)
+        if state.held:
+            return  # a live holder (perhaps that very operation, still running): refused, by name, at the lease
         if _unfinished_journal(fm, root):  # a sink command run without its checkpoint fences nothing: its journal
             raise RefusedError(               # is all there is to see of it
                 f"an operation journaled beside this output stopped part-way (`checkpoint-ops history {here}` lists "
                 "it): this command would change the sink log under it; nothing was changed", path=fm.url(root),
                 fix=f"finish it first: `checkpoint-ops resume {here}` (or `checkpoint-ops undo {here}`)")
-        state = read_lease(fm, root)
         holder = state.holder
         if not (state.present and state.stale_reason is not None and holder is not None
                 and holder.kind == OPERATION and holder.operation in CHECKPOINT_OPERATIONS):
