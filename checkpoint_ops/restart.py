@@ -67,7 +67,6 @@ _LOG_KINDS = {"empty": TORN, "truncated": TORN, "unknown-version": FUTURE, "miss
 _SUMMARY = {TORN: "is torn", MISSING: "is missing", UNREADABLE: "is unreadable", FUTURE: "is from a newer Spark",
             STALE: "has a stale checksum", PURGED: "is gone (purged)"}
 _MAX_CHANGELOG_VERSION = 4
-SHUFFLE_PARTITIONS_KEY = "spark.sql.shuffle.partitions"  # pinned in the offsets log: the state's partitions
 _STATE_GROUP = 16  # stores whose files are read at once in deep mode (bounded memory)
 
 
@@ -456,7 +455,7 @@ class RestartSets:
         committed = tuple(sorted((commit.state_unique_ids or {}) if commit is not None else ()))
         if committed not in self._missing:
             ck = self.ckpt
-            missing = ck.state.missing_stores(self._pinned_partitions(), committed, self._keyed)
+            missing = ck.state.missing_stores(self.ckpt.pinned_partitions(), committed, self._keyed)
             # an operator gone whole took its operator metadata along: where the others have theirs, Spark's check
             # of the query against them refuses the restart before any state is loaded (tested with Spark)
             checked = any(op.declared[2] is not None for op in ck.state.operators.values())
@@ -473,13 +472,6 @@ class RestartSets:
             if not ck.state.operators and not committed:
                 self._missing[committed] += self._no_state_at_all()
         return self._missing[committed]
-
-    def _pinned_partitions(self) -> int | None:
-        """The state's partitions: ``spark.sql.shuffle.partitions`` as the offsets log pins it, or None."""
-        try:
-            return int(self.ckpt.conf.get(SHUFFLE_PARTITIONS_KEY) or 0) or None
-        except (TypeError, ValueError):
-            return None
 
     def _no_state_at_all(self) -> list[Damage]:
         """Damage when the checkpoint has no state at all while the query recorded beside it as the one that wrote
@@ -532,7 +524,7 @@ class RestartSets:
         v = batch + 1
         out: list = list(self._missing_stores(commit))
         chains: list[tuple[Store, list[StateFile]]] = []
-        pinned = self._pinned_partitions()
+        pinned = self.ckpt.pinned_partitions()
         for op in st.operators.values():
             names = op.store_names
             for (part, name), store in op.stores.items():

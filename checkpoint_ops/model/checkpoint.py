@@ -24,6 +24,7 @@ from .sources import SourceDir, classify_sources
 from .state import StateModel, misnamed_state_entry
 
 STRUCTURED_DIRS = ("offsets", "commits", "sources", "state")
+SHUFFLE_PARTITIONS_KEY = "spark.sql.shuffle.partitions"  # pinned in the offsets log: the state's partitions
 
 
 class Checkpoint:
@@ -322,6 +323,13 @@ class Checkpoint:
             raise BadInputError(f"{problem}{' (and more)' if len(found) > 1 else ''}; {doing}",
                                 path=self.listing.url(rel), fix=fix)
 
+    def pinned_partitions(self) -> int | None:
+        """The state's partitions: ``spark.sql.shuffle.partitions`` as the offsets log pins it, or None."""
+        try:
+            return int(self.conf.get(SHUFFLE_PARTITIONS_KEY) or 0) or None
+        except (TypeError, ValueError):
+            return None
+
     def misnamed_state(self) -> list[tuple[str, str, str | None]]:
         """(rel, the name Spark reads instead, why Spark never reaches it or None) of each name under ``state/``
         Spark parses but does not read (``StateModel.misnamed``). A stray: Spark's own name is there beside it, or
@@ -329,8 +337,8 @@ class Checkpoint:
         if not self.state.misnamed:
             return []  # (no read of the offsets log for its conf)
         try:
-            pinned = int(self.conf.get("spark.sql.shuffle.partitions") or 0) or None
-        except (TypeError, ValueError, OSError, BadInputError, LogFormatError):
+            pinned = self.pinned_partitions()
+        except (OSError, BadInputError, LogFormatError):  # an offsets log fsck names: no partition is beyond
             pinned = None
         out = []
         for rel, right in self.state.misnamed:
