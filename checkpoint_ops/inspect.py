@@ -121,12 +121,16 @@ def _state(ckpt: Checkpoint, damaged: list) -> dict:
     for op in sorted(st.operators.values(), key=lambda o: o.op_id):
         first, last = st.version_range(op)
         info = catalog.describe(op, ckpt.latest_offset)
+        declared = op.declared[1]
         ops.append(
             {
                 "id": op.op_id,
                 "name": info.name or op.name,
                 "partitions": len(op.partitions),
-                "declared_partitions": op.declared[1],  # the operator metadata's (None: no metadata read)
+                "declared_partitions": declared,  # the operator metadata's (None: no metadata read)
+                # partition directories at or beyond what the metadata declares: Spark never reads them
+                "partitions_beyond_declared": (sum(1 for p in op.partitions if p >= declared)
+                                               if declared is not None else 0),
                 "stores": op.store_names,
                 "versions": {"first": first, "last": last},
                 # its stores' sums: state files with RocksDB's SST and log files, as each store's figures
@@ -146,9 +150,16 @@ def _state(ckpt: Checkpoint, damaged: list) -> dict:
 
 def _partitions(op: dict) -> str:
     declared = op.get("declared_partitions")
-    if declared is not None and declared != op["partitions"]:
-        return f"{op['partitions']} of the {declared} partitions its metadata declares"
-    return f"{op['partitions']} partitions"
+    beyond = op.get("partitions_beyond_declared") or 0
+    within = op["partitions"] - beyond
+    if declared is None or (within == declared and not beyond):
+        return f"{op['partitions']} partitions"
+    text = (f"{declared} partitions" if within == declared else
+            f"{within} of the {declared} partitions its metadata declares")
+    if beyond:
+        text += (f" (and {beyond} director{'y' if beyond == 1 else 'ies'} beyond them, which Spark does not "
+                 "read)")
+    return text
 
 
 def _sink(sink: SinkOutput, damaged: list) -> dict:

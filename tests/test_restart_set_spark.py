@@ -147,6 +147,10 @@ def test_a_state_directory_beyond_the_pinned_partitions_is_not_read(spark, run, 
     beyond = os.path.join(run.checkpoint, "state", "0", str(pinned))
     assert not os.path.exists(beyond)
     os.mkdir(beyond)
+    code, out, err = cli("inspect", run.checkpoint)
+    # inspect named it "3 of the 2 partitions its metadata declares"
+    assert code == 0 and (f"{pinned} partitions (and 1 directory beyond them, which Spark does not read)"
+                          in out), out + err
     code, f = cli_json("fsck", run.checkpoint, "--sink", run.output, *INTERVALS)
     assert (code, f["findings"]) == (0, []), f
     code, b = cli_json("backup", "create", run.checkpoint, str(tmp_path / "dest"), "--sink", run.output)
