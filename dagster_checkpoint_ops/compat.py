@@ -72,7 +72,9 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
     for d in report.of(CHECK):
         context.log.warning(f"{query.name}: check this change by hand: {_reason(d)}")
     # where to record it, not the judged model: the run must not hold its listing (every retained file) meanwhile
-    pending = (fm, root, report) if report.of(SILENT) or report.of(CHECK) else None
+    # and a query at a new checkpoint: a run refused before it started (an output left without its checkpoint)
+    # recorded it with nothing run, and later runs took that record for Spark's acceptance (no restart judged)
+    pending = (fm, root, report) if report.of(SILENT) or report.of(CHECK) or report.batch is None else None
     if pending is None:
         _accept(context, query, fm, root, report)
     # a judged writer was changed (noop sink); its sink is read before the judge, as built
@@ -81,8 +83,8 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
 
 
 def accept_after_run(context, query, step: CompatStep, last_committed: Optional[int]) -> None:
-    """Record a changed query the compat step warned about as the accepted one once it committed a batch. A run
-    that committed nothing (no new input, or refused before the query started) leaves the old record: the next
+    """Record a changed query the compat step warned about (or a query at a new checkpoint) as the accepted one
+    once it committed a batch. A run that committed nothing (no new input, or refused before the query started) leaves the old record: the next
     run judges against it again, and warns again, until a batch runs with the change."""
     if step.pending is None:
         return
@@ -91,8 +93,10 @@ def accept_after_run(context, query, step: CompatStep, last_committed: Optional[
     if last_committed is not None and last_committed > before:
         _accept(context, query, fm, root, report)
     else:
-        context.log.info(f"{query.name}: the changed query committed no batch in this run: it is not recorded as "
-                         "accepted, and the next run warns again")
+        what = "the query committed no batch on its new checkpoint" if report.batch is None else \
+            "the changed query committed no batch"
+        context.log.info(f"{query.name}: {what} in this run: it is not recorded as accepted, and the next run "
+                         "judges it again")
 
 
 def _accept(context, query, fm, root: str, report: CompatReport) -> None:

@@ -155,6 +155,34 @@ def test_a_warned_change_stays_warned_until_a_batch_runs_with_it(spark, tmp_path
         unload_state_stores(spark)
 
 
+def test_a_run_refused_before_its_query_started_records_no_accepted_query(spark, tmp_path, instance):
+    """The checkpoint moved aside (its output still there) and the query changed: the run is refused before the
+    query starts. It recorded the changed query as accepted at a new checkpoint with nothing run, so once the
+    checkpoint was back the next run said "not needed (unchanged)", skipped Spark's judgment, and the query
+    failed inside Spark, leaving an offsets file without its commit (review). Now that run records nothing."""
+    query, defs, inp = fresh_guarded(tmp_path)
+    aside = str(tmp_path / "aside")
+    try:
+        write_event_files(inp, 0, 3)
+        assert materialize(defs, instance).success
+        os.rename(query.checkpoint, aside)
+        VARIANT["key_changed"] = True
+        unload_state_stores(spark)
+        assert not materialize(defs, instance).success  # an output without its checkpoint: nothing ran
+        os.rename(aside, query.checkpoint)
+        write_event_files(inp, 3, 4)
+        before = tree_snapshot(query.checkpoint, *query.sinks)
+        refused = materialize(defs, instance)
+        assert not refused.success
+        fail = failure(refused)
+        assert fail.metadata["compat_error_classes"].value == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE", \
+            fail.description
+        assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the refused query started"
+    finally:
+        VARIANT.update(key_changed=False, partitions=None, scale=1)
+        unload_state_stores(spark)
+
+
 def test_what_a_refused_run_offers_depends_on_whether_a_rollback_covers_the_sink():
     """A refusal a rollback resolves offers rollback_to_batch only when the asset declares the query's file sink
     (the rollback rolls back the declared sinks alone); a refusal no query change causes does not offer skipping
