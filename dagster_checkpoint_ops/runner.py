@@ -463,17 +463,23 @@ def after_rollback_failure(query, md: dict, e: BaseException, files) -> dg.Failu
     reason = re.sub(r"\s*\(?nothing ran, nothing changed\)?:?", "", reason)
     batch, op_id = md["rollback_target_batch"].value, md["rollback_op_id"].value
     try:
-        latest = files.checkpoint(query.checkpoint).latest_commit
+        ckpt = files.checkpoint(query.checkpoint)
+        latest, url = ckpt.latest_commit, ckpt.url
     except Exception:  # noqa: BLE001 - the store may be what stopped the run: said without it
-        latest = None
+        latest, url = None, query.checkpoint
     since = (f" its query committed batches {batch + 1}..{latest} after it;" if latest is not None and latest > batch
              else "")
+    # nothing ran after it: the rollback can still be undone (after a batch, undo refuses: two timelines)
+    undo = "" if since else (
+        f"; or revert the rollback first: the checkpoint undo job (query {query.name}, op_id {op_id}) or "
+        f"`checkpoint-ops undo {url} --op {op_id}` puts the checkpoint and its sinks back as they were before this "
+        "run")
     return dg.Failure(
         description=f"asset {query.name}: its rollback to batch {batch} ({op_id}) was applied in this run and "
         f"stands;{since} then the run stopped: {reason}. Once that is mended, materialize again WITHOUT "
         "rollback_to_batch or rollback_to_time: the same config would roll back again"
         + (" what the query committed since, and hand those batches' rows to the sink a second time" if since
-           else ""),
+           else undo),
         metadata={"rollback_target_batch": batch, "rollback_op_id": op_id,
                   "last_committed_batch": latest if latest is not None else -1, "stopped_by": reason[:2000]})
 

@@ -143,6 +143,8 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
     assert not r.success and f"rollback to batch {good_until} (" in failure.description, failure.description
     assert "was applied in this run and stands" in failure.description and "broken" in failure.description
     assert "WITHOUT rollback_to_batch" in failure.description and "nothing changed" not in failure.description
+    op_id = failure.metadata["rollback_op_id"].value  # nothing ran since: the way back is named too
+    assert f"`checkpoint-ops undo {query.checkpoint} --op {op_id}`" in failure.description, failure.description
     assert Checkpoint.open(query.checkpoint).latest_commit == good_until
     unload_state_stores(spark)
 
