@@ -26,6 +26,13 @@ def _iso(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _watermark(ms: int | None) -> str:
+    """A watermark for the text output: its time (0: no event time seen yet), with Spark's milliseconds."""
+    if not ms:
+        return "watermark 0 (none yet)" if ms == 0 else "watermark unknown"
+    return f"watermark {_iso(ms)} ({ms} ms)"
+
+
 def inspect_checkpoint(ckpt: Checkpoint, sinks: list[SinkOutput] = (), ledger=None, *, sets=None,
                        batches: bool = True) -> dict:
     """What the checkpoint holds (JSON keys: docs/cli.md). ``sets`` (a ``restart.RestartSets`` of the same
@@ -319,7 +326,7 @@ def render_inspect(r: dict) -> str:
         lines.append(f"  in-progress batch:    {r['in_progress_batch']} (planned, not committed: Spark re-runs it)")
     if r["batches"]:
         last = r["batches"][-1]
-        lines.append(f"  last batch time:      {last['time']}  watermark {last['watermark_ms']} ms")
+        lines.append(f"  last batch time:      {last['time']}  {_watermark(last['watermark_ms'])}")
     lines.append("  sources:")
     for s in r["sources"]:
         log = f"  (log {s['log']['files']} files, compact every {s['log']['compact_interval']})" if "log" in s else ""
@@ -389,7 +396,7 @@ def _render_operator(op: dict) -> list[str]:
 def render_offsets(r: dict) -> str:
     state = "committed" if r["committed"] else "not committed"
     where = "; purged by Spark, as the batch ledger recorded it" if r.get("recorded_in") == "ledger" else ""
-    lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, watermark {r['watermark_ms']} ms{where})"]
+    lines = [f"Batch {r['batch']} ({state}, planned at {r['time']}, {_watermark(r['watermark_ms'])}{where})"]
     unknown = ("(unknown: below)" if r.get("start_problem") else
                "(unknown: offsets of the previous batch were purged)")
     for s in r["sources"]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.helpers import cli_json
+from tests.helpers import cli, cli_json
 from tests.spark_runs import COMPACT_INTERVAL
 
 INTERVALS = ("--source-compact-interval", str(COMPACT_INTERVAL))
@@ -72,6 +72,9 @@ def test_offsets_of_a_batch(run):
     assert s["start"] == _offset(p["sources"][0]["startOffset"])
     assert s["end"] == _offset(p["sources"][0]["endOffset"])
     assert r["committed"] is True and r["watermark_ms"] == _watermark_ms(p)
+    # the text names the watermark as Spark's progress does (a time), with its milliseconds
+    code, out, err = cli("offsets", run.checkpoint, "--batch", batch)
+    assert code == 0 and f"watermark {p['eventTime']['watermark'].replace('.000Z', '')}" in out, out + err
 
 
 def test_offsets_of_a_purged_batch_is_bad_input(run):
