@@ -608,3 +608,18 @@ def test_a_restore_warns_when_relocated_input_files_have_other_times_than_logged
         else:
             assert len(warned) == 1 and warned[0].startswith("4 of 4 relocated input files checked"), warned
             assert "part-000000.json" in warned[0] and "duplicated rows" in warned[0] and "cp -a" in warned[0]
+
+
+def test_a_target_that_is_not_empty_is_named_by_its_own_files_before_their_sidecars(tmp_path):
+    """The refusal listed ``.metadata.crc, commits/.0.crc, ...`` first (review): Hadoop's hidden sidecars sorted
+    before the files a user recognises. Spark's own names come first now, and nothing is written."""
+    backup_id = _backup(str(tmp_path / "q"), str(tmp_path / "dest"), 3)
+    target = tmp_path / "target"
+    (target / "commits").mkdir(parents=True)
+    for rel in ("metadata", ".metadata.crc", "commits/0", "commits/.0.crc"):
+        (target / rel).write_text("{}")
+    before = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    code, r = cli_json("backup", "restore", str(tmp_path / "dest"), backup_id, str(target), "--sink-target",
+                       str(tmp_path / "out2"))
+    assert code == 2 and "it holds commits/0, metadata, .metadata.crc, commits/.0.crc" in r["problem"], r
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before

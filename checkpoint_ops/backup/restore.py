@@ -466,7 +466,9 @@ def _require_empty(fm, root: str, url: str) -> None:
     listed = fm.walk(root, empty_dirs=True)
     found = [f for f in listed if not f.is_dir and not is_lease_file(f.path[len(root) + 1:])]  # our lease: not content
     if found:
-        names = sorted(f.path[len(root) + 1:] for f in found)
+        # Spark's own names first, hidden ones (Hadoop's ``.crc`` sidecars) after: what the user recognises
+        names = sorted((f.path[len(root) + 1:] for f in found),
+                       key=lambda rel: (rel.rsplit("/", 1)[-1].startswith("."), rel))
         if "metadata" in names:  # an operation of ours stopped there (this restore, run before): finish it instead
             with contextlib.suppress(OSError):
                 data = fm.read_bytes(f"{root}/metadata")
