@@ -10,7 +10,7 @@ import pytest
 from checkpoint_ops.model.checkpoint import Checkpoint
 from checkpoint_ops.executor import Anchor
 from checkpoint_ops.prune import plan_prune
-from tests.helpers import cli_json, is_lease_file, tree_snapshot
+from tests.helpers import cli, cli_json, is_lease_file, tree_snapshot
 from tests.test_rollback_s3 import objects, upload
 from tests.test_rollback_spark import FENCED, INTERVALS, _rollback_subprocess, content_snapshot, \
     target_before_last_compaction
@@ -46,6 +46,8 @@ def test_prune_keeps_the_newest_undoable_and_undo_refuses_the_pruned(run):
     assert code == 0
     assert [(e["op_id"], e["status"], e["undo_record"]) for e in h["operations"]] == [
         (first, "applied", "kept"), (second, "applied", "kept")]
+    code, out, err = cli("history", run.checkpoint)  # kept records, but only the newest is for undo (review)
+    assert code == 0 and "undo reverts the newest operation only" in out and "--dry-run` says" in out, out + err
 
     # the dry run lists exactly the first operation's trash (checkpoint and sink) and changes nothing
     before = tree_snapshot(run.base)

@@ -53,6 +53,9 @@ def cmd_history(args) -> int:
         lines.append(f"  {e['op_id']}  {e['operation']}{target}  {e['status']}, undo record "
                      f"{e['undo_record']}  (deleted {c['delete']}, wrote {c['write']}, rewrote {c.get('replace', 0)}, "
                      f"moved {c['keep']})")
+    if any(e["undo_record"] == "kept" for e in entries):  # a kept record is not yet an undo that goes through
+        lines.append(f"undo reverts the newest operation only, and refuses once anything was written after it (a "
+                     f"batch Spark ran): `checkpoint-ops undo {anchor.url} --dry-run` says whether it can")
     emit(args, {"checkpoint": anchor.url, "operations": entries}, "\n".join(lines))
     return EXIT_OK
 
