@@ -84,8 +84,9 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
 
 def accept_after_run(context, query, step: CompatStep, last_committed: Optional[int]) -> None:
     """Record a changed query the compat step warned about (or a query at a new checkpoint) as the accepted one
-    once it committed a batch. A run that committed nothing (no new input, or refused before the query started) leaves the old record: the next
-    run judges against it again, and warns again, until a batch runs with the change."""
+    once it committed a batch (also when the run failed after it). A run that committed nothing (no new input, or
+    refused before the query started) leaves the old record: the next run judges against it again, and warns
+    again, until a batch runs with the change."""
     if step.pending is None:
         return
     fm, root, report = step.pending
@@ -93,10 +94,11 @@ def accept_after_run(context, query, step: CompatStep, last_committed: Optional[
     if last_committed is not None and last_committed > before:
         _accept(context, query, fm, root, report)
     else:
+        then = ("it is recorded once a batch commits" if report.batch is None else
+                "the next run judges it again")
         what = "the query committed no batch on its new checkpoint" if report.batch is None else \
             "the changed query committed no batch"
-        context.log.info(f"{query.name}: {what} in this run: it is not recorded as accepted, and the next run "
-                         "judges it again")
+        context.log.info(f"{query.name}: {what} in this run: it is not recorded as accepted ({then})")
 
 
 def _accept(context, query, fm, root: str, report: CompatReport) -> None:

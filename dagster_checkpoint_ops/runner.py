@@ -425,6 +425,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         elif config.dry_run:
             return StreamRun({"dry_run": dg.MetadataValue.bool(True),
                               "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
+        compat = None
         try:
             with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
                 compat = check_before_run(context, query, config, spark, files)
@@ -432,6 +433,8 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
             record_owner(context, query, files, owner)
             progress = run_query(context, query, spark, files, compat.writer, compat.sink, leases)  # built once
         except Exception as e:
+            if compat is not None:  # the query may have committed batches before it failed: they ran with it
+                _accept_after_failure(context, query, compat, files)
             if "rollback_op_id" not in md:
                 raise
             known = isinstance(e, (dg.Failure, CheckpointOpsError))  # their own words say it all
@@ -441,12 +444,22 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
             with fewer_collections():  # the pass's listing and models hold no cycles (collector.py)
                 described, findings = describe(query, files, progress)
         except CheckpointOpsError as e:
+            _accept_after_failure(context, query, compat, files)
             raise after_run_failure(query, e, progress) from None
         md.update(described)
         accept_after_run(context, query, compat, described["last_committed_batch"].value)
         leases.check()  # a lease lost mid-run (a hung run broken by hand) fails the run, loudly
     md["duration_s"] = dg.MetadataValue.float(round(time.monotonic() - t0, 3))
     return StreamRun(md, findings)
+
+
+def _accept_after_failure(context, query, compat, files) -> None:
+    """``accept_after_run`` for a run that failed after its compat step: batches it committed before the failure
+    ran with the query. Never raises: the run's own failure is what is reported (the store may be what failed)."""
+    try:
+        accept_after_run(context, query, compat, files.checkpoint(query.checkpoint).latest_commit)
+    except Exception as e:  # noqa: BLE001
+        context.log.warning(f"{query.name}: query profile not recorded after the failure: {e}")
 
 
 def after_rollback_failure(query, md: dict, e: BaseException, files) -> dg.Failure:
@@ -464,13 +477,15 @@ def after_rollback_failure(query, md: dict, e: BaseException, files) -> dg.Failu
     batch, op_id = md["rollback_target_batch"].value, md["rollback_op_id"].value
     try:
         ckpt = files.checkpoint(query.checkpoint)
-        latest, url = ckpt.latest_commit, ckpt.url
+        latest, planned, url = ckpt.latest_commit, ckpt.latest_offset, ckpt.url
     except Exception:  # noqa: BLE001 - the store may be what stopped the run: said without it
-        latest, url = None, query.checkpoint
+        latest, planned, url = None, None, query.checkpoint
     since = (f" its query committed batches {batch + 1}..{latest} after it;" if latest is not None and latest > batch
              else "")
-    # nothing ran after it: the rollback can still be undone (after a batch, undo refuses: two timelines)
-    undo = "" if since else (
+    # nothing ran after it (not even a batch planned): the rollback can still be undone (undo refuses once the query
+    # wrote anything after it: two timelines); unknown (the store failed): not offered
+    undoable = latest is not None and latest <= batch and (planned is None or planned <= batch)
+    undo = "" if since or not undoable else (
         f"; or revert the rollback first: the checkpoint undo job (query {query.name}, op_id {op_id}) or "
         f"`checkpoint-ops undo {url} --op {op_id}` puts the checkpoint and its sinks back as they were before this "
         "run")

@@ -8,7 +8,9 @@ import os
 import dagster as dg
 import pytest
 
-from pipelines.event_counts import read_events, windowed_counts, write_event_files
+from checkpoint_ops.model.checkpoint import Checkpoint
+from checkpoint_ops.query_profile import read_profile
+from pipelines.event_counts import read_events, windowed_counts, write_bad_event_file, write_event_files
 from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
 from tests.helpers import tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
@@ -31,6 +33,9 @@ def guarded_query(base: str) -> StreamingQuery:
         events = read_events(spark, inp)
         if VARIANT["key_changed"]:
             events = events.withColumn("key", F.length("key"))
+        if VARIANT.get("poison_above"):  # a batch with a larger value fails the query
+            events = events.withColumn("value", F.when(F.col("value") > VARIANT["poison_above"], F.raise_error(
+                F.lit("poisoned input"))).otherwise(F.col("value")))
         return windowed_counts(events, VARIANT["scale"]).writeStream.format("parquet").option("path", out)
 
     return StreamingQuery(name="guarded", build=build, checkpoint=os.path.join(base, "checkpoint"), sinks=[out])
@@ -180,6 +185,25 @@ def test_a_run_refused_before_its_query_started_records_no_accepted_query(spark,
         assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the refused query started"
     finally:
         VARIANT.update(key_changed=False, partitions=None, scale=1)
+        unload_state_stores(spark)
+
+
+def test_a_first_run_that_fails_after_committing_batches_records_its_query(spark, tmp_path, instance):
+    """A query at a new checkpoint is recorded once a batch commits: also when the run then fails (review of the
+    change above: the failure skipped the record, and the next run had no mode or sink to compare a change with)."""
+    query, defs, inp = fresh_guarded(tmp_path)
+    try:
+        VARIANT["poison_above"] = 1000
+        write_event_files(inp, 0, 3)
+        write_bad_event_file(inp, 3, factor=1000)  # batch 3 fails
+        failed = materialize(defs, instance)
+        assert not failed.success
+        ckpt = Checkpoint.open(query.checkpoint)
+        assert ckpt.latest_commit is not None and ckpt.latest_commit >= 0
+        record = read_profile(ckpt.fm, ckpt.root)
+        assert record is not None and record.query_id is not None, "the batches that ran recorded no query"
+    finally:
+        VARIANT.pop("poison_above", None)
         unload_state_stores(spark)
 
 
