@@ -231,10 +231,18 @@ class ProfileRecord:
 
     def proven(self, fingerprint: str | None, latest_commit: int | None) -> bool:
         """Whether Spark already accepted the query with ``fingerprint`` on this checkpoint: its own restart on
-        a copy did, or the query ran on the checkpoint since it was recorded (it committed a later batch)."""
+        a copy did, or the query ran on the checkpoint since it was recorded (it committed a later batch). A record
+        made before anything committed (``batch`` None) counts only with the checkpoint's query id: one made before
+        Spark created the checkpoint (earlier releases recorded a Dagster run's query before the run, also one
+        refused before its query started) proves nothing about the query that then created it, which may be
+        another: Spark judges once more."""
         if fingerprint is None or self.profile.fingerprint != fingerprint:
             return False
-        return self.judged or (latest_commit is not None and (self.batch is None or latest_commit > self.batch))
+        if self.judged:
+            return True
+        if latest_commit is None:
+            return False
+        return latest_commit > self.batch if self.batch is not None else self.query_id is not None
 
     def to_dict(self) -> dict:
         return {"format": PROFILE_FORMAT, "recorded_at": self.recorded_at, "judged": self.judged,

@@ -612,6 +612,41 @@ def test_after_a_rollback_the_query_is_judged_against_the_one_that_wrote_the_bat
         base.reset()
 
 
+def test_a_query_recorded_before_the_checkpoint_existed_is_judged_once_another_query_created_it(spark, compat_bases):
+    """Earlier releases recorded a Dagster run's query before the run, so at a new location with no query id (Spark
+    had not created the checkpoint yet), also when the run was refused before its query started. Then another query,
+    run with plain Spark, created the checkpoint there and committed. That record was taken for Spark's acceptance
+    (review 2): the Dagster step (``reuse_judged``) skipped the restart and called a query Spark refuses
+    "compatible, Spark already accepted it". It is judged now, and refused with Spark's error."""
+    from checkpoint_ops.query_profile import describe_query, record_profile
+
+    base = compat_bases("agg")
+    base.reset()
+    use_session_conf(spark)
+    location, output = base.dir("elsewhere-checkpoint"), base.dir("elsewhere-output")
+
+    def with_max(s):  # an aggregate more than the query that creates the checkpoint: Spark refuses its state
+        return _to_parquet(_windowed(read_events(s, base.dir("input")), with_max=True), base, output=output)
+
+    try:
+        fm, root = open_file_manager(location)
+        recorded = record_profile(fm, root, describe_query(spark, with_max(spark)), judged=False, batch=None)
+        assert recorded.query_id is None and recorded.batch is None  # as the earlier release wrote it
+        created = restart_for_real(spark, counts_writer(spark, base.dir("input"), output), location)
+        assert created.ok and Checkpoint.open(location).latest_commit is not None, created.error
+
+        report = check_compat(Checkpoint.open(location), spark, with_max, reuse_judged=True)
+        assert report.spark_restarts is False and not report.compatible, report.render()
+        assert [(d.aspect, d.verdict, d.error_class) for d in report.differences] == [
+            ("state-schema", FAILS, "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE")], report.render()
+        base.add_events(BASE_FILES_NEXT, BASE_FILES_NEXT + 1)
+        real = restart_for_real(spark, with_max(spark), location)  # Spark's own answer agrees, at its next batch
+        assert not real.ok and "STATE_STORE_VALUE_SCHEMA_NOT_COMPATIBLE" in real.error, real.error
+    finally:
+        use_session_conf(spark)
+        base.reset()
+
+
 def test_a_stateful_checkpoint_whose_state_directory_is_gone_is_named_before_spark_refuses_it(spark, compat_bases):
     """``state/`` deleted whole leaves no file to judge and (format V1) no commit naming an operator: fsck said
     "healthy", inspect "stateless", and the next run failed inside Spark (a hostile review). The query recorded
