@@ -89,14 +89,18 @@ def undo_job(queries: list[StreamingQuery], name: str = UNDO_JOB) -> dg.JobDefin
         refuse_checkpoint_of_another_query(context, query, checkpoint_files, job="undo")
         opts = checkpoint_files.options()
         with parameter_names(UNDO_NAMES):
+            undo = UndoOperation(query.checkpoint, opts, op_id=config.op_id)
             try:
-                result = run(UndoOperation(query.checkpoint, opts, op_id=config.op_id),
-                             RunOptions(dry_run=config.dry_run, yes=True, storage_options=opts,
+                result = run(undo, RunOptions(dry_run=config.dry_run, yes=True, storage_options=opts,
                                         owner=f"dagster run {context.run.run_id} (undo {query.name})",
                                         warn=context.log.warning))
             except CheckpointOpsError as e:
                 raise failure(e, "undo refused") from None
         md = {**operation_metadata(result), "checkpoint": dg.MetadataValue.path(query.checkpoint)}
+        # an undo is no operation of its own: the op_id is the operation it reverts (or would), named as such
+        md.pop("op_id", None)
+        if undo.journal is not None:
+            md["undone_op_id"] = dg.MetadataValue.text(undo.journal.op_id)
         context.log_event(dg.AssetObservation(asset_key=query.name, metadata=md,
                                               description="undo " + ("planned" if config.dry_run else "applied")))
 

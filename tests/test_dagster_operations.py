@@ -79,7 +79,8 @@ def test_undo_job_reverts_a_rollback_then_spark_resumes(spark, tmp_path, instanc
     defs = streaming_definitions([query], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
     run_twice(query, defs, instance)
     before = content_snapshot(query.checkpoint, *query.sinks)
-    run(RollbackOperation(query.checkpoint, 0, None, list(query.sinks)), RunOptions(yes=True))
+    rolled = run(RollbackOperation(query.checkpoint, 0, None, list(query.sinks)), RunOptions(yes=True))
+    rolled_back = rolled.outcome.op_id
     assert content_snapshot(query.checkpoint, *query.sinks) != before
 
     dry = execute(defs, "checkpoint_undo_job", instance, {"ops": {"checkpoint_undo": {"config": {
@@ -87,11 +88,12 @@ def test_undo_job_reverts_a_rollback_then_spark_resumes(spark, tmp_path, instanc
     assert dry.success
     (md,) = observed(dry)
     assert md["dry_run"] and len(md["plan_hash"]) == 64 and "op_id" not in md
+    assert md["undone_op_id"] == rolled_back  # what it would revert, by the id the rollback has
     undone = execute(defs, "checkpoint_undo_job", instance, {"ops": {"checkpoint_undo": {"config": {
         "query": query.name}}}})
     assert undone.success, failure_of(undone)
     (md,) = observed(undone)
-    assert md["op_id"] and not md["dry_run"]
+    assert md["undone_op_id"] == rolled_back and "op_id" not in md and not md["dry_run"]
     assert content_snapshot(query.checkpoint, *query.sinks) == before  # byte for byte, as before the rollback
 
     again = execute(defs, "checkpoint_undo_job", instance, {"ops": {"checkpoint_undo": {"config": {
