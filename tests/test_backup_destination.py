@@ -688,6 +688,41 @@ def test_list_says_failed_for_a_backup_holding_an_object_another_verification_fo
     assert [(r["status"], r["known_bad_objects"]) for r in rows] == [("verified", 0), ("verified", 0)]
 
 
+def test_a_verification_during_a_prune_reports_no_object_of_a_backup_the_prune_deleted(tmp_path):
+    """A verification lists the backups, then reads their objects; a prune meanwhile deletes a backup's manifest and
+    then the objects no other backup names. Those were reported missing (exit 1 on a healthy destination, a hostile
+    review: the Dagster backup job and a scheduled verify raise false alarms), marked bad, and recorded as a failed
+    verification of a backup that no longer exists. Now the backup is named as pruned meanwhile, not verified; the
+    others are verified as usual. The repository below listed its backups before the prune, as a verification does
+    first. Synthetic checkpoint: no Spark needed."""
+    from benchmarks import synthetic
+    from checkpoint_ops.backup import verify_backups
+
+    ckpt, dest = str(tmp_path / "q" / "checkpoint"), str(tmp_path / "dest")
+    synthetic.write_local(ckpt, batches=30, partitions=2, retain_state=10)
+    code, older = cli_json("backup", "create", ckpt, dest)
+    assert code == 0, older
+    assert cli("rollback", ckpt, "--to-batch", "25", "--yes")[0] == 0  # batches 26..29 only in the first backup
+    code, newer = cli_json("backup", "create", ckpt, dest)
+    assert code == 0, newer
+    repo = Repository.open(dest)
+    listed = [m.id for m in repo.manifests()]  # the verification's listing, before the prune
+    assert listed == [older["backup_id"], newer["backup_id"]]
+    only_older = repo.manifest(older["backup_id"]).hashes() - repo.manifest(newer["backup_id"]).hashes()
+    assert only_older
+    code, pruned = cli_json("backup", "prune", dest, "--keep-last", "1", "--yes")
+    assert code == 0 and pruned["result"]["objects_deleted"] >= len(only_older), pruned
+
+    report = verify_backups(repo)
+    assert report["ok"] and report["bad_objects"] == [], report["bad_objects"][:3]
+    assert report["pruned_meanwhile"] == [older["backup_id"]], report
+    assert [b["backup_id"] for b in report["backups"]] == [newer["backup_id"]] and report["backups"][0]["ok"]
+    assert not os.path.exists(os.path.join(dest, "bad")) or not os.listdir(os.path.join(dest, "bad"))
+    assert sorted(os.listdir(os.path.join(dest, "verified"))) == [f"{newer['backup_id']}.json"]
+    rows = cli_json("backup", "list", dest)[1]["backups"]
+    assert [(r["id"], r["status"]) for r in rows] == [(newer["backup_id"], "verified")], rows
+
+
 def test_a_restore_refused_for_a_bad_object_names_the_newest_backup_without_it(tmp_path):
     """A restore refused for a damaged object said only "restore another backup". It now marks the object bad
     (``backup list`` shows it), and names the newest other backup of the same checkpoint and query that holds no

@@ -58,6 +58,9 @@ def cmd_backup_verify(args) -> int:
             lines.append(f"  {b['backup_id']}: {bad['object']} ({bad['root']}/{bad['file']}): {bad['problem']}")
     for d in r["damaged"]:
         lines.append(f"  {d['id']}: DAMAGED, not verified: {d['manifest']} {d['problem']}")
+    for backup_id in r["pruned_meanwhile"]:
+        lines.append(f"  {backup_id}: deleted by a prune while it was verified (its objects may go with it): not "
+                     "verified")
     emit(args, r, "\n".join(lines))
     return EXIT_OK if r["ok"] else EXIT_FINDINGS
 
