@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .model.checkpoint import Checkpoint
+from .model.compactible import infer_interval, previous_compaction
 from .model.sink import SinkOutput
-from .restart import Damage, RestartSets
+from .restart import PURGED, Damage, RestartSets
 from .window_memo import WindowMemo
 
 
@@ -74,9 +75,18 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     reason = latest_reason = None
     stop = None
     judged = False
+    interval_kept = _IntervalKept(sinks, ledger)
     for t in candidates:
         if t > last:
             continue
+        lost = interval_kept.lost_at(t)
+        if lost is not None:  # the rollback refuses it (``Rollback._check_readable``): out of reach, as damage is
+            why = f"batch {t}: {lost.text()}"
+            if latest is None:
+                latest_reason = latest_reason or why
+                continue
+            reason, stop = why, lost
+            break
         # (only once a batch was judged: the newest, never remembered, judges ``metadata`` for all)
         if memo is not None and judged and memo.is_sound(t):
             if latest is None:
@@ -108,6 +118,51 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
         reason = (f"batch {lowest - 1}: commits/{lowest - 1} is gone (purged after minBatchesToRetain)"
                   if lowest > 0 else "batch 0 is the first batch")
     return RollbackWindow(earliest, latest, reason, latest_reason, stop)
+
+
+class _IntervalKept:
+    """Whether a rollback to a batch keeps each file sink log's compact interval (``Rollback._check_readable``).
+    A rollback removes the compact files after its target. Where Spark's cleanup left only one at or below it,
+    Spark derives the interval from that one file, and it may be another than the one the log was written with
+    (``5.compact`` alone gives 6 with interval 3): the rollback then writes the compact file before it from the
+    batch ledger, or refuses. Judged from the listing alone (and the ledger where it could rebuild one)."""
+
+    def __init__(self, sinks, ledger):
+        self.sinks, self.ledger = list(sinks), ledger
+        self._rebuildable: dict[tuple[int, int], bool] = {}
+
+    def lost_at(self, t: int) -> Damage | None:
+        for i, sink in enumerate(self.sinks):
+            log = sink.log
+            if not log.compact_ids or max(log.compact_ids) <= t:
+                continue  # no compact file removed: the interval Spark derives stays as it is
+            kept = {c for c in log.compact_ids if c <= t}
+            newest = previous_compaction(t, log.interval)  # the one a reader of t needs (rebuilt if gone)
+            if newest is not None:
+                kept.add(newest)
+            interval, how = infer_interval(sorted(kept), log.default_interval)
+            if not kept or interval == log.interval:
+                continue
+            last = max(kept)
+            earlier = last - log.interval
+            if earlier >= 0 and self._can_rebuild(i, sink, earlier):
+                continue
+            rel = log.rel(earlier if earlier >= 0 else last, log.interval)
+            return Damage(f"sink{i}", rel, log.listing.url(rel), "sink log", PURGED, "purged",
+                          f"a rollback to batch {t} would leave {log.rel(last)} as the only compact file of "
+                          f"{log.rel_dir}, and Spark would derive compact interval {interval} from it ({how}), not "
+                          f"{log.interval}, the interval the log was written with; {rel}, which would keep it, is gone "
+                          "and cannot be rebuilt (sink entries carry no batch id; a batch ledger would know)",
+                          "choose a later batch; a batch ledger kept from now on (`checkpoint-ops ledger sync "
+                          "--sink`, or the Dagster asset) lets later rollbacks rebuild it")
+        return None
+
+    def _can_rebuild(self, i: int, sink, earlier: int) -> bool:
+        key = (i, earlier)
+        if key not in self._rebuildable:
+            files = self.ledger.sink_log_files_at(sink, earlier) if self.ledger is not None else None
+            self._rebuildable[key] = files is not None and earlier in files
+        return self._rebuildable[key]
 
 
 class _ReadAhead:

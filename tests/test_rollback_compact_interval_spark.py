@@ -62,6 +62,8 @@ def test_a_rollback_keeps_the_compact_interval_and_spark_runs_restarts_and_reads
         assert code == 0, r
     for d in logs:
         assert _names(d) == ["7.compact", "8", "9", "10", "11.compact"], (d, _names(d))  # Spark removed 3.compact
+    code, r = cli_json("inspect", ckpt, "--sink", out, *OPTS)
+    assert code == 0 and r["rollback_window"]["earliest"] <= 8, r["rollback_window"]  # the ledger rebuilds it
 
     code, r = cli_json("rollback", ckpt, "--to-batch", 8, "--sink", out, *OPTS, "--yes")
     assert code == 0, r
@@ -80,3 +82,28 @@ def test_a_rollback_keeps_the_compact_interval_and_spark_runs_restarts_and_reads
         assert all(int(x.split(".")[0]) % INTERVAL == INTERVAL - 1 for x in _names(d) if x.endswith(".compact")), d
     code, f = cli_json("fsck", ckpt, "--sink", out, *OPTS)
     assert (code, f["findings"]) == (0, []), f
+
+
+def test_without_a_ledger_the_window_ends_where_a_rollback_would_change_the_interval(spark, tmp_path):
+    """The same logs with no batch ledger: ``3.compact`` cannot be rebuilt, so a rollback below ``11.compact`` is
+    refused. ``inspect`` showed the window reaching back to batch 7 all the same (a hostile review: every batch it
+    offered but the newest was refused). The window now ends at the newest batch, naming why, and the rollback it
+    offers is the one that goes through."""
+    from tests.helpers import tree_snapshot
+
+    base = str(tmp_path / "run")
+    ckpt, out = f"{base}/checkpoint", f"{base}/output"
+    for start, end in ((0, 3), (3, 6), (6, 9), (9, 12)):
+        _land(base, start, end)
+        _run(spark, base)
+    assert _names(f"{out}/_spark_metadata") == ["7.compact", "8", "9", "10", "11.compact"]
+
+    code, r = cli_json("inspect", ckpt, "--sink", out, *OPTS)
+    assert code == 0, r
+    window = r["rollback_window"]
+    assert (window["earliest"], window["latest"]) == (11, 11), window
+    assert "derive compact interval 8" in window["earliest_reason"] and "3.compact" in window["earliest_reason"], window
+    before = tree_snapshot(base)
+    code, refused = cli_json("rollback", ckpt, "--to-batch", 10, "--sink", out, *OPTS, "--yes")
+    assert code == 1 and refused["error"] == "RefusedError" and "derive compact interval 8" in refused["problem"], refused
+    assert tree_snapshot(base) == before
