@@ -145,6 +145,15 @@ class PairingVerdict:
         return ""
 
 
+def timing_alone_warning(verdict: PairingVerdict) -> str:
+    """The plan's warning for a sink paired by batch timing alone (``LINED_UP``): the blind spot (module docstring)."""
+    return (f"{verdict.sink} is taken for the output of this checkpoint's query from batch timing alone (no record on "
+            "either side): another query that ran its batches at the same moments (started together, on one "
+            "trigger, from the same source) lines up as well, and a rollback of its output loses rows that query "
+            f"never writes again. Go ahead only if {verdict.sink} is the output this query writes; `checkpoint-ops "
+            f"ledger sync {verdict.checkpoint} --sink {verdict.sink}` records the pairing")
+
+
 class PairingRefused(RefusedError):
     """A sink given with a checkpoint is not (or not provably) its query's output: exit 1, nothing changed.
 

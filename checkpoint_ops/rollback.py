@@ -33,7 +33,7 @@ from .fence import is_fence, parse_fence, recovery_advice
 from .journal import load_journal, ops_dir, scan_journals
 from .ledger import diverged_at, ledger_or_none
 from .lag import SinkLag, sink_lag
-from .pairing import record_pairing_after, refuse_repeated, require_pairing
+from .pairing import LINED_UP, record_pairing_after, refuse_repeated, require_pairing, timing_alone_warning
 from .recorded_sinks import RecordedSinksCheck
 from .rerun_inputs import MAX_JUDGED, find_missing, input_urls, missing_warning, on_store
 from .restart import Damage, RestartSets, damage_in_removed
@@ -574,7 +574,7 @@ def plan_rollback(
     if target > C:
         raise RefusedError(f"batch {target} was never committed (the last committed batch is {C}"
                            f"{_last_operation(ckpt)})", path=ckpt.url, fix=f"choose a batch up to {C}")
-    require_pairing(ckpt, sinks, ledger)
+    pairing_warnings = [timing_alone_warning(v) for v in require_pairing(ckpt, sinks, ledger) if v.status == LINED_UP]
     left_out_warnings = recorded_sinks.check(ckpt, sinks, ledger, target) if recorded_sinks is not None else []
     lags = [sink_lag(ckpt, s) for s in sinks]  # against the checkpoint's own commits (the ledger stays unread)
     for s, lag in zip(sinks, lags):
@@ -590,7 +590,7 @@ def plan_rollback(
             )
     warnings = check_restart_set(ckpt, target, sinks, ledger, force=force, what="roll back to")
     b = _Builder(ckpt, sinks, target, keep_files, ledger)
-    b.plan.warnings += warnings + left_out_warnings
+    b.plan.warnings += pairing_warnings + warnings + left_out_warnings
     b.logs()
     b.sources()
     b.state()

@@ -227,6 +227,26 @@ def test_another_querys_output_is_refused_before_anything_changes(spark, pairs, 
     assert rows(spark, a.output) == expected(a.files) and rows(spark, b.output) == expected(b.files)
 
 
+def test_a_rollback_paired_by_batch_timing_alone_says_so_in_its_plan_until_a_record_decides(spark, pairs):
+    """Two queries started together on one trigger from the same source line up with each other's outputs (the
+    blind spot, pairing.py). A hostile review rolled one back with the other's output: exit 0, no word in the plan,
+    and the other query's rows were lost. A pairing from batch timing alone is named in the plan's warnings (the
+    dry run, the confirmation, ``--json``), with the command that records it; once recorded, no such warning."""
+    a = pairs["a"]
+    code, r = cli_json("rollback", a.checkpoint, "--to-batch", 5, "--sink", a.output, *INTERVALS, "--dry-run")
+    assert code == 0, r
+    (warning,) = [w for w in r["plan"]["warnings"] if "from batch timing alone" in w]
+    assert a.output in warning and "started together" in warning, warning
+    assert f"ledger sync {a.checkpoint} --sink {a.output}" in warning, warning
+    code, out, err = cli("rollback", a.checkpoint, "--to-batch", 5, "--sink", a.output, *INTERVALS, "--dry-run")
+    assert code == 0 and "from batch timing alone" in out + err, out
+
+    code, s = cli_json("ledger", "sync", a.checkpoint, "--sink", a.output, *INTERVALS)
+    assert code == 0 and s["pairing"][0]["status"] == "paired", s
+    code, r = cli_json("rollback", a.checkpoint, "--to-batch", 5, "--sink", a.output, *INTERVALS, "--dry-run")
+    assert code == 0 and not [w for w in r["plan"]["warnings"] if "timing alone" in w], r["plan"]["warnings"]
+
+
 # ---- a sink behind its checkpoint ----------------------------------------------------------------------------
 
 
