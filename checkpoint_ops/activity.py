@@ -117,6 +117,30 @@ def _left_planned(ckpt: Checkpoint, rel: str) -> bool:
 _PLANNING_OPERATIONS = ("rollback", "restore")  # the operations that may leave a no-data batch planned
 
 
+RECENT_COMMIT_SECONDS = 120  # a newest commit this recent may be a query's, idle until its next trigger
+RECENT_COMMIT = "the newest batch committed recently"
+
+
+def recent_commit_warning(ckpt: Checkpoint, seconds: int = RECENT_COMMIT_SECONDS,
+                          now: float | None = None) -> list[str]:
+    """A warning when the newest ``commits/`` file is younger than ``seconds`` and nothing looks planned: a query
+    idle between triggers writes nothing this tool can see (module docstring), and a recent commit is the
+    likeliest sign of one. Not a refusal: a query that just failed, the usual reason for a rollback, looks the
+    same (a hostile review rolled back under a query still running on a 2 s trigger: it wrote its next batches
+    over the rolled-back logs and failed, and fsck found 11 errors)."""
+    now = time.time() if now is None else now
+    C = ckpt.latest_commit
+    if ckpt.fence is not None or C is None or (ckpt.latest_offset is not None and ckpt.latest_offset > C):
+        return []  # fenced: nothing runs; a planned batch: ``active_reasons`` judges it
+    info = ckpt.commit_files[C].info
+    if info.mtime is None or now - info.mtime >= seconds:
+        return []
+    return [f"{RECENT_COMMIT}: commits/{C} was written {int(now - info.mtime)} s ago. A query started without "
+            "checkpoint-ops that still runs, idle until its next trigger, writes nothing this tool can see: if one "
+            "runs, stop it before going ahead (it would plan its next batch over the rolled-back logs, and fail or "
+            "mix two timelines)"]
+
+
 def sink_active_reasons(sink, fresh_seconds: int = DEFAULT_FRESH_SECONDS, now: float | None = None) -> list[str]:
     """Why a file sink's output looks in use when its checkpoint is not known: a fresh newest log file."""
     now = time.time() if now is None else now

@@ -37,7 +37,7 @@ from .pairing import LINED_UP, record_pairing_after, refuse_repeated, require_pa
 from .recorded_sinks import RecordedSinksCheck
 from .rerun_inputs import MAX_JUDGED, find_missing, input_urls, missing_warning, on_store
 from .restart import Damage, RestartSets, damage_in_removed
-from .activity import refuse_if_active
+from .activity import recent_commit_warning, refuse_if_active
 from .executor import Anchor, AppliedOperation, JournalHooks, apply_plan, checkpoint_roots
 from .model.checkpoint import Checkpoint, require_sink
 from .model.compactible import (
@@ -748,7 +748,7 @@ class RollbackOperation(Operation):
         self.ckpt.refuse_misnamed(self.sinks, "the rollback is refused, nothing was changed")
 
     def check_active(self, force: bool) -> list[str]:
-        return refuse_if_active(self.ckpt, force)
+        return refuse_if_active(self.ckpt, force) + recent_commit_warning(self.ckpt)
 
     def plan(self, stage: bool) -> Plan:
         recorded = RecordedSinksCheck(self.storage_options, self.sink_compact_interval, self.without_recorded_sinks)

@@ -89,3 +89,24 @@ def test_a_batch_an_ended_run_left_planned_is_no_sign_of_a_running_query(running
     shutil.copy(os.path.join(ckpt, "offsets", "39"), os.path.join(ckpt, "offsets", "41"))  # a batch planned since
     code, doc = cli_json("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
     assert code == 1 and "offsets/41 has no commit yet" in doc["problem"], doc
+
+
+def test_a_rollback_just_after_a_commit_warns_that_an_idle_query_cannot_be_seen(running):
+    """A query on a 2 s trigger, idle between batches, writes nothing: a hostile review rolled back under it with no
+    word, and it planned its next batch over the rolled-back logs and failed. A commit younger than two minutes is
+    now named in the plan's warnings (not a refusal: a query that just failed looks the same); an older one is not."""
+    from checkpoint_ops.activity import RECENT_COMMIT
+
+    ckpt, out = running
+    os.remove(os.path.join(ckpt, "offsets", "40"))  # nothing planned: batch 39 committed just now
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
+    assert code == 0, doc
+    (warning,) = [w for w in doc["plan"]["warnings"] if w.startswith(RECENT_COMMIT)]
+    assert "commits/39 was written" in warning and "stop it before going ahead" in warning, warning
+    code, text, _ = cli("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
+    assert code == 0 and f"warning: {RECENT_COMMIT}" in text, text
+
+    long_ago = os.path.getmtime(os.path.join(ckpt, "commits", "39")) - 600
+    os.utime(os.path.join(ckpt, "commits", "39"), (long_ago, long_ago))
+    code, doc = cli_json("rollback", ckpt, "--to-batch", "30", "--sink", out, "--dry-run")
+    assert code == 0 and not [w for w in doc["plan"]["warnings"] if w.startswith(RECENT_COMMIT)], doc["plan"]
