@@ -346,6 +346,9 @@ def render_inspect(r: dict) -> str:
     else:
         lines.append("  state: (stateless)")
     w = r["rollback_window"]
+    if w.get("with_recorded_sinks"):
+        lines.append("  rollback window with the file sinks the batch ledger records (a rollback takes them): "
+                     + ", ".join(w["with_recorded_sinks"]))
     if w["earliest"] is not None:
         lines.append(f"  rollback window:      batches {w['earliest']}..{w['latest']}")
         lines.append(f"    earlier is out of reach: {w['earliest_reason']}")

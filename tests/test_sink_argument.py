@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from benchmarks.check_pass import INTERVAL, Stream
-from tests.helpers import cli_json, tree_snapshot
+from tests.helpers import cli, cli_json, tree_snapshot
 
 I = ("--source-compact-interval", str(INTERVAL), "--sink-compact-interval", str(INTERVAL))
 
@@ -73,3 +73,28 @@ def test_fsck_names_the_temp_file_of_a_pairing_record_write_that_never_finished(
     os.remove(temp)
     code, r = cli_json("fsck", stream.ckpt, "--sink", stream.out, *I)
     assert (code, r["findings"]) == (0, []), r
+
+
+def test_inspect_judges_the_rollback_window_with_the_file_sinks_the_ledger_records(stream):
+    """``inspect CKPT`` without ``--sink`` judged the window from the checkpoint alone, where a rollback takes the
+    file sinks the batch ledger records (and refuses without them): a hostile review saw batches 0..12 offered and
+    the rollback to 7 refused. The window is judged with them now, and says so."""
+    code, r = cli_json("ledger", "sync", stream.ckpt, "--sink", stream.out, *I)  # records the pairing
+    assert code == 0, r
+    for _ in range(5):
+        stream.batch()  # batches 3..7, which the ledger has not seen
+    log = os.path.join(stream.out, "_spark_metadata")
+    for name in ("4", ".4.crc"):
+        os.remove(os.path.join(log, name))  # every batch from 4 on needs it (no compact file before 9)
+
+    code, r = cli_json("inspect", stream.ckpt, *I)
+    assert code == 0, r
+    window = r["rollback_window"]
+    assert window["with_recorded_sinks"] == [stream.out], window
+    assert (window["earliest"], window["latest"]) == (0, 3) and "_spark_metadata/4" in window["latest_reason"], window
+    code, text, _ = cli("inspect", stream.ckpt, *I)
+    assert code == 0 and "rollback window with the file sinks the batch ledger records" in text, text
+    code, refused = cli_json("rollback", stream.ckpt, "--to-batch", "5", "--sink", stream.out, *I, "--dry-run")
+    assert code != 0, refused  # the window's word: out of reach
+    code, plan = cli_json("rollback", stream.ckpt, "--to-batch", "3", "--sink", stream.out, *I, "--dry-run")
+    assert code == 0, plan

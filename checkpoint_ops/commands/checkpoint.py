@@ -11,9 +11,27 @@ def cmd_inspect(args) -> int:
     from ..inspect import inspect_checkpoint, render_inspect
 
     ckpt, sinks = open_checkpoint(args)
-    report = inspect_checkpoint(ckpt, sinks, ledger=ledger_or_none(ckpt) if ckpt.kind == "structured" else None)
+    ledger = ledger_or_none(ckpt) if ckpt.kind == "structured" else None
+    report = inspect_checkpoint(ckpt, sinks, ledger=ledger)
+    if ledger is not None:
+        _window_with_recorded_sinks(args, ckpt, sinks, ledger, report)
     emit(args, report, render_inspect(report))
     return EXIT_OK
+
+
+def _window_with_recorded_sinks(args, ckpt, sinks, ledger, report: dict) -> None:
+    """The rollback window judged with the file sinks the batch ledger records and ``--sink`` left out, as a
+    rollback takes them (refusing without them): judged without, it offered batches the rollback refused (a
+    hostile review: window 0..12, rollback to 7 refused, 9 the earliest)."""
+    from ..recorded_sinks import left_out
+    from ..window import rollback_window
+
+    recorded = [m.output for m in left_out(ckpt, list(sinks), ledger, storage_options=storage_options(args),
+                                           compact_interval=args.sink_compact_interval, data=True)
+                if m.output is not None]  # with its data files listed, as --sink opens one (the window checks them)
+    if recorded:
+        window = rollback_window(ckpt, [*sinks, *recorded], ledger).to_dict()
+        report["rollback_window"] = {**window, "with_recorded_sinks": [s.url for s in recorded]}
 
 
 def cmd_offsets(args) -> int:
