@@ -98,3 +98,18 @@ def test_inspect_judges_the_rollback_window_with_the_file_sinks_the_ledger_recor
     assert code != 0, refused  # the window's word: out of reach
     code, plan = cli_json("rollback", stream.ckpt, "--to-batch", "3", "--sink", stream.out, *I, "--dry-run")
     assert code == 0, plan
+
+
+def test_a_backup_without_a_file_sink_says_what_a_restore_of_it_lacks(stream, tmp_path):
+    """A rollback given no sink, of a checkpoint whose ledger records none, warns; a backup said nothing (a hostile
+    review), and a restore of it runs the query on into an output without the rows of every earlier batch. It says so
+    now (stderr, ``--json`` ``warnings``); with the sink given, nothing."""
+    dest = str(tmp_path / "dest")
+    code, out, err = cli("backup", "create", stream.ckpt, dest, *I)
+    assert code == 0 and "warning: no file sink given, and the batch ledger records none" in err, err
+    assert "a restore of it runs the query on from batch 3 into an output without the rows of the batches up to 2" \
+        in err, err
+    code, r = cli_json("backup", "create", stream.ckpt, dest, *I)
+    assert code == 0 and [w for w in r["warnings"] if w.startswith("no file sink given")], r["warnings"]
+    code, r = cli_json("backup", "create", stream.ckpt, dest, "--sink", stream.out, *I)
+    assert code == 0 and r["warnings"] == [], r["warnings"]

@@ -69,7 +69,7 @@ from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
 from ..pairing import PairingRefused, record_pairing, refuse_repeated
-from ..recorded_sinks import left_out
+from ..recorded_sinks import backup_without_sink, left_out
 from ..restart import RestartSets, state_bytes_problem
 from ..rollback import no_data_next, no_data_note
 from ..storage.paths import spark_url_to_location
@@ -212,6 +212,7 @@ class _Cut:
     kept_planned: list[str] = field(default_factory=list)  # ``offsets/N+1`` of a no-data batch, taken beside the cut
     kept: str | None = None  # what that means (``rollback.no_data_note``)
     prefetched: dict[tuple[str, str], bytes] = field(default_factory=dict)  # (root id, rel) -> bytes read, checked
+    warnings: list[str] = field(default_factory=list)  # for the user: what the backup leaves out and what that does
 
 
 def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (), storage_options: dict | None = None,
@@ -234,6 +235,8 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval, sink_compact_interval,
                    without_recorded_sinks)
     repo = Repository.locate(dest_url, storage_options)  # a foreign location is refused here, unwritten
+    for note in cut.warnings if warn is not None else ():
+        warn(note)
     _prefetch(cut, _parent(repo, cut.url) if repo.exists else None)
     repo.create()
     backup_id = new_backup_id()
@@ -389,6 +392,7 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
     needed: dict[str, set[str]] = {}
     batch = query_id = kept = None
     kept_planned: list[str] = []
+    warnings: list[str] = []
     if ckpt.kind == "dstream":
         kind = "dstream"
         roots["checkpoint"] = (ckpt.url, ckpt.fm, ckpt.root, checkpoint_files(ckpt, 0))
@@ -414,6 +418,7 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         ckpt.refuse_misnamed(sinks, "nothing was backed up")
         if not without_recorded_sinks:
             _require_recorded_sinks(ckpt, sinks, ledger, storage_options, sink_interval)
+        warnings = backup_without_sink(ckpt, sinks, ledger)
         rs = RestartSets(ckpt, sinks).of(batch)
         gone = _vanished(ckpt, sinks, rs.damage)
         if gone is not None:
@@ -447,7 +452,7 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
     codec = ckpt.state.codec if kind == "structured" else "lz4"
     state_files = {f.rel: f for s in ckpt.state.stores() for f in s.files} if kind == "structured" else {}
     return _Cut(kind, ckpt.url, batch, query_id, roots, needed, codec, state_files, (source_interval, sink_interval),
-                listed_at, skipped, kept_planned=kept_planned, kept=kept)
+                listed_at, skipped, kept_planned=kept_planned, kept=kept, warnings=warnings)
 
 
 def _unholdable_names(kind: str, roots: dict[str, tuple]) -> list[dict]:
@@ -810,7 +815,7 @@ def _copy(repo: Repository, backup_id: str, cut: _Cut, intent: HeldClaim, progre
             "query_id": cut.query_id, "batch": cut.batch, "kept_planned": cut.kept_planned,
             **({"kept": cut.kept} if cut.kept else {}), "parent": doc["parent"], **doc["stats"],
             "skipped_vanished": stats["skipped_vanished"], "skipped_names": cut.skipped_names,
-            "requests": repo.fm.counter.snapshot(),
+            "warnings": cut.warnings, "requests": repo.fm.counter.snapshot(),
             # each file manager once: the ledger shares the checkpoint's, and counting it twice doubled its retries
             "retries": {"destination": repo.fm.counter.retries(),
                         **{rid: counter.retries() for rid, counter in
