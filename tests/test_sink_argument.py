@@ -113,3 +113,18 @@ def test_a_backup_without_a_file_sink_says_what_a_restore_of_it_lacks(stream, tm
     assert code == 0 and [w for w in r["warnings"] if w.startswith("no file sink given")], r["warnings"]
     code, r = cli_json("backup", "create", stream.ckpt, dest, "--sink", stream.out, *I)
     assert code == 0 and r["warnings"] == [], r["warnings"]
+
+
+def test_history_of_an_output_names_the_checkpoint_its_operations_are_journaled_with(stream):
+    """``history OUTPUT`` lists what ran on the output alone; a rollback with its checkpoint is journaled beside the
+    checkpoint, and a hostile review read "0 operation(s) journaled" as "nothing ever changed it". The output's
+    pairing record names its checkpoint: history says where to look."""
+    stream.batch()
+    code, r = cli_json("rollback", stream.ckpt, "--to-batch", "1", "--sink", stream.out, *I, "--yes")
+    assert code == 0, r  # records the pairing on both sides once applied
+    code, h = cli_json("history", stream.out)
+    assert code == 0 and h["operations"] == [] and h["journaled_with_checkpoint"] == stream.ckpt, h
+    code, text, _ = cli("history", stream.out)
+    assert code == 0 and f"`checkpoint-ops history {stream.ckpt}`" in text, text
+    code, h = cli_json("history", stream.ckpt)
+    assert [e["operation"] for e in h["operations"]] == ["rollback"] and "journaled_with_checkpoint" not in h, h

@@ -56,8 +56,26 @@ def cmd_history(args) -> int:
     if any(e["undo_record"] == "kept" for e in entries):  # a kept record is not yet an undo that goes through
         lines.append(f"undo reverts the newest operation only, and refuses once anything was written after it (a "
                      f"batch Spark ran): `checkpoint-ops undo {anchor.url} --dry-run` says whether it can")
-    emit(args, {"checkpoint": anchor.url, "operations": entries}, "\n".join(lines))
+    doc = {"checkpoint": anchor.url, "operations": entries}
+    paired = None if anchor.checkpoint else _paired_checkpoint(anchor, args)
+    if paired is not None:  # an output: what ran with its checkpoint is journaled there (a review read "0" as none)
+        doc["journaled_with_checkpoint"] = paired
+        lines.append(f"this is the output of checkpoint {paired}: operations run with it (rollback, restore, undo, "
+                     f"sink commands given --checkpoint) are journaled beside it: `checkpoint-ops history {paired}`")
+    emit(args, doc, "\n".join(lines))
     return EXIT_OK
+
+
+def _paired_checkpoint(anchor, args) -> str | None:
+    """The checkpoint the output's pairing record names, if it is there (``pairing.paired_checkpoint_url``)."""
+    from ..errors import CheckpointOpsError
+    from ..model.sink import SinkOutput
+    from ..pairing import paired_checkpoint_url
+
+    try:
+        return paired_checkpoint_url(SinkOutput(anchor.fm, anchor.root, data=False), storage_options(args))
+    except (CheckpointOpsError, OSError):  # a hint only: history answers without it
+        return None
 
 
 def cmd_prune(args) -> int:
