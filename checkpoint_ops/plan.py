@@ -195,6 +195,8 @@ class Plan:
         # an undo's plan carries the target of the operation it reverts (its guards judge by it), not where it
         # leaves the checkpoint: its summary names that operation and its target
         to = f" to batch {self.target_batch}" if self.target_batch is not None and self.operation != "undo" else ""
+        if self.operation.startswith("sink-") and self.target_batch is not None:  # no target: the log's newest batch
+            to = f", sink log at batch {self.target_batch}"  # (a review read "sink-retain to batch 6" as a target)
         lines = [f"Plan {self.hash[:12]} ({self.operation}{to})"]
         for rid, url in self.roots.items():
             lines.append(f"  {rid}: {url}")

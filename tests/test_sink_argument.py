@@ -128,3 +128,12 @@ def test_history_of_an_output_names_the_checkpoint_its_operations_are_journaled_
     assert code == 0 and f"`checkpoint-ops history {stream.ckpt}`" in text, text
     code, h = cli_json("history", stream.ckpt)
     assert [e["operation"] for e in h["operations"]] == ["rollback"] and "journaled_with_checkpoint" not in h, h
+
+
+def test_a_sink_plan_names_the_batch_its_log_is_at_not_a_target(stream):
+    """``sink retain --keep-after-batch 0`` printed "Plan ... (sink-retain to batch 2)", read as a target (a hostile
+    review): the batch is where the sink log is, and the plan says so."""
+    code, text, err = cli("sink", "retain", stream.out, "--checkpoint", stream.ckpt, "--keep-after-batch", "0", *I,
+                          "--dry-run")
+    assert code == 0, err
+    assert "(sink-retain, sink log at batch 2)" in text and "to batch" not in text.splitlines()[0], text
