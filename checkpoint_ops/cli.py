@@ -21,7 +21,9 @@ import getpass
 import json
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 
@@ -304,6 +306,29 @@ def stopped_after_applying(e: StoppedAfterApplying) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. As the console script (``argv`` None), a first Ctrl-C that comes once the command has
+    returned its exit code (while the interpreter shuts down: threads joined, files closed) changes nothing and is
+    let go: a review's restore printed its result, then died of that SIGINT (exit 130, where the command had
+    finished and said 0; a wrapper that reacts to 130 would undo a finished restore). A second one stops it."""
+    try:
+        return _main(argv)
+    finally:
+        if argv is None:
+            _let_a_late_interrupt_go()
+
+
+def _let_a_late_interrupt_go() -> None:
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return  # ignored (a job in the background), or handled by whoever runs this
+
+    def first(signum, frame):
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # the next one ends the process, as a Ctrl-C does
+
+    signal.signal(signal.SIGINT, first)
+
+
+def _main(argv: list[str] | None) -> int:
     # the console script's start is when this module was imported; a call in process (argv given) starts now
     started = STARTED if argv is None else time.time()
     parser = build_parser()

@@ -623,3 +623,30 @@ def test_a_target_that_is_not_empty_is_named_by_its_own_files_before_their_sidec
                        str(tmp_path / "out2"))
     assert code == 2 and "it holds commits/0, metadata, .metadata.crc, commits/.0.crc" in r["problem"], r
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("presses, expected", [(1, 2), (2, -2)], ids=["one-is-let-go", "a-second-stops-it"])
+def test_a_ctrl_c_after_the_command_returned_changes_nothing_and_a_second_one_stops_it(tmp_path, presses, expected):
+    """A hostile review's restore printed its result, then died of a Ctrl-C that came while the interpreter shut down
+    (exit 130, for a command that had finished and returned 0). The console script lets a first one go once the
+    command returned its exit code; a second one stops the process at once, as a Ctrl-C does. The command here
+    returns 2 (no such checkpoint); the presses come after it returned, as the interpreter would shut down."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        sys.argv = ["checkpoint-ops", "history", {str(tmp_path / "nothing-here")!r}]
+        from checkpoint_ops.cli import main
+        code = main()
+        for _ in range({presses}):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+        sys.exit(code)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=120,
+                          start_new_session=True, preexec_fn=sigint_as_ctrl_c)
+    assert done.returncode == expected, (done.returncode, done.stderr[-2000:])
+    assert "no such checkpoint" in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]
