@@ -199,10 +199,23 @@ def run_operation(args, op: Operation, extra: dict | None = None) -> int:
 # ---- the parser ------------------------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with ``--json`` honoured for a usage error too: the error document on stdout as for every other
+    error (exit 2, usage on stderr as before). A review's `rollback ... --to-batchh 3 --json` printed nothing on
+    stdout for the program reading it."""
+
+    json_wanted = False  # set for the command line being parsed (``_main``): whether it asks for --json
+
+    def error(self, message: str):
+        if _Parser.json_wanted:
+            print_json(BadInputError(message, fix=f"`{self.prog} --help` lists what it takes").to_dict())
+        super().error(message)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .commands import COMMANDS
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="checkpoint-ops",
         description="Safe, audited operations on Spark Structured Streaming checkpoints.",
         epilog="Exit codes: 0 done/healthy, 1 findings or refused, 2 unusable input, 3 internal error.",
@@ -332,6 +345,7 @@ def _main(argv: list[str] | None) -> int:
     # the console script's start is when this module was imported; a call in process (argv given) starts now
     started = STARTED if argv is None else time.time()
     parser = build_parser()
+    _Parser.json_wanted = "--json" in (sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     args.started = started
     as_json = getattr(args, "json", False)
