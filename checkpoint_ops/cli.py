@@ -255,6 +255,18 @@ def _in_bucket(bucket: str, urls: list) -> bool:
                for url in urls)
 
 
+_READ_ONLY = {("inspect", None), ("offsets", None), ("fsck", None), ("history", None), ("compat", None),
+              ("ledger", "show"), ("sink", "files"), ("lease", "show")}
+
+
+def _reads_only(args) -> bool:
+    """A command that changes nothing: a storage failure in it leaves nothing to resume or undo (a review: fsck of a
+    missing bucket advised both)."""
+    command = getattr(args, "command", None)
+    action = getattr(args, f"{command}_command", None) if command else None
+    return (command, action) in _READ_ONLY
+
+
 def _storage_error(args, e: BaseException) -> StorageError:
     """A storage failure no operation wrapped, as an error that says where and what to do next: a backup
     stopped part-way is finished by running it again (its docs), any other operation by resume or undo."""
@@ -283,7 +295,7 @@ def _storage_error(args, e: BaseException) -> StorageError:
         then = "; nothing was restored into it: run the restore again once it exists"
     elif action in ("create", "prune"):
         then = "; a backup (or prune) that stopped part-way is finished by running the same command again"
-    elif action in ("list", "verify", "drill"):
+    elif action in ("list", "verify", "drill") or _reads_only(args):
         then = ""  # nothing changed: they read (a drill restores into scratch space of its own)
     else:
         then = ("; an operation that stopped part-way is finished by `checkpoint-ops resume` or reverted by "

@@ -650,3 +650,19 @@ def test_a_ctrl_c_after_the_command_returned_changes_nothing_and_a_second_one_st
                           start_new_session=True, preexec_fn=sigint_as_ctrl_c)
     assert done.returncode == expected, (done.returncode, done.stderr[-2000:])
     assert "no such checkpoint" in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr[-2000:]
+
+
+def test_a_restore_with_the_wrong_number_of_sink_targets_says_what_to_give(tmp_path):
+    """Refused with no ``fix`` (a hostile review): it names what to give now, and nothing is written."""
+    dest = str(tmp_path / "dest")
+    backup_id = _backup(str(tmp_path / "q"), dest, 3)
+    for extra, fix in (((), "--sink-target EMPTY_DIR once for each, in that order"),
+                       (("--sink-target", tmp_path / "o1", "--sink-target", tmp_path / "o2"),
+                        "--sink-target EMPTY_DIR once for each, in that order")):
+        code, r = cli_json("backup", "restore", dest, backup_id, tmp_path / "t", *extra, "--yes")
+        assert code == 2 and "give one target for each" in r["problem"] and fix in (r["fix"] or ""), r
+        assert not os.path.exists(tmp_path / "t") and not os.path.exists(tmp_path / "o1")
+    no_sink = _checkpoint_backup(str(tmp_path / "plain"), str(tmp_path / "dest2"))
+    code, r = cli_json("backup", "restore", tmp_path / "dest2", no_sink, tmp_path / "t", "--sink-target", tmp_path / "o",
+                       "--yes")
+    assert code == 2 and r["fix"] == "drop --sink-target: the backup holds no file sink", r

@@ -585,6 +585,11 @@ def test_a_missing_bucket_among_several_locations_is_named_with_the_fix_of_its_c
         assert "backup destination's bucket" in r["fix"] and "create the bucket" not in r["fix"], r
         assert "resume" not in r["fix"] and "nothing was restored" in r["fix"], r
     assert not os.path.exists(tmp_path / "restored")
+    # a command that only reads changed nothing: no resume or undo in its fix (a hostile review: fsck advised both)
+    for command in (("fsck",), ("inspect",), ("history",)):
+        code, r = cli_json(*command, "s3://no-such-bucket-here/ck", *options)
+        assert code == 2 and r["problem"] == "no such bucket: 'no-such-bucket-here'", (command, r)
+        assert "resume" not in r["fix"] and "undo" not in r["fix"], (command, r)
 
 
 def _self_signed(tmp_path) -> tuple[str, str]:

@@ -160,7 +160,11 @@ class _Restore:
             raise BadInputError(f"the backup holds {len(self.sinks)} file sink(s) "
                                 f"({', '.join(m.roots[r]['url'] for r in self.sinks) or 'none'}); give one "
                                 f"target for each, in that order ({param('sink_target')}; got {len(sink_targets)})",
-                                path=m.url)
+                                path=m.url,
+                                fix=(f"give {param('sink_target')} EMPTY_DIR once for each, in that order: the "
+                                     "restored query writes on into each restored output (its sink log and data "
+                                     "as of the backup)" if self.sinks else
+                                     f"drop {param('sink_target')}: the backup holds no file sink"))
         _require_empty(self.t_fm, self.t_root, target_url)
         self.sink_fms = {}
         for rid, url, (fm, root) in zip(self.sinks, sink_targets, opened):
