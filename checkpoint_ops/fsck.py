@@ -775,7 +775,13 @@ class Fsck:
             if rel not in L:
                 self.add(ERROR, "sink-file-missing", L.url(rel),
                          "listed in the sink log but missing: readers of the sink fail",
-                         "restore the file from a backup; if it is lost, the sink log must be rewritten without it")
+                         "restore the file from a backup; if it is lost, " + (
+                             f"drop its entry from the sink log (`checkpoint-ops sink compact {sink.url} "
+                             "--drop-missing`: its rows are then gone for readers too, as they are now)"
+                             if log.compact_ids else
+                             f"`checkpoint-ops sink compact {sink.url} --drop-missing` drops its entry once Spark "
+                             f"has written the sink log's first compact file ({log.rel(log.interval - 1)}); until "
+                             "then readers fail on it"))
         if outside:
             unmatched = len(entries) - len(known)
             self.add(ERROR, "sink-path-outside-output", sink.url,

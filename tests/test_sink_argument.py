@@ -137,3 +137,32 @@ def test_a_sink_plan_names_the_batch_its_log_is_at_not_a_target(stream):
                           "--dry-run")
     assert code == 0, err
     assert "(sink-retain, sink log at batch 2)" in text and "to batch" not in text.splitlines()[0], text
+
+
+def test_fsck_of_a_lost_data_file_names_the_command_that_drops_its_entry_and_it_works(tmp_path):
+    """fsck said "the sink log must be rewritten without it" and no command (a hostile review). It names `sink
+    compact --drop-missing`, and that command, run as named, leaves fsck with nothing to say. Before the sink log's
+    first compact file the command has nothing to rewrite: fsck says it works from that file on."""
+    young = Stream(str(tmp_path / "young"), retain=100)
+    for _ in range(3):
+        young.batch()
+    os.remove(os.path.join(young.out, "part-000001-c0ffee.snappy.parquet"))
+    code, r = cli_json("fsck", young.ckpt, "--sink", young.out, *I)
+    (missing,) = [f for f in r["findings"] if f["code"] == "sink-file-missing"]
+    assert code == 1 and "once Spark has written the sink log's first compact file (_spark_metadata/9.compact)" \
+        in missing["fix"], missing
+
+    stream = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(13):
+        stream.batch()
+    lost = "part-000003-c0ffee.snappy.parquet"
+    for name in (lost, f".{lost}.crc"):
+        os.remove(os.path.join(stream.out, name))
+    code, r = cli_json("fsck", stream.ckpt, "--sink", stream.out, *I)
+    (missing,) = [f for f in r["findings"] if f["code"] == "sink-file-missing"]
+    command = f"checkpoint-ops sink compact {stream.out} --drop-missing"
+    assert code == 1 and f"drop its entry from the sink log (`{command}`" in missing["fix"], missing
+    code, done = cli_json(*command.split()[1:], *I, "--yes")
+    assert code == 0, done
+    code, r = cli_json("fsck", stream.ckpt, "--sink", stream.out, *I)
+    assert (code, r["findings"]) == (0, []), r["findings"]
