@@ -432,8 +432,12 @@ class RestartSets:
             if rel not in sink.listing:
                 newest_compact = max(sink.log.compact_ids, default=-1)
                 # ``sink compact --drop-missing`` rewrites the newest compact file only (and what follows)
+                log = sink.log
                 fix = ("restore the file from a backup, or drop its entry from the sink log "
-                       "(`checkpoint-ops sink compact --drop-missing`)" if b >= newest_compact else
+                       "(`checkpoint-ops sink compact --drop-missing`)" if 0 <= newest_compact <= b else
+                       "restore the file from a backup (`checkpoint-ops sink compact --drop-missing` drops its entry "
+                       f"once Spark has written the sink log's first compact file, {log.rel(log.interval - 1)})"
+                       if newest_compact < 0 else
                        f"restore the file from a backup (`sink compact --drop-missing` rewrites the newest compact "
                        f"file only, {sink.log.rel(newest_compact)}, not {sink.log.rel(b)}, which readers read again "
                        f"after a rollback to a batch from {b} to {newest_compact - 1})")

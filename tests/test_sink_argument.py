@@ -151,6 +151,10 @@ def test_fsck_of_a_lost_data_file_names_the_command_that_drops_its_entry_and_it_
     (missing,) = [f for f in r["findings"] if f["code"] == "sink-file-missing"]
     assert code == 1 and "once Spark has written the sink log's first compact file (_spark_metadata/9.compact)" \
         in missing["fix"], missing
+    young.batch()
+    code, r = cli_json("rollback", young.ckpt, "--to-batch", "2", "--sink", young.out, *I, "--dry-run")
+    assert code == 2 and "part-000001" in r["problem"], r  # a rollback needs it: refused, with the same word
+    assert "once Spark has written the sink log's first compact file, _spark_metadata/9.compact" in r["fix"], r
 
     stream = Stream(str(tmp_path / "q"), retain=100)
     for _ in range(13):
