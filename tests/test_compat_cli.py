@@ -163,3 +163,23 @@ def test_missing_checkpoint(agg, tmp_path):
     _, module = agg
     code, _, err = cli("compat", str(tmp_path / "nothing"), "--query", f"{module}:unchanged")
     assert code == 2 and "no such checkpoint" in err
+
+
+def test_a_session_compat_creates_keeps_sparks_log_out_of_the_verdict(agg, tmp_path):
+    """Run as a process of its own (its own Spark session): a change Spark refuses printed 95 lines of Spark's ERROR
+    log and stack trace before the 7-line verdict (a hostile review). The session compat creates logs at FATAL: the
+    verdict carries Spark's error class and message; ``--spark-conf spark.log.level=...`` shows the log again."""
+    import subprocess
+    import sys
+
+    base, module = agg
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, str(tmp_path)]))
+    env.pop("PYSPARK_SUBMIT_ARGS", None)
+    done = subprocess.run([sys.executable, "-m", "checkpoint_ops.cli", "compat", base.checkpoint, "--query",
+                           f"{module}:key_changed", "--spark-conf", "spark.master=local[1]",
+                           "--spark-conf", "spark.sql.shuffle.partitions=2"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1, (done.stdout, done.stderr[-3000:])
+    assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in done.stdout, done.stdout
+    assert "ERROR MicroBatchExecution" not in done.stderr and "\tat org.apache" not in done.stderr, done.stderr[-3000:]

@@ -32,6 +32,10 @@ def spark_session(args):
         builder = builder.remote(args.spark_remote)
     else:
         builder = builder.config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+        if not any(key == "spark.log.level" for key, _ in confs):
+            # the verdict carries Spark's error (its class and message): its log printed the same failure as 95
+            # lines of stack trace before it (a hostile review); --spark-conf spark.log.level=WARN shows them
+            builder = builder.config("spark.log.level", "FATAL")
     for key, value in confs:
         builder = builder.config(key, value)
     session = builder.getOrCreate()
