@@ -697,13 +697,42 @@ def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], le
         reach = (f"The earliest reachable batch is {window.earliest} (window {window.earliest}..{window.latest})"
                  if window.earliest is not None else "No batch is reachable")
         raise RefusedError(
-            f"cannot {what} batch {target}: {'; '.join(d.problem for d in rs.purged)}. {reach}",
+            f"cannot {what} batch {target}: {_purged_text(rs.purged)}. {reach}",
             path=ckpt.url,
             fix=(f"roll back to a batch from {window.earliest} to {window.latest}" if window.earliest is not None else
                  "restore the checkpoint from a backup")
             + "; a batch ledger (`checkpoint-ops ledger sync`) or a backup taken earlier reaches further",
         )
     return warnings
+
+
+def _purged_text(purged: list) -> str:
+    """The purged files of a restart set, said once per reason: ``_spark_metadata/0 .. _spark_metadata/7 (8 files)
+    are gone and cannot be rebuilt (...)``, not the same sentence eight times (a hostile review)."""
+    groups: dict[str, list] = {}
+    for d in purged:
+        reason = d.problem[len(d.rel):] if d.problem.startswith(d.rel) else None
+        groups.setdefault(reason if reason is not None else d.problem, []).append(d)
+    parts = []
+    for reason, items in groups.items():
+        if len(items) == 1 or not items[0].problem.startswith(items[0].rel):
+            parts += [d.problem for d in items]
+            continue
+        names = ", ".join(d.rel for d in items)
+        if _consecutive([d.rel for d in items]):
+            names = f"{items[0].rel} .. {items[-1].rel} ({len(items)} files)"
+        parts.append(f"{names} are {reason.removeprefix(' is ')}" if reason.startswith(" is ") else f"{names}:{reason}")
+    return "; ".join(parts)
+
+
+def _consecutive(rels: list[str]) -> bool:
+    """``rels`` are one directory's files named by consecutive batch ids (``_spark_metadata/0`` .. ``/7``)."""
+    dirs = {rel.rpartition("/")[0] for rel in rels}
+    names = [rel.rpartition("/")[2] for rel in rels]
+    if len(dirs) != 1 or not all(n.isascii() and n.isdigit() for n in names):
+        return False
+    ids = [int(n) for n in names]
+    return ids == list(range(ids[0], ids[0] + len(ids)))
 
 
 # ---- the operation -------------------------------------------------------------------------------------

@@ -170,3 +170,21 @@ def test_fsck_of_a_lost_data_file_names_the_command_that_drops_its_entry_and_it_
     assert code == 0, done
     code, r = cli_json("fsck", stream.ckpt, "--sink", stream.out, *I)
     assert (code, r["findings"]) == (0, []), r["findings"]
+
+
+def test_a_rollback_beyond_spark_s_cleanup_names_the_files_gone_once(tmp_path):
+    """Spark's cleanup after the compaction at 9 left ``_spark_metadata/0..8`` gone: the refusal of a rollback to 7
+    said "... is gone and cannot be rebuilt (...)" eight times (a hostile review). Said once, with the range."""
+    stream = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(13):
+        stream.batch()
+    log = os.path.join(stream.out, "_spark_metadata")
+    for b in range(9):
+        for name in (str(b), f".{b}.crc"):
+            os.remove(os.path.join(log, name))
+    before = tree_snapshot(stream.ckpt, stream.out)
+    code, r = cli_json("rollback", stream.ckpt, "--to-batch", "7", "--sink", stream.out, *I, "--yes")
+    assert code == 1 and "_spark_metadata/0 .. _spark_metadata/7 (8 files) are gone and cannot be rebuilt" \
+        in r["problem"], r
+    assert r["problem"].count("cannot be rebuilt") == 1 and "The earliest reachable batch is 9" in r["problem"], r
+    assert tree_snapshot(stream.ckpt, stream.out) == before
