@@ -10,6 +10,7 @@ committed batch out of reach).
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from .model.checkpoint import Checkpoint
@@ -129,18 +130,20 @@ class _IntervalKept:
 
     def __init__(self, sinks, ledger):
         self.sinks, self.ledger = list(sinks), ledger
+        self._compacts = [sorted(s.log.compact_ids) for s in self.sinks]  # each judged by bisection: O(log) a batch
         self._rebuildable: dict[tuple[int, int], bool] = {}
 
     def lost_at(self, t: int) -> Damage | None:
         for i, sink in enumerate(self.sinks):
-            log = sink.log
-            if not log.compact_ids or max(log.compact_ids) <= t:
+            log, ids = sink.log, self._compacts[i]
+            if not ids or ids[-1] <= t:
                 continue  # no compact file removed: the interval Spark derives stays as it is
-            kept = {c for c in log.compact_ids if c <= t}
+            below = bisect.bisect_right(ids, t)
+            kept = set(ids[max(0, below - 2):below])  # Spark derives the interval from the two latest left
             newest = previous_compaction(t, log.interval)  # the one a reader of t needs (rebuilt if gone)
             if newest is not None:
                 kept.add(newest)
-            interval, how = infer_interval(sorted(kept), log.default_interval)
+            interval, how = infer_interval(sorted(kept)[-2:], log.default_interval)
             if not kept or interval == log.interval:
                 continue
             last = max(kept)
