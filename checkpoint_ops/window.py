@@ -80,27 +80,19 @@ def _judge_window(ckpt: Checkpoint, sinks, ledger, sets: RestartSets | None) -> 
     for t in candidates:
         if t > last:
             continue
-        lost = interval_kept.lost_at(t)
-        if lost is not None:  # the rollback refuses it (``Rollback._check_readable``): out of reach, as damage is
-            why = f"batch {t}: {lost.text()}"
-            if latest is None:
-                latest_reason = latest_reason or why
-                continue
-            reason, stop = why, lost
-            break
         # (only once a batch was judged: the newest, never remembered, judges ``metadata`` for all)
         if memo is not None and judged and memo.is_sound(t):
-            if latest is None:
-                latest = t
-            earliest = t
-            continue
-        ahead.before(t)
-        rs = sets.of(t)
-        judged = True
-        if memo is not None:
-            memo.remember(t, rs)
-        if rs.damage:
-            d = rs.damage[0]
+            damage = interval_kept.lost_at(t)
+        else:
+            ahead.before(t)
+            rs = sets.of(t)
+            judged = True
+            if memo is not None:
+                memo.remember(t, rs)
+            # damage first (it names what is wrong); then what the rollback refuses for a sink log's interval
+            damage = rs.damage[0] if rs.damage else interval_kept.lost_at(t)
+        if damage is not None:
+            d = damage
             why = f"batch {t}: {d.text()}"
             if d.role == "metadata":  # no batch can be restarted
                 return RollbackWindow(None, None, why, stop=d)
