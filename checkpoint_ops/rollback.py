@@ -403,6 +403,15 @@ class _Builder:
         if interval != log.interval and compacts and self._keep_interval(log, compacts[-1], root, sink):
             names, compacts = self._names_after(log, root)
             interval, how = infer_interval(compacts, log.default_interval)
+        if interval != log.interval and compacts and compacts[-1] - log.interval < 0:  # the log's first compact file
+            raise RefusedError(
+                f"after the rollback {log.rel_dir} would keep one compact file, {compacts[-1]}.compact, its first, "
+                f"and Spark would derive compact interval {interval} from it ({how}), not {log.interval}, the interval "
+                "the log was written with",
+                path=log.listing.url(log.rel_dir),
+                fix=f"pass the compactInterval the query runs with ({param('source_compact_interval')} / "
+                    f"{param('sink_compact_interval')}): Spark derives the interval from it when one compact file is "
+                    "left")
         if interval != log.interval and compacts:
             earlier = compacts[-1] - log.interval
             raise RefusedError(
@@ -708,20 +717,26 @@ def check_restart_set(ckpt: Checkpoint, target: int, sinks: list[SinkOutput], le
 
 def _purged_text(purged: list) -> str:
     """The purged files of a restart set, said once per reason: ``_spark_metadata/0 .. _spark_metadata/7 (8 files)
-    are gone and cannot be rebuilt (...)``, not the same sentence eight times (a hostile review)."""
-    groups: dict[str, list] = {}
-    for d in purged:
-        reason = d.problem[len(d.rel):] if d.problem.startswith(d.rel) else None
-        groups.setdefault(reason if reason is not None else d.problem, []).append(d)
+    are gone and cannot be rebuilt (...)``, not the same sentence eight times (a hostile review). Files of several
+    roots (two sinks' ``_spark_metadata/0``) are named by their full location."""
+    several = len({d.root for d in purged}) > 1
+    groups: dict[tuple, list] = {}
+    for i, d in enumerate(purged):
+        tail = d.problem[len(d.rel):] if d.problem.startswith(d.rel) else None
+        groups.setdefault((d.root, tail) if tail is not None else (d.root, None, i), []).append(d)
     parts = []
-    for reason, items in groups.items():
-        if len(items) == 1 or not items[0].problem.startswith(items[0].rel):
+    for key, items in groups.items():
+        tail = key[1]
+        if tail is None:
             parts += [d.problem for d in items]
             continue
-        names = ", ".join(d.rel for d in items)
-        if _consecutive([d.rel for d in items]):
-            names = f"{items[0].rel} .. {items[-1].rel} ({len(items)} files)"
-        parts.append(f"{names} are {reason.removeprefix(' is ')}" if reason.startswith(" is ") else f"{names}:{reason}")
+        names = [d.url if several else d.rel for d in items]
+        if len(items) > 1 and _consecutive([d.rel for d in items]):
+            named, plural = f"{names[0]} .. {names[-1]} ({len(items)} files)", True
+        else:
+            named, plural = ", ".join(names), len(items) > 1
+        parts.append(f"{named} are {tail.removeprefix(' is ')}" if plural and tail.startswith(" is ")
+                     else f"{named}{tail}")
     return "; ".join(parts)
 
 
@@ -749,8 +764,11 @@ class RollbackOperation(Operation):
                  sink_urls: list[str] = (), keep_files: str | None = None, storage_options: dict | None = None,
                  source_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL,
                  sink_compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL, force: bool = False,
-                 without_recorded_sinks: bool = False):
+                 without_recorded_sinks: bool = False, query_held: bool = False):
+        """``query_held``: the caller runs the checkpoint's query itself, under the checkpoint's lease it holds now
+        (the Dagster asset's own rollback): a recent commit is that query's, which has ended, and is not warned of."""
         self.url = checkpoint_url
+        self.query_held = query_held
         self.to_batch, self.to_time, self.keep_files, self.force = to_batch, to_time, keep_files, force
         self.without_recorded_sinks = without_recorded_sinks
         self.sink_urls = list(sink_urls)
@@ -777,7 +795,7 @@ class RollbackOperation(Operation):
         self.ckpt.refuse_misnamed(self.sinks, "the rollback is refused, nothing was changed")
 
     def check_active(self, force: bool) -> list[str]:
-        return refuse_if_active(self.ckpt, force) + recent_commit_warning(self.ckpt)
+        return refuse_if_active(self.ckpt, force) + ([] if self.query_held else recent_commit_warning(self.ckpt))
 
     def plan(self, stage: bool) -> Plan:
         recorded = RecordedSinksCheck(self.storage_options, self.sink_compact_interval, self.without_recorded_sinks)

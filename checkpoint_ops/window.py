@@ -13,10 +13,11 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
+from .errors import param
 from .model.checkpoint import Checkpoint
-from .model.compactible import infer_interval, previous_compaction
+from .model.compactible import all_valid_batches, infer_interval, previous_compaction
 from .model.sink import SinkOutput
-from .restart import PURGED, Damage, RestartSets
+from .restart import MISSING, PURGED, Damage, RestartSets
 from .window_memo import WindowMemo
 
 
@@ -136,13 +137,24 @@ class _IntervalKept:
             if newest is not None:
                 kept.add(newest)
             interval, how = infer_interval(sorted(kept)[-2:], log.default_interval)
-            if not kept or interval == log.interval:
+            if interval == log.interval:
+                continue
+            if not kept:  # none left at or below t: Spark reads the log with the configured interval
+                lost = self._unreadable_with(i, sink, t, interval, how)
+                if lost is not None:
+                    return lost
                 continue
             last = max(kept)
             earlier = last - log.interval
-            if earlier >= 0 and self._can_rebuild(i, sink, earlier):
+            if earlier < 0:  # the first compact file: only the configured interval derives the log's own
+                rel = log.rel(last)
+                return Damage(f"sink{i}", rel, log.listing.url(rel), "sink log", PURGED, "purged",
+                              f"a rollback to batch {t} would leave {rel} as the only compact file of {log.rel_dir}, "
+                              f"and Spark would derive compact interval {interval} from it ({how}), not "
+                              f"{log.interval}, the interval the log was written with", _interval_fix())
+            if self._can_rebuild(i, sink, earlier):
                 continue
-            rel = log.rel(earlier if earlier >= 0 else last, log.interval)
+            rel = log.rel(earlier, log.interval)
             return Damage(f"sink{i}", rel, log.listing.url(rel), "sink log", PURGED, "purged",
                           f"a rollback to batch {t} would leave {log.rel(last)} as the only compact file of "
                           f"{log.rel_dir}, and Spark would derive compact interval {interval} from it ({how}), not "
@@ -152,12 +164,38 @@ class _IntervalKept:
                           "--sink`, or the Dagster asset) lets later rollbacks rebuild it")
         return None
 
+    def _unreadable_with(self, i: int, sink, t: int, interval: int, how: str) -> Damage | None:
+        """With no compact file left at or below ``t``, the rollback reads the log with ``interval`` (the configured
+        one) and refuses when a file a reader of ``t`` needs is not there under that name (``_check_readable``)."""
+        log = sink.log
+        rebuilt = {log.rel(b) for b in log.missing_for(t)}  # the rollback writes them (the restart set judged them)
+        for b in all_valid_batches(t, interval):
+            rel = log.rel(b, interval)
+            if rel not in rebuilt and (b not in log.files or log.files[b].rel != rel):
+                return Damage(f"sink{i}", rel, log.listing.url(rel), "sink log", MISSING, "sink-log-gap",
+                              f"after a rollback to batch {t} Spark would read {log.rel_dir} with compact interval "
+                              f"{interval} ({how}) and miss {rel}; the log was written with {log.interval}",
+                              _interval_fix())
+        return None
+
     def _can_rebuild(self, i: int, sink, earlier: int) -> bool:
+        """Whether the batch ledger can write ``earlier``'s compact file as a rollback does
+        (``Ledger.sink_log_files_at``): it recorded the entries of every batch after it up to the next compact file
+        on disk. Asked without parsing them: this runs in every Dagster materialization's pass."""
         key = (i, earlier)
         if key not in self._rebuildable:
-            files = self.ledger.sink_log_files_at(sink, earlier) if self.ledger is not None else None
-            self._rebuildable[key] = files is not None and earlier in files
+            log, ids = sink.log, self._compacts[i]
+            after = bisect.bisect_right(ids, earlier)
+            base = ids[after] if after < len(ids) else log.latest
+            self._rebuildable[key] = (
+                self.ledger is not None and base is not None and not log.missing_for(base)
+                and all(self.ledger.has_sink_entries(sink, b) for b in range(earlier + 1, base + 1)))
         return self._rebuildable[key]
+
+
+def _interval_fix() -> str:
+    return (f"pass the compactInterval the query runs with ({param('sink_compact_interval') or 'its Spark settings'}):"
+            " Spark derives the interval from it when one compact file is left, or none")
 
 
 class _ReadAhead:

@@ -95,7 +95,7 @@ def test_inspect_judges_the_rollback_window_with_the_file_sinks_the_ledger_recor
     code, text, _ = cli("inspect", stream.ckpt, *I)
     assert code == 0 and "rollback window with the file sinks the batch ledger records" in text, text
     code, refused = cli_json("rollback", stream.ckpt, "--to-batch", "5", "--sink", stream.out, *I, "--dry-run")
-    assert code != 0, refused  # the window's word: out of reach
+    assert code == 2 and "_spark_metadata/4" in refused["problem"], refused  # the window's word: out of reach
     code, plan = cli_json("rollback", stream.ckpt, "--to-batch", "3", "--sink", stream.out, *I, "--dry-run")
     assert code == 0, plan
 
@@ -188,3 +188,42 @@ def test_a_rollback_beyond_spark_s_cleanup_names_the_files_gone_once(tmp_path):
         in r["problem"], r
     assert r["problem"].count("cannot be rebuilt") == 1 and "The earliest reachable batch is 9" in r["problem"], r
     assert tree_snapshot(stream.ckpt, stream.out) == before
+
+
+def test_with_the_wrong_sink_compact_interval_the_window_offers_only_what_the_rollback_takes(tmp_path):
+    """The log was written with interval 10 (``9.compact``, ``19.compact``); ``--sink-compact-interval 3`` is not the
+    query's. A rollback below 19 leaves ``9.compact`` alone (Spark derives 5 from it) or none (Spark reads with 3):
+    refused, and the window offered those batches all the same (a review of the window's interval check). It ends at
+    19 now, saying to pass the query's interval; with it, everything is offered, and taken."""
+    stream = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(23):
+        stream.batch()
+    wrong = ("--source-compact-interval", "10", "--sink-compact-interval", "3")
+    code, r = cli_json("inspect", stream.ckpt, "--sink", stream.out, *wrong)
+    window = r["rollback_window"]
+    assert code == 0 and (window["earliest"], window["latest"]) == (19, 22), window
+    assert "would derive compact interval 5 from it" in window["earliest_reason"], window
+    before = tree_snapshot(stream.ckpt, stream.out)
+    for target, said in (("15", "its first, and Spark would derive compact interval 5"),
+                         ("5", "with compact interval 3 (no compact file yet: compactInterval 3) and miss "
+                               "_spark_metadata/5.compact")):
+        code, refused = cli_json("rollback", stream.ckpt, "--to-batch", target, "--sink", stream.out, *wrong, "--yes")
+        assert code == 1 and said in refused["problem"] and "--sink-compact-interval" in refused["fix"], refused
+        assert "-1.compact" not in refused["problem"], refused
+    assert tree_snapshot(stream.ckpt, stream.out) == before
+    # interval 5: 9.compact alone still derives 10, so 9..18 are taken; below 9 no compact file is left, Spark reads
+    # the log with 5 and misses 4.compact
+    five = ("--source-compact-interval", "10", "--sink-compact-interval", "5")
+    code, r = cli_json("inspect", stream.ckpt, "--sink", stream.out, *five)
+    window = r["rollback_window"]
+    assert code == 0 and (window["earliest"], window["latest"]) == (9, 22), window
+    assert "with compact interval 5" in window["earliest_reason"] and "_spark_metadata/4.compact" \
+        in window["earliest_reason"], window
+    code, refused = cli_json("rollback", stream.ckpt, "--to-batch", "8", "--sink", stream.out, *five, "--dry-run")
+    assert code == 1 and "miss _spark_metadata/4.compact" in refused["problem"], refused
+    code, plan = cli_json("rollback", stream.ckpt, "--to-batch", "9", "--sink", stream.out, *five, "--dry-run")
+    assert code == 0, plan
+    code, r = cli_json("inspect", stream.ckpt, "--sink", stream.out, *I)
+    assert code == 0 and r["rollback_window"]["earliest"] == 0, r["rollback_window"]
+    code, done = cli_json("rollback", stream.ckpt, "--to-batch", "5", "--sink", stream.out, *I, "--yes")
+    assert code == 0, done
