@@ -722,6 +722,12 @@ def test_a_verification_during_a_prune_reports_no_object_of_a_backup_the_prune_d
     rows = cli_json("backup", "list", dest)[1]["backups"]
     assert [(r["id"], r["status"]) for r in rows] == [(newer["backup_id"], "verified")], rows
 
+    # the backup asked for by id, gone meanwhile: not verified (exit 1 from the CLI), nothing recorded for it
+    report = verify_backups(repo, older["backup_id"])
+    assert not report["ok"] and report["pruned_meanwhile"] == [older["backup_id"]] and report["backups"] == [], report
+    assert report["objects_checked"] == len(repo.manifest(older["backup_id"]).hashes()), report  # what was read
+    assert sorted(os.listdir(os.path.join(dest, "verified"))) == [f"{newer['backup_id']}.json"]
+
 
 def test_a_restore_refused_for_a_bad_object_names_the_newest_backup_without_it(tmp_path):
     """A restore refused for a damaged object said only "restore another backup". It now marks the object bad

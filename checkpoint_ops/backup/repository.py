@@ -349,9 +349,16 @@ class Repository:
             self._load_manifests()
         return self._damaged
 
+    def manifest_ids(self) -> set[str]:
+        """The ids of the manifests there now, usable or not: one listing, nothing read."""
+        return {name[:-len(".json")] for name in self._manifest_names()}
+
+    def _manifest_names(self) -> list[str]:
+        return sorted(f.name for f in self.fm.list(self.path("manifests"))
+                      if f.name.endswith(".json") and not f.name.startswith("."))
+
     def _load_manifests(self) -> None:
-        names = sorted(f.name for f in self.fm.list(self.path("manifests"))
-                       if f.name.endswith(".json") and not f.name.startswith("."))
+        names = self._manifest_names()
         paths = [self.path(f"manifests/{n}") for n in names]
         read_errors: dict[str, OSError] = {}
         data = self.fm.read_many(paths, errors=read_errors)

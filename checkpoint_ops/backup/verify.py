@@ -86,12 +86,12 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
     with concurrent.futures.ThreadPoolExecutor(WORKERS) as pool:
         problems = dict(zip(hashes, pool.map(lambda h: object_problem(repo, h), hashes)))
     bad_objects = {h: p for h, p in problems.items() if p is not None}
-    pruned: list[str] = []
-    if bad_objects:  # a prune meanwhile: it deletes a backup's manifest, then the objects no other one names
-        manifests, pruned = _still_published(repo, manifests)
-        named = set().union(*(m.hashes() for m in manifests)) if manifests else set()
-        problems = {h: p for h, p in problems.items() if h in named}
-        bad_objects = {h: p for h, p in bad_objects.items() if h in named}  # what a pruned backup alone named
+    # a prune meanwhile deletes a backup's manifest, then the objects no other one names: neither is damage, and a
+    # backup that is gone is not recorded (its record would outlive it); its objects are judged no more
+    manifests, pruned = _still_published(repo, manifests)
+    named = set().union(*(m.hashes() for m in manifests)) if manifests else set()
+    problems = {h: p for h, p in problems.items() if h in named}
+    bad_objects = {h: p for h, p in bad_objects.items() if h in named}
     repo.mark_bad(sorted(bad_objects))  # every later backup stores their content again (repository.py)
     repo.clear_bad(sorted(repo.bad_objects() & (problems.keys() - bad_objects.keys())))  # found whole
     at = time.strftime(TIME_FORMAT, time.gmtime())
@@ -104,7 +104,8 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
                "bad": bad[:_RECORDED_BAD], "bad_hashes": shas}
         repo.record_verified(m.id, doc)
         reports.append({"backup_id": m.id, **doc})
-    return {"destination": repo.url, "ok": not bad_objects and not damaged, "objects_checked": len(problems),
+    gone = bool(backup_id) and bool(pruned)  # the one asked for is gone: not verified
+    return {"destination": repo.url, "ok": not bad_objects and not damaged and not gone, "objects_checked": len(hashes),
             "bad_objects": [repo.object_url(h) for h in sorted(bad_objects)], "backups": reports,
             "damaged": [d.to_dict() for d in damaged], "pruned_meanwhile": pruned,
             "requests": repo.fm.counter.snapshot(), "retries": repo.fm.counter.retries()}
@@ -112,6 +113,7 @@ def verify_backups(repo: Repository, backup_id: str | None = None) -> dict:
 
 def _still_published(repo: Repository, manifests: list) -> tuple[list, list[str]]:
     """Of ``manifests``, those still published, and the ids of those a prune deleted since they were read (their
-    objects may be gone with them: that is no damage, and they are neither reported nor recorded)."""
-    now = {m.id for m in repo.manifests(refresh=True)} | {d.id for d in repo.damaged_manifests()}
+    objects may be gone with them: that is no damage, and they are neither reported nor recorded). One listing of
+    ``manifests/``, nothing read."""
+    now = repo.manifest_ids()
     return [m for m in manifests if m.id in now], [m.id for m in manifests if m.id not in now]
