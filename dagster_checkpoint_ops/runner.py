@@ -69,7 +69,7 @@ def rollback(context, query, config, files, leases: LeaseSet) -> dict:
         try:
             to_time = parse_time(config.rollback_to_time, "rollback_to_time") if config.rollback_to_time else None
             op = RollbackOperation(query.checkpoint, config.rollback_to_batch, to_time, list(query.sinks),
-                                   storage_options=files.options())
+                                   storage_options=files.options(), query_held=True)  # this asset runs the query
             result = run(op, RunOptions(dry_run=config.dry_run, yes=True, held=leases, storage_options=files.options(),
                                         owner=f"dagster run {context.run.run_id} ({query.name})"))
         except CheckpointOpsError as e:

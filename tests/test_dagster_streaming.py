@@ -9,6 +9,7 @@ import os
 import dagster as dg
 import pytest
 
+from checkpoint_ops.activity import RECENT_COMMIT
 from checkpoint_ops.backup import Repository, list_backups
 from checkpoint_ops.model import Checkpoint
 from pipelines.event_counts import (counts_writer, expected_windows, flush_files, read_events, read_output,
@@ -80,6 +81,8 @@ def test_rollback_and_reprocess_in_one_materialization(spark, tmp_path, instance
     md = {k: v.value for k, v in observation.metadata.items()}
     assert md["dry_run"] and md["rollback_target_batch"] == good_until
     assert "| delete |" in md["rollback_plan"] and len(md["rollback_plan_hash"]) == 64
+    # the asset ran the query that committed seconds ago, and holds its lease: no word of a query still running
+    assert not [w for w in md["rollback_warnings"] if w.startswith(RECENT_COMMIT)], md["rollback_warnings"]
     assert "batches_run" not in md  # the query did not run
     assert "undo_command" not in md and "rollback_op_id" not in md  # a dry run applied nothing to undo
     assert tree_snapshot(*roots) == before, "a dry run changed files"
