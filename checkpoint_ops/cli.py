@@ -357,7 +357,9 @@ def _main(argv: list[str] | None) -> int:
     # the console script's start is when this module was imported; a call in process (argv given) starts now
     started = STARTED if argv is None else time.time()
     parser = build_parser()
-    _Parser.json_wanted = "--json" in (sys.argv[1:] if argv is None else argv)
+    # as argparse reads it: --json, or a prefix of it that it takes for --json (--js)
+    _Parser.json_wanted = any(a.startswith("--j") and "--json".startswith(a)
+                              for a in (sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     args.started = started
     as_json = getattr(args, "json", False)

@@ -29,3 +29,9 @@ def test_a_usage_error_with_json_is_a_json_error_document(args, problem, command
 def test_a_usage_error_without_json_prints_nothing_on_stdout():
     code, out, err = cli("rollback", "/nowhere", "--to-batchh", "3")
     assert code == 2 and out == "" and "unrecognized arguments" in err, (out, err)
+
+
+def test_a_prefix_of_json_that_argparse_takes_for_it_counts():
+    """argparse takes ``--jso`` for ``--json``: the error document is printed for it too (a review)."""
+    code, out, err = cli("rollback", "/nowhere", "--to-batchh", "3", "--jso")
+    assert code == 2 and json.loads(out)["problem"] == "unrecognized arguments: --to-batchh 3", (out, err)
