@@ -135,7 +135,8 @@ def recent_commit_warning(ckpt: Checkpoint, seconds: int = RECENT_COMMIT_SECONDS
     info = ckpt.commit_files[C].info
     if info.mtime is None or now - info.mtime >= seconds:
         return []
-    return [f"{RECENT_COMMIT}: commits/{C} was written {max(0, int(now - info.mtime))} s ago. A query started without "
+    # the same words run to run (no seconds): a dry run's plan, printed twice, reads the same
+    return [f"{RECENT_COMMIT}: commits/{C} was written less than {seconds // 60} minutes ago. A query started without "
             "checkpoint-ops that still runs, idle until its next trigger, writes nothing this tool can see: if one "
             "runs, stop it before going ahead (it would plan its next batch over the rolled-back logs, and fail or "
             "mix two timelines)"]
