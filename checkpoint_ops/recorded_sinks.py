@@ -176,6 +176,18 @@ class RecordedSinksCheck:
         return warnings
 
 
+def _recorded_sink(ckpt: Checkpoint):
+    """The sink of the query profile recorded beside the checkpoint, or None (none recorded, or damaged: no hint;
+    an outage is raised)."""
+    from .query_profile import read_profile
+
+    try:
+        record = read_profile(ckpt.fm, ckpt.root)
+    except (OSError, ValueError, KeyError, TypeError, BadInputError):
+        return None
+    return record.profile.sink if record is not None else None
+
+
 def _which_sink(sink) -> str:
     """What to pass for the file sink the recorded query profile knows (``sink``, None if none is recorded)."""
     sink_opt = param("sink") or "the sink"
@@ -189,15 +201,9 @@ def backup_without_sink(ckpt: Checkpoint, sinks: list, ledger: Ledger | None) ->
     backup holds the checkpoint alone, and a restore of it runs the query on without the output of every batch
     before the cut (a hostile review: a rollback warned of this, a backup said nothing). Silent when the recorded
     query profile shows another kind of sink."""
-    from .query_profile import read_profile
-
     if sinks or ckpt.latest_commit is None or recorded_sinks(ckpt, ledger):
         return []
-    try:
-        record = read_profile(ckpt.fm, ckpt.root)
-    except (OSError, ValueError, KeyError, TypeError, BadInputError):  # damaged: no hint (an outage is raised)
-        record = None
-    sink = record.profile.sink if record is not None else None
+    sink = _recorded_sink(ckpt)
     if sink is not None and sink.kind not in ("file", "unknown"):
         return []
     return [f"no file sink given, and the batch ledger records none for this checkpoint: {_which_sink(sink)}. "
@@ -211,13 +217,7 @@ def _no_sink_given(ckpt: Checkpoint, target: int) -> list[str]:
     when they run again: the rows of the reprocessed batches never reach it. Say so, naming the sink the recorded
     query profile knows (``compat --record`` or a Dagster run writes it); silent when that profile shows another
     kind of sink."""
-    from .query_profile import read_profile
-
-    try:
-        record = read_profile(ckpt.fm, ckpt.root)
-    except (OSError, ValueError, KeyError, TypeError, BadInputError):  # damaged: no hint (an outage is raised)
-        record = None
-    sink = record.profile.sink if record is not None else None
+    sink = _recorded_sink(ckpt)
     latest = ckpt.latest_commit
     again = f"batches {target + 1}..{latest}" if latest is not None and latest > target else None
     redelivered = (f"{again} run again and hand their rows to it a second time: foreachBatch gets the same batch ids, "
