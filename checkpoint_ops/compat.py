@@ -50,6 +50,7 @@ from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_bat
 from .model.listing import new_query_blocked
 from .model.offsets import OffsetSeq
 from .model.sink import SinkOutput
+from .pairing import same_location
 from .query_profile import (RATE_LIMIT_OPTIONS, UNKNOWN, OperatorProfile, ProfileRecord, QueryProfile, SinkProfile,
                             UdfProfile, describe_query, read_profile, record_profile)
 from .restart_judge import JudgeOutcome, copy_for_restart, require_unfenced, restart_files, run_judge
@@ -250,7 +251,8 @@ _READ = object()  # read the recorded profile beside the checkpoint
 
 def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequence[str] = (),
                  recorded: ProfileRecord | None | object = _READ, scratch_url: str | None = None,
-                 storage_options: dict | None = None, reuse_judged: bool = False, writer=None) -> CompatReport:
+                 storage_options: dict | None = None, reuse_judged: bool = False, writer=None,
+                 as_of: int | None = None, cut_sinks: Sequence[str] = ()) -> CompatReport:
     """Judge the query ``build(spark)`` makes against ``ckpt`` (see module docstring). Reads only: the
     checkpoint is copied (its restart set) into ``scratch_url`` (default: a local temporary directory),
     and the copy is removed afterwards.
@@ -264,6 +266,11 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     ``writer``: what ``build_writer(build, spark)`` returned, when the caller built it already (to start it
     afterwards). It is changed only when Spark's restart ran (``report.judge`` is not None: its sink was
     replaced by ``noop`` and it was started on the copy); otherwise it is as built, and may be started.
+
+    ``as_of``: judge the query against the checkpoint as a rollback to that committed batch leaves it (before the
+    rollback is applied: a query Spark refuses there is refused with nothing changed), with the file sinks in
+    ``cut_sinks`` (URLs: the rollback's) taken to end at that batch too. Spark restarts a copy of the restart set
+    of that batch.
     """
     # a new query: Spark creates the checkpoint at its first batch (a run stopped while Spark wrote its first
     # metadata left only that write's temp file, which Spark never reads: it starts afresh there too)
@@ -307,25 +314,33 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     if profile.sink.kind == UNKNOWN:
         notes.append("the writer's sink and output mode could not be read: Spark's restart judges the query alone")
     require_unfenced(ckpt)
-    batch = ckpt.latest_commit
+    if as_of is not None and (ckpt.latest_commit is None or as_of > ckpt.latest_commit or as_of < 0
+                              or as_of not in ckpt.commit_files):
+        raise BadInputError(f"batch {as_of} is not a committed batch of this checkpoint (last committed: "
+                            f"{ckpt.latest_commit}): the query cannot be judged as of it", path=ckpt.url,
+                            fix="name a committed batch (`checkpoint-ops inspect` lists them)")
+    batch = ckpt.latest_commit if as_of is None else as_of
     if batch is None:
         notes.append("nothing committed yet: Spark starts this query from its first batch")
         diffs = _uncommitted_sink_differences(spark, ckpt, profile, storage_options)
         return CompatReport(ckpt.url, None, not diffs, None, tuple(diffs), tuple(notes), profile, None, record)
     restart_files(ckpt, batch)  # damage is unusable input, before anything runs
     offsets = ckpt.offsets(batch)
-    if ckpt.latest_offset is not None and ckpt.latest_offset > batch:
+    if as_of is not None:
+        notes.append(f"judged as of batch {batch}, where the rollback leaves the checkpoint")
+    elif ckpt.latest_offset is not None and ckpt.latest_offset > batch:
         notes.append(f"offsets/{ckpt.latest_offset} has no commit: a real restart first re-runs that batch; the "
                      f"judge restarts from the last committed batch {batch}")
     diffs: list[Difference] = []
     diffs += conf_differences(spark, offsets, batch)
-    diffs += sink_differences(spark, profile, record, old_sinks, batch, storage_options, ckpt=ckpt)
+    diffs += sink_differences(spark, profile, record, old_sinks, batch, storage_options, ckpt=ckpt,
+                              cut_sinks=cut_sinks if as_of is not None else None)
     outcome = None
     if reuse_judged and record is not None and record.proven(profile.fingerprint, batch):
         notes.append(f"Spark already accepted this exact query (plan fingerprint {profile.fingerprint[:12]}, recorded "
                      f"{record.recorded_at}): not restarted again")
     else:
-        outcome = _judge(ckpt, spark, writer, scratch_url, storage_options)
+        outcome = _judge(ckpt, spark, writer, scratch_url, storage_options, batch)
     if outcome is not None and not outcome.restarted:
         diffs.append(spark_difference(outcome, ckpt, offsets, profile, record))
     else:
@@ -359,11 +374,12 @@ def accept_at(fm: CheckpointFileManager, root: str, report: CompatReport) -> Pro
     return record_profile(fm, root, report.query, judged, report.batch)
 
 
-def _judge(ckpt: Checkpoint, spark, writer, scratch_url: str | None, storage_options: dict | None) -> JudgeOutcome:
+def _judge(ckpt: Checkpoint, spark, writer, scratch_url: str | None, storage_options: dict | None,
+           batch: int) -> JudgeOutcome:
     base = scratch_url or tempfile.mkdtemp(prefix="checkpoint-ops-compat-")
     url = f"{base.rstrip('/')}/compat-{uuid.uuid4().hex[:12]}"
     try:
-        copy = copy_for_restart(ckpt, url, storage_options)
+        copy = copy_for_restart(ckpt, url, storage_options, batch)
         return run_judge(spark, writer, copy.location, copy.batch + 1)
     finally:
         remove_scratch(url, storage_options)
@@ -482,9 +498,12 @@ def conf_differences(spark, offsets: OffsetSeq, batch: int) -> list[Difference]:
 
 
 def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None, old_sinks: Sequence[str],
-                     batch: int, storage_options: dict | None, *, ckpt: Checkpoint | None = None) -> list[Difference]:
+                     batch: int, storage_options: dict | None, *, ckpt: Checkpoint | None = None,
+                     cut_sinks: Sequence[str] | None = None) -> list[Difference]:
     """Output mode and sink: what the file sink's own log says, and what changed since the recorded query.
-    ``ckpt``: the checkpoint (its planned batches and state format judge a sink log ahead of ``batch``)."""
+    ``ckpt``: the checkpoint (its planned batches and state format judge a sink log ahead of ``batch``).
+    ``cut_sinks``: judged as of ``batch`` before a rollback to it (``check_compat``'s ``as_of``): the file sinks
+    it rolls back to ``batch`` too (a sink log ahead of it is cut, and the checkpoint plans nothing beyond it)."""
     out = []
     sink, mode = profile.sink, profile.output_mode
     if sink.kind == UNKNOWN:
@@ -506,7 +525,7 @@ def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None,
             out.append(Difference("output-mode", SILENT, old_mode, mode, f"Spark restarts, and from batch {batch + 1} "
                                   f"{effect}", RULES["output-mode"]))
     if sink.kind == "file" and sink.path:
-        out += _file_sink_differences(spark, sink, old_sink, batch, storage_options, ckpt)
+        out += _file_sink_differences(spark, sink, old_sink, batch, storage_options, ckpt, cut_sinks)
         out += _partitioning_differences(sink, old_sink, batch)
     elif old_sink is not None and (old_sink.kind, old_sink.path) != (sink.kind, sink.path):
         was = old_sink.describe()
@@ -520,11 +539,17 @@ def sink_differences(spark, profile: QueryProfile, record: ProfileRecord | None,
 
 
 def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | None, batch: int,
-                           storage_options: dict | None, ckpt: Checkpoint | None = None) -> list[Difference]:
-    """A file sink continues only where its log (``<path>/_spark_metadata``) ends at the checkpoint's batch."""
+                           storage_options: dict | None, ckpt: Checkpoint | None = None,
+                           cut_sinks: Sequence[str] | None = None) -> list[Difference]:
+    """A file sink continues only where its log (``<path>/_spark_metadata``) ends at the checkpoint's batch
+    (``cut_sinks``: see ``sink_differences``)."""
     fm, root = open_file_manager(sink.path, storage_options)
     output = SinkOutput(fm, root, _sink_interval(spark), data=False)
     latest = output.log.latest
+    if cut_sinks is not None:
+        ckpt = None  # the rollback removes the batches planned beyond ``batch``
+        if latest is not None and latest > batch and any(same_location(sink.path, url) for url in cut_sinks):
+            latest = batch
     if latest == batch:
         return []
     was = old_sink.describe() if old_sink is not None else \

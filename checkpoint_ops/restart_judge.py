@@ -148,11 +148,13 @@ def require_unfenced(ckpt: Checkpoint) -> None:
                                 f"`checkpoint-ops undo {shlex.quote(ckpt.url)}`")
 
 
-def copy_for_restart(ckpt: Checkpoint, scratch_url: str, storage_options: dict | None = None) -> RestartCopy:
-    """Copy what Spark reads to restart ``ckpt`` after its last committed batch into ``scratch_url``
-    (which must be empty or absent), and plant the next batch (see module docstring)."""
+def copy_for_restart(ckpt: Checkpoint, scratch_url: str, storage_options: dict | None = None,
+                     batch: int | None = None) -> RestartCopy:
+    """Copy what Spark reads to restart ``ckpt`` after its last committed batch (or after ``batch``, a committed
+    one: as a rollback to it leaves the checkpoint) into ``scratch_url`` (which must be empty or absent), and plant
+    the next batch (see module docstring)."""
     require_unfenced(ckpt)
-    batch = ckpt.latest_commit
+    batch = ckpt.latest_commit if batch is None else batch
     if batch is None:
         raise BadInputError("the checkpoint has no committed batch: there is nothing to restart from",
                             path=ckpt.url, fix="run the query once (a new query starts fresh)")

@@ -183,3 +183,30 @@ def test_a_session_compat_creates_keeps_sparks_log_out_of_the_verdict(agg, tmp_p
     assert done.returncode == 1, (done.stdout, done.stderr[-3000:])
     assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in done.stdout, done.stdout
     assert "ERROR MicroBatchExecution" not in done.stderr and "\tat org.apache" not in done.stderr, done.stderr[-3000:]
+
+
+def test_as_of_batch_judges_the_query_where_a_rollback_would_leave_the_checkpoint(agg):
+    """``--as-of-batch N``: Spark restarts a copy of the restart set of batch N, and the file sinks the rollback
+    takes (``--sink``) are judged to end there too; nothing is read beyond what compat reads, nothing changed."""
+    base, module = agg
+    before = tree_snapshot(base.root)
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged", "--as-of-batch", "1",
+                         "--sink", base.output)
+    assert code == 0 and doc["compatible"] is True and doc["differences"] == [], doc
+    assert doc["batch"] == 1 and doc["judge"]["restarted"] and doc["judge"]["batch"] == 2
+    assert any("judged as of batch 1" in note for note in doc["notes"]), doc["notes"]
+    # the sink not named (and no ledger records it): a rollback would leave its log ahead, and Spark would skip
+    # the batches it reprocesses there
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged", "--as-of-batch", "1")
+    assert code == 1 and [d["aspect"] for d in doc["differences"]] == ["sink"], doc["differences"]
+
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:key_changed", "--as-of-batch", "1",
+                         "--sink", base.output)
+    assert code == 1 and doc["batch"] == 1
+    assert [d["error_class"] for d in doc["differences"]] == ["STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"]
+
+    for args, problem in [(["--as-of-batch", "7"], "batch 7 is not a committed batch"),
+                          (["--as-of-batch", "1", "--record"], "--record with --as-of-batch")]:
+        code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged", *args)
+        assert code == 2 and problem in doc["problem"], doc
+    assert tree_snapshot(base.root) == before, "compat changed files"

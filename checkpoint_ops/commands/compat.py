@@ -8,7 +8,9 @@ import argparse
 import contextlib
 
 from ..cli import Parents, emit, open_checkpoint, storage_options
-from ..errors import BadInputError
+from ..errors import BadInputError, param
+from ..ledger import ledger_or_none
+from ..recorded_sinks import recorded_sinks
 
 
 @contextlib.contextmanager
@@ -63,10 +65,19 @@ def cmd_compat(args) -> int:
     from ..compat import accept, check_compat, load_query
 
     ckpt, _ = open_checkpoint(args)
+    cut_sinks: list[str] = []
+    if args.as_of_batch is not None:
+        if args.record:
+            raise BadInputError(f"{param('record')} with {param('as_of_batch')}: the query would be recorded as "
+                                "accepted at a batch the checkpoint has not been rolled back to",
+                                path=ckpt.url, fix=f"leave out {param('record')}: after the rollback, the query's "
+                                "first run (or `compat --record` then) records it")
+        # a rollback takes the given sinks and those the checkpoint's ledger records (it refuses to leave one out)
+        cut_sinks = [*args.sink, *(sink.url for sink in recorded_sinks(ckpt, ledger_or_none(ckpt)))]
     build = load_query(args.query)
     with spark_session(args) as spark:
         report = check_compat(ckpt, spark, build, old_sinks=args.sink, scratch_url=args.scratch,
-                              storage_options=storage_options(args))
+                              storage_options=storage_options(args), as_of=args.as_of_batch, cut_sinks=cut_sinks)
     text = report.render()
     if args.record:
         recorded = accept(ckpt, report)
@@ -83,4 +94,7 @@ def register(sub, parents: Parents) -> None:
     p.add_argument("checkpoint", metavar="CHECKPOINT")
     p.add_argument("--record", action="store_true", help="record the query's profile beside the checkpoint when "
                    "Spark accepts it (the next compat compares sink, output mode and source options with it)")
+    p.add_argument("--as-of-batch", type=int, metavar="N", help="judge the query where a rollback to committed batch "
+                   "N would leave the checkpoint, before rolling back (the --sink outputs, and those the checkpoint's "
+                   "ledger records, taken to be rolled back with it); reads only")
     p.set_defaults(func=cmd_compat)
