@@ -42,9 +42,17 @@ class CompatStep:
     pending: Optional[tuple] = field(default=None, repr=False)
 
 
-def check_before_run(context, query, config, spark, files) -> CompatStep:
-    """Judge ``query`` against its checkpoint before it runs. Raises ``dg.Failure`` when Spark would refuse
-    the restart (or the checkpoint cannot be judged)."""
+@dataclass(frozen=True)
+class RollbackTarget:
+    """Where a planned rollback leaves the checkpoint: the batch, and the file sinks it rolls back with it."""
+
+    batch: int
+    sinks: tuple[str, ...] = ()
+
+
+def check_before_run(context, query, config, spark, files, as_of: Optional[RollbackTarget] = None) -> CompatStep:
+    """Judge ``query`` against its checkpoint before it runs (``as_of``: as the planned rollback, not yet applied,
+    leaves it). Raises ``dg.Failure`` when Spark would refuse the restart (or the checkpoint cannot be judged)."""
     if getattr(config, "skip_compat_check", False):
         context.log.warning(f"{query.name}: compat check skipped (skip_compat_check): a changed query may fail at "
                             "restart or silently behave differently")
@@ -54,7 +62,8 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
     try:
         writer = build_writer(query.build, spark)
         report = check_compat(ckpt, spark, query.build, storage_options=files.options(), reuse_judged=True,
-                              writer=writer)
+                              writer=writer, as_of=as_of.batch if as_of is not None else None,
+                              cut_sinks=as_of.sinks if as_of is not None else ())
     except QueryBuildError as e:  # the user's code, before anything ran
         raise dg.Failure(description=f"{query.name}: build(spark) failed before the query started (nothing ran, "
                          f"nothing changed): {e.render()}\n{e.trace}",
@@ -65,6 +74,10 @@ def check_before_run(context, query, config, spark, files) -> CompatStep:
     md = report_metadata(report)
     fails = report.of(FAILS)
     if fails:
+        if as_of is not None:  # judged before the rollback: it was not applied
+            raise dg.Failure(description=f"{query.name} would not restart from its checkpoint rolled back to batch "
+                             f"{as_of.batch}: " + "; ".join(_reason(d) for d in fails) + ". The rollback was not "
+                             "applied: nothing ran, nothing changed", metadata=md)
         raise dg.Failure(description=f"{query.name} would not restart from its checkpoint: "
                          + "; ".join(_reason(d) for d in fails) + _way_out(query, report, fails), metadata=md)
     for d in report.of(SILENT):
@@ -121,6 +134,8 @@ def report_metadata(report: CompatReport) -> dict:
             else f"restarted batch {report.judge.batch} ({report.judge.seconds:.1f} s)" if report.spark_restarts
             else f"refused: {report.judge.error_class or report.judge.exception}"),
     }
+    if report.batch is not None:  # the committed batch it was judged at (a rollback's target, before it applied)
+        md["compat_batch"] = dg.MetadataValue.int(report.batch)
     error_classes = sorted({d.error_class for d in fails if d.error_class})
     if error_classes:
         md["compat_error_classes"] = dg.MetadataValue.text(", ".join(error_classes))

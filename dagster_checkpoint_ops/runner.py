@@ -30,7 +30,7 @@ from checkpoint_ops.session_settings import session_settings
 from checkpoint_ops.storage.paths import join
 from checkpoint_ops.timeline import batch_times
 from checkpoint_ops.units import parse_time
-from dagster_checkpoint_ops.compat import accept_after_run, check_before_run
+from dagster_checkpoint_ops.compat import RollbackTarget, accept_after_run, check_before_run
 
 NUM_PROGRESS = "spark.sql.streaming.numRecentProgressUpdates"
 MAINTENANCE = "spark.sql.streaming.stateStore.maintenanceInterval"
@@ -62,18 +62,31 @@ def plan_markdown(plan: Plan) -> str:
     return "\n".join(rows) if plan.actions else "nothing to change"
 
 
-def rollback(context, query, config, files, leases: LeaseSet) -> dict:
-    """Plan (and unless a dry run, apply) the rollback the run config asks for, through the operation
-    runner under the run's leases; metadata for the UI."""
+def _run_rollback(context, query, config, files, leases: LeaseSet, dry_run: bool):
+    """The rollback the run config asks for, through the operation runner under the run's leases (planned only
+    when ``dry_run``): the runner's result."""
     with parameter_names(RUN_CONFIG_NAMES):
         try:
             to_time = parse_time(config.rollback_to_time, "rollback_to_time") if config.rollback_to_time else None
             op = RollbackOperation(query.checkpoint, config.rollback_to_batch, to_time, list(query.sinks),
                                    storage_options=files.options(), query_held=True)  # this asset runs the query
-            result = run(op, RunOptions(dry_run=config.dry_run, yes=True, held=leases, storage_options=files.options(),
-                                        owner=f"dagster run {context.run.run_id} ({query.name})"))
+            return run(op, RunOptions(dry_run=dry_run, yes=True, held=leases, storage_options=files.options(),
+                                      owner=f"dagster run {context.run.run_id} ({query.name})"))
         except CheckpointOpsError as e:
             raise failure(e, "rollback refused") from None
+
+
+def planned_rollback(context, query, config, files, leases: LeaseSet) -> RollbackTarget:
+    """Where the rollback the run config asks for leaves the checkpoint, planned (nothing changed) under the run's
+    leases, which the run holds until it applies the same plan: the compat step judges the query there first."""
+    plan = _run_rollback(context, query, config, files, leases, dry_run=True).plan
+    return RollbackTarget(plan.target_batch, tuple(url for rid, url in plan.roots.items() if rid.startswith("sink")))
+
+
+def rollback(context, query, config, files, leases: LeaseSet) -> dict:
+    """Plan (and unless a dry run, apply) the rollback the run config asks for, through the operation
+    runner under the run's leases; metadata for the UI."""
+    result = _run_rollback(context, query, config, files, leases, dry_run=config.dry_run)
     plan = result.plan
     md = {
         "rollback_target_batch": dg.MetadataValue.int(plan.target_batch),
@@ -417,7 +430,13 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
     # the resume of a rollback stopped part-way, or a run that committed batches)
     with hold_leases(context, query, files).held(lambda note: context.log.warning(f"{query.name}: {note}")) as leases:
         owner = refuse_checkpoint_of_another_query(context, query, files)  # judged; recorded before the query starts
+        compat = None
         if config.rollback_to_batch is not None or config.rollback_to_time:
+            if not config.dry_run:  # judged where the rollback leaves the checkpoint, before it is applied: a query
+                # Spark refuses there is refused with nothing changed (not after the rollback, which then stood)
+                target = planned_rollback(context, query, config, files, leases)
+                with query_spark_conf(spark, query), fewer_collections():
+                    compat = check_before_run(context, query, config, spark, files, as_of=target)
             md.update(rollback(context, query, config, files, leases))
             if config.dry_run:
                 md["dry_run"] = dg.MetadataValue.bool(True)
@@ -425,10 +444,10 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         elif config.dry_run:
             return StreamRun({"dry_run": dg.MetadataValue.bool(True),
                               "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
-        compat = None
         try:
-            with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the settings it runs with
-                compat = check_before_run(context, query, config, spark, files)
+            if compat is None:
+                with query_spark_conf(spark, query), fewer_collections():  # Spark judges it with the run's settings
+                    compat = check_before_run(context, query, config, spark, files)
             md.update(compat.metadata)
             record_owner(context, query, files, owner)
             progress = run_query(context, query, spark, files, compat.writer, compat.sink, leases)  # built once

@@ -112,6 +112,15 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert fail.metadata["compat_error_classes"].value == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
         assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the refused query started"
 
+        # with a rollback: judged where the rollback leaves the checkpoint, before it is applied, so a query Spark
+        # refuses there leaves the checkpoint as it was (the rollback used to be applied first, and then stood)
+        rolled = materialize(defs, instance, rollback_to_batch=ran - 1)
+        assert not rolled.success
+        fail = failure(rolled)
+        assert f"rolled back to batch {ran - 1}" in fail.description, fail.description
+        assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in fail.description and "not applied" in fail.description
+        assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the rollback was applied"
+
         skipped = materialize(defs, instance, skip_compat_check=True)  # the user insists: Spark itself refuses
         assert not skipped.success
         assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in failure(skipped).description
@@ -126,7 +135,8 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert diff["aspect"] == "conf" and diff["now"] == "spark.sql.shuffle.partitions=4"
         # the plan is the one Spark already accepted: the pinned setting is checked without restarting Spark
         assert md["compat_spark_restart"] == "not needed (unchanged)"
-        assert len(BUILDS) == 7, "refused: built once; skipped: built by the run; warned: built once"
+        assert len(BUILDS) == 8, "refused, and refused with a rollback: built once each; skipped: built by the run; " \
+            "warned: built once"
         logs = [e.user_message for e in instance.all_logs(warned.run_id)]
         assert any("silently different after the restart" in m and "shuffle.partitions" in m for m in logs)
     finally:

@@ -97,6 +97,9 @@ def test_rollback_and_reprocess_in_one_materialization(spark, tmp_path, instance
     assert sorted(md["rollback_requests"]) == sorted(md["rollback_retries"]) == rids  # local disk: none retried
     assert md["rollback_requests"]["checkpoint"] and not any(md["rollback_retries"].values())
     assert md["batch_ids"].startswith(f"{good_until + 1}..")
+    # judged where the rollback leaves the checkpoint, before it was applied: the sink log the rollback cuts is
+    # not "ahead" there (the judgment as of the newest batch would not have been at that batch)
+    assert md["compat"] == "compatible" and md["compat_batch"] == good_until, md
     assert md["input_rows"] == 3 * 5  # the corrected file and the two after it, read again
     assert checks(result)["checkpoint_health_check"]
 
@@ -134,14 +137,22 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
         assert reason in failure.description, failure.description
         assert tree_snapshot(*roots) == before, config
 
-    # applied, then the run stops before its query starts (here its build fails): the failure says the rollback
-    # stands, not the build error's "nothing ran, nothing changed" alone
+    # code that does not build is caught by the compat step, before the rollback: nothing changes
     def build_fails(spark):
         raise RuntimeError("the query's code is broken")
 
     broken = StreamingQuery(name="timed", build=build_fails, checkpoint=query.checkpoint, sinks=query.sinks)
     r = materialize(streaming_definitions([broken], home=str(tmp_path / "home"), spark_config=SESSION_CONF), "timed",
                     instance, rollback_to_batch=good_until)
+    failure = r.get_step_failure_events()[0].step_failure_data.user_failure_data
+    assert not r.success and "broken" in failure.description and "nothing changed" in failure.description
+    assert tree_snapshot(*roots) == before
+
+    # applied, then the run stops before its query starts (here, with the compat step skipped, its build fails
+    # after the rollback): the failure says the rollback stands, not the build error's "nothing ran, nothing
+    # changed" alone
+    r = materialize(streaming_definitions([broken], home=str(tmp_path / "home"), spark_config=SESSION_CONF), "timed",
+                    instance, rollback_to_batch=good_until, skip_compat_check=True)
     failure = r.get_step_failure_events()[0].step_failure_data.user_failure_data
     assert not r.success and f"rollback to batch {good_until} (" in failure.description, failure.description
     assert "was applied in this run and stands" in failure.description and "broken" in failure.description
