@@ -48,6 +48,7 @@ class RollbackTarget:
 
     batch: int
     sinks: tuple[str, ...] = ()
+    plan_hash: Optional[str] = None  # the plan's: the one applied must be it
 
 
 def check_before_run(context, query, config, spark, files, as_of: Optional[RollbackTarget] = None) -> CompatStep:

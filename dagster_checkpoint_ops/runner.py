@@ -62,15 +62,16 @@ def plan_markdown(plan: Plan) -> str:
     return "\n".join(rows) if plan.actions else "nothing to change"
 
 
-def _run_rollback(context, query, config, files, leases: LeaseSet, dry_run: bool):
+def _run_rollback(context, query, config, files, leases: LeaseSet, dry_run: bool, plan_hash: Optional[str] = None):
     """The rollback the run config asks for, through the operation runner under the run's leases (planned only
-    when ``dry_run``): the runner's result."""
+    when ``dry_run``; ``plan_hash``: applied only if its plan is still that one): the runner's result."""
     with parameter_names(RUN_CONFIG_NAMES):
         try:
             to_time = parse_time(config.rollback_to_time, "rollback_to_time") if config.rollback_to_time else None
             op = RollbackOperation(query.checkpoint, config.rollback_to_batch, to_time, list(query.sinks),
                                    storage_options=files.options(), query_held=True)  # this asset runs the query
-            return run(op, RunOptions(dry_run=dry_run, yes=True, held=leases, storage_options=files.options(),
+            return run(op, RunOptions(dry_run=dry_run, yes=True, plan_hash=plan_hash, held=leases,
+                                      storage_options=files.options(),
                                       owner=f"dagster run {context.run.run_id} ({query.name})"))
         except CheckpointOpsError as e:
             raise failure(e, "rollback refused") from None
@@ -80,13 +81,16 @@ def planned_rollback(context, query, config, files, leases: LeaseSet) -> Rollbac
     """Where the rollback the run config asks for leaves the checkpoint, planned (nothing changed) under the run's
     leases, which the run holds until it applies the same plan: the compat step judges the query there first."""
     plan = _run_rollback(context, query, config, files, leases, dry_run=True).plan
-    return RollbackTarget(plan.target_batch, tuple(url for rid, url in plan.roots.items() if rid.startswith("sink")))
+    return RollbackTarget(plan.target_batch, tuple(url for rid, url in plan.roots.items() if rid.startswith("sink")),
+                          plan.hash)
 
 
-def rollback(context, query, config, files, leases: LeaseSet) -> dict:
+def rollback(context, query, config, files, leases: LeaseSet, judged: Optional[RollbackTarget] = None) -> dict:
     """Plan (and unless a dry run, apply) the rollback the run config asks for, through the operation
-    runner under the run's leases; metadata for the UI."""
-    result = _run_rollback(context, query, config, files, leases, dry_run=config.dry_run)
+    runner under the run's leases; metadata for the UI. ``judged``: the plan the compat step judged the query
+    against (``planned_rollback``): a plan that is not that one any more is refused, nothing changed."""
+    result = _run_rollback(context, query, config, files, leases, dry_run=config.dry_run,
+                           plan_hash=judged.plan_hash if judged is not None else None)
     plan = result.plan
     md = {
         "rollback_target_batch": dg.MetadataValue.int(plan.target_batch),
@@ -430,14 +434,14 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
     # the resume of a rollback stopped part-way, or a run that committed batches)
     with hold_leases(context, query, files).held(lambda note: context.log.warning(f"{query.name}: {note}")) as leases:
         owner = refuse_checkpoint_of_another_query(context, query, files)  # judged; recorded before the query starts
-        compat = None
+        compat = target = None
         if config.rollback_to_batch is not None or config.rollback_to_time:
             if not config.dry_run:  # judged where the rollback leaves the checkpoint, before it is applied: a query
                 # Spark refuses there is refused with nothing changed (not after the rollback, which then stood)
                 target = planned_rollback(context, query, config, files, leases)
                 with query_spark_conf(spark, query), fewer_collections():
                     compat = check_before_run(context, query, config, spark, files, as_of=target)
-            md.update(rollback(context, query, config, files, leases))
+            md.update(rollback(context, query, config, files, leases, target))
             if config.dry_run:
                 md["dry_run"] = dg.MetadataValue.bool(True)
                 return StreamRun(md)
