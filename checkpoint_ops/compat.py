@@ -336,7 +336,10 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     diffs += sink_differences(spark, profile, record, old_sinks, batch, storage_options, ckpt=ckpt,
                               cut_sinks=cut_sinks if as_of is not None else None)
     outcome = None
-    if reuse_judged and record is not None and record.proven(profile.fingerprint, batch):
+    # as of a batch before the record: the state there was written by the query before the recorded one, which
+    # Spark's acceptance of the recorded query (at the record's batch or later) says nothing about
+    reusable = record is not None and (as_of is None or record.batch is None or record.batch <= as_of)
+    if reuse_judged and reusable and record.proven(profile.fingerprint, batch):
         notes.append(f"Spark already accepted this exact query (plan fingerprint {profile.fingerprint[:12]}, recorded "
                      f"{record.recorded_at}): not restarted again")
     else:

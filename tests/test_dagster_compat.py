@@ -98,7 +98,7 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         md = metadata(judged)
         assert md["compat_spark_restart"].startswith("restarted batch"), md["compat_spark_restart"]
         assert len(BUILDS) == 4
-        ran = md["last_committed_batch"]
+        ran, recorded_at = md["last_committed_batch"], md["compat_batch"]
         assert md["batches_run"] >= 1 and os.path.isfile(os.path.join(query.sinks[0], "_spark_metadata", str(ran)))
 
         VARIANT["key_changed"] = True
@@ -139,6 +139,14 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
             "warned: built once"
         logs = [e.user_message for e in instance.all_logs(warned.run_id)]
         assert any("silently different after the restart" in m and "shuffle.partitions" in m for m in logs)
+
+        # a rollback to a batch before the accepted query was recorded (where the judged run recorded it): the
+        # state there was written by the query before it, so Spark judges it again
+        unload_state_stores(spark)
+        again = materialize(defs, instance, rollback_to_batch=recorded_at - 1)
+        assert again.success, again.all_events
+        md = metadata(again)
+        assert md["compat_batch"] == recorded_at - 1 and md["compat_spark_restart"].startswith("restarted batch"), md
     finally:
         VARIANT.update(key_changed=False, partitions=None, scale=1)
         unload_state_stores(spark)
