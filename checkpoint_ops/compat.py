@@ -155,6 +155,7 @@ class CompatReport:
     query: QueryProfile
     judge: JudgeOutcome | None = None
     recorded: ProfileRecord | None = None
+    as_of: int | None = None  # judged as of this batch, where a rollback to it leaves the checkpoint (``batch``)
 
     @property
     def exit_code(self) -> int:
@@ -177,7 +178,8 @@ class CompatReport:
             part for part in (f"{len(fails)} fail(s) at restart" if fails else "",
                               f"{len(silent)} silently different" if silent else "",
                               f"{len(check)} to check by hand" if check else "") if part) + ")"
-        at = f"last committed batch {self.batch}" if self.batch is not None else "nothing committed yet"
+        at = (f"as of batch {self.as_of}, where a rollback to it leaves the checkpoint" if self.as_of is not None else
+              f"last committed batch {self.batch}" if self.batch is not None else "nothing committed yet")
         lines = [f"{self.checkpoint} ({at}): {head}"]
         for d in self.differences:
             label = {FAILS: "FAILS AT RESTART", SILENT: "SILENTLY DIFFERENT", CHECK: "CHECK BY HAND",
@@ -297,6 +299,8 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
         problem, fix = new_query_blocked(ckpt.listing, blocked)
         raise BadInputError(problem, path=ckpt.url, fix=fix)
     ckpt.refuse_misnamed([], "no query restarts here until it is put right")
+    if as_of is not None:
+        require_committed(ckpt, as_of)
     if writer is None:
         writer = build_writer(build, spark)
     if fresh:
@@ -304,9 +308,10 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
         return CompatReport(ckpt.url, None, True, None, (), ("no checkpoint yet: Spark starts this query fresh",),
                             profile)
     profile = describe_query(spark, writer)
-    # the query that wrote the last committed batch (after a rollback, not one that ran the batches it removed)
-    record = read_profile(ckpt.fm, ckpt.root, as_of=ckpt.latest_commit, query_id=ckpt.query_id) \
-        if recorded is _READ else recorded
+    # the query that wrote the last committed batch (after a rollback, not one that ran the batches it removed); as
+    # of a batch, the one that wrote that batch (not one recorded after it, which ran batches the rollback removes)
+    record = read_profile(ckpt.fm, ckpt.root, as_of=ckpt.latest_commit if as_of is None else as_of,
+                          query_id=ckpt.query_id) if recorded is _READ else recorded
     notes: list[str] = []
     if profile.sources is None:
         notes.append("the query's sources and stateful operators could not be read (Spark Connect, or a plan this "
@@ -314,11 +319,6 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     if profile.sink.kind == UNKNOWN:
         notes.append("the writer's sink and output mode could not be read: Spark's restart judges the query alone")
     require_unfenced(ckpt)
-    if as_of is not None and (ckpt.latest_commit is None or as_of > ckpt.latest_commit or as_of < 0
-                              or as_of not in ckpt.commit_files):
-        raise BadInputError(f"batch {as_of} is not a committed batch of this checkpoint (last committed: "
-                            f"{ckpt.latest_commit}): the query cannot be judged as of it", path=ckpt.url,
-                            fix="name a committed batch (`checkpoint-ops inspect` lists them)")
     batch = ckpt.latest_commit if as_of is None else as_of
     if batch is None:
         notes.append("nothing committed yet: Spark starts this query from its first batch")
@@ -336,10 +336,7 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     diffs += sink_differences(spark, profile, record, old_sinks, batch, storage_options, ckpt=ckpt,
                               cut_sinks=cut_sinks if as_of is not None else None)
     outcome = None
-    # as of a batch before the record: the state there was written by the query before the recorded one, which
-    # Spark's acceptance of the recorded query (at the record's batch or later) says nothing about
-    reusable = record is not None and (as_of is None or record.batch is None or record.batch <= as_of)
-    if reuse_judged and reusable and record.proven(profile.fingerprint, batch):
+    if reuse_judged and record is not None and record.proven(profile.fingerprint, batch):
         notes.append(f"Spark already accepted this exact query (plan fingerprint {profile.fingerprint[:12]}, recorded "
                      f"{record.recorded_at}): not restarted again")
     else:
@@ -358,13 +355,22 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
     notes += _unreadable_udfs(profile)
     compatible = all(d.verdict == SAFE for d in diffs)
     restarts = outcome.restarted if outcome is not None else None
-    return CompatReport(ckpt.url, batch, compatible, restarts, tuple(diffs), tuple(notes), profile, outcome, record)
+    return CompatReport(ckpt.url, batch, compatible, restarts, tuple(diffs), tuple(notes), profile, outcome, record,
+                        as_of)
 
 
 def accept(ckpt: Checkpoint, report: CompatReport) -> ProfileRecord | None:
     """Record the judged query as the checkpoint's accepted one (beside it), unless it fails at restart.
     It counts as judged when Spark restarted it now, or had already accepted this exact query."""
     return accept_at(ckpt.fm, ckpt.root, report)
+
+
+def require_committed(ckpt: Checkpoint, as_of: int) -> None:
+    """``as_of`` is a committed batch ``ckpt`` still holds, or BadInputError naming the last committed one."""
+    if ckpt.latest_commit is None or as_of > ckpt.latest_commit or as_of < 0 or as_of not in ckpt.commit_files:
+        raise BadInputError(f"batch {as_of} is not a committed batch of this checkpoint (last committed: "
+                            f"{ckpt.latest_commit}): the query cannot be judged as of it", path=ckpt.url,
+                            fix="name a committed batch (`checkpoint-ops inspect` lists them)")
 
 
 def accept_at(fm: CheckpointFileManager, root: str, report: CompatReport) -> ProfileRecord | None:
@@ -563,6 +569,13 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
         # the file sink skips it, as its rows are there; only format V2's state commit fails on the skip
         ahead = sink_ahead_of_commits(ckpt, sink.path, latest)
         return [] if ahead is None else [_ahead_difference(ahead, was, now)]
+    if latest is not None and latest > batch and cut_sinks is not None:  # as of a rollback that leaves it ahead
+        return [Difference("sink", FAILS, was, now, f"the rollback to batch {batch} does not take this file sink with "
+                           f"it, and its log holds batches {batch + 1}..{latest}: Spark re-runs them and its file sink "
+                           "skips each without running it, so their rows never reach the output and a stateful "
+                           "query commits them without their state (its next batch fails: CANNOT_LOAD_STATE_STORE)",
+                           RULES["sink-path"], fix=f"roll the sink back with the checkpoint: pass it with --sink "
+                           f"{sink.path} (a Dagster asset: declare it in the asset's sinks)")]
     if latest is not None and latest > batch:
         return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
                            "skips them without writing (a rollback that left the sink ahead?)", RULES["sink-path"])]

@@ -62,7 +62,7 @@ def spark_parent() -> argparse.ArgumentParser:
 
 
 def cmd_compat(args) -> int:
-    from ..compat import accept, check_compat, load_query
+    from ..compat import accept, check_compat, load_query, require_committed
 
     ckpt, _ = open_checkpoint(args)
     cut_sinks: list[str] = []
@@ -72,6 +72,7 @@ def cmd_compat(args) -> int:
                                 "accepted at a batch the checkpoint has not been rolled back to",
                                 path=ckpt.url, fix=f"leave out {param('record')}: after the rollback, the query's "
                                 "first run (or `compat --record` then) records it")
+        require_committed(ckpt, args.as_of_batch)  # before a Spark session starts
         # a rollback takes the given sinks and those the checkpoint's ledger records (it refuses to leave one out)
         cut_sinks = [*args.sink, *(sink.url for sink in recorded_sinks(ckpt, ledger_or_none(ckpt)))]
     build = load_query(args.query)
