@@ -76,9 +76,13 @@ def check_before_run(context, query, config, spark, files, as_of: Optional[Rollb
     fails = report.of(FAILS)
     if fails:
         if as_of is not None:  # judged before the rollback: it was not applied
+            fixes = "; ".join(d.fix for d in fails if d.fix)
             raise dg.Failure(description=f"{query.name} would not restart from its checkpoint rolled back to batch "
-                             f"{as_of.batch}: " + "; ".join(_reason(d) for d in fails) + ". The rollback was not "
-                             "applied: nothing ran, nothing changed", metadata=md)
+                             f"{as_of.batch}: " + "; ".join(_reason(d) for d in fails) + " The rollback was not "
+                             "applied: nothing ran, nothing changed. "
+                             + (f"Fix: {fixes}, then materialize again with the same run config." if fixes else
+                                "Fix: change the query so that Spark accepts the state at that batch (or roll back "
+                                "to another batch), then materialize again."), metadata=md)
         raise dg.Failure(description=f"{query.name} would not restart from its checkpoint: "
                          + "; ".join(_reason(d) for d in fails) + _way_out(query, report, fails), metadata=md)
     for d in report.of(SILENT):
@@ -88,7 +92,10 @@ def check_before_run(context, query, config, spark, files, as_of: Optional[Rollb
     # where to record it, not the judged model: the run must not hold its listing (every retained file) meanwhile
     # and a query at a new checkpoint: a run refused before it started (an output left without its checkpoint)
     # recorded it with nothing run, and later runs took that record for Spark's acceptance (no restart judged)
-    pending = (fm, root, report) if report.of(SILENT) or report.of(CHECK) or report.batch is None else None
+    # judged as of a rollback's target, before it is applied: recorded once a batch commits after it (a rollback
+    # that then fails leaves the checkpoint where the record would not be of its query)
+    pending = (fm, root, report) if report.of(SILENT) or report.of(CHECK) or report.batch is None \
+        or as_of is not None else None
     if pending is None:
         _accept(context, query, fm, root, report)
     # a judged writer was changed (noop sink); its sink is read before the judge, as built
@@ -168,4 +175,9 @@ def _reason(d) -> str:
     cls = f" [{d.error_class}]" if d.error_class else ""
     change = f" ({d.was} -> {d.now})" if d.was is not None and d.was != d.now else \
         f" ({d.now})" if d.now is not None else ""
-    return f"{d.aspect}{cls}{change}: {d.effect} Rule: {d.rule}"
+    return f"{d.aspect}{cls}{change}: {_sentence(d.effect)} Rule: {_sentence(d.rule)}"
+
+
+def _sentence(text: str) -> str:
+    text = text.rstrip()
+    return text if text.endswith(".") else text + "."

@@ -141,14 +141,52 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert any("silently different after the restart" in m and "shuffle.partitions" in m for m in logs)
 
         # a rollback to a batch before the accepted query was recorded (where the judged run recorded it): the
-        # state there was written by the query before it, so Spark judges it again
+        # state there was written by the query before it (scale 1), so the query is judged against that one: the
+        # scaled value is to check by hand again, and Spark restarts the copy
         unload_state_stores(spark)
         again = materialize(defs, instance, rollback_to_batch=recorded_at - 1)
         assert again.success, again.all_events
         md = metadata(again)
         assert md["compat_batch"] == recorded_at - 1 and md["compat_spark_restart"].startswith("restarted batch"), md
+        verdicts = [(d["aspect"], d["verdict"]) for d in md["compat_differences"]]
+        assert verdicts == [("conf", "silently-different"), ("projection", "check-by-hand")], verdicts
     finally:
         VARIANT.update(key_changed=False, partitions=None, scale=1)
+        unload_state_stores(spark)
+
+
+def test_a_rollback_that_leaves_an_undeclared_file_sink_ahead_is_refused_before_it_is_applied(spark, tmp_path,
+                                                                                               instance):
+    """The asset declares no sink, its query writes a file sink: a rollback would leave the sink's log ahead of the
+    checkpoint. Judged before it is applied, the run is refused with nothing changed (it used to be a warning, and
+    the rollback went ahead). With the check skipped, Spark shows why: its file sink skips the batches its log
+    holds without running them, so the stateful query commits them without their state (the health check's
+    state-missing: Spark's next restart fails to load it, CANNOT_LOAD_STATE_STORE, as fsck's tests prove)."""
+    query, _, inp = fresh_guarded(tmp_path)
+    undeclared = StreamingQuery(name="guarded", build=query.build, checkpoint=query.checkpoint, sinks=[])
+    defs = streaming_definitions([undeclared], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
+    try:
+        for start in range(4):
+            write_event_files(inp, start, start + 1)
+            assert materialize(defs, instance).success
+        last = Checkpoint.open(query.checkpoint).latest_commit
+        target = last - 2
+        before = tree_snapshot(query.checkpoint, *query.sinks)
+        refused = materialize(defs, instance, rollback_to_batch=target)
+        assert not refused.success
+        fail = failure(refused)
+        assert f"rolled back to batch {target}" in fail.description and "not applied" in fail.description
+        assert f"--sink {query.sinks[0]}" in fail.description and "declare it in the asset's sinks" in fail.description
+        assert ".." not in fail.description.replace(f"{target + 1}..{last}", ""), fail.description
+        assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the rollback was applied"
+
+        unload_state_stores(spark)
+        skipped = materialize(defs, instance, rollback_to_batch=target, skip_compat_check=True)
+        assert not skipped.success  # the run's health check: the state of the batches Spark skipped is missing
+        assert metadata(skipped)["batch_ids"].startswith(f"{target + 1}..")
+        health = [e for e in skipped.get_asset_check_evaluations() if e.check_name == "checkpoint_health_check"]
+        assert [e.passed for e in health] == [False] and "state-missing" in str(health[0].metadata), health
+    finally:
         unload_state_stores(spark)
 
 
