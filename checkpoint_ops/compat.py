@@ -75,6 +75,9 @@ RULES = {
     "sink-path": "Changes in the parameters of output sink: the output directory of a file sink may not change.",
     "sink-commit": "Not a rule of the guide (checkpoint-ops, from Spark 4.3's behaviour): with RocksDB checkpoint "
                    "format V2, a batch the file sink logged must be committed (commits/N) before Spark restarts.",
+    "sink-rollback": "Not a rule of the guide (checkpoint-ops, from Spark's file sink): a rollback takes the file "
+                     "sink's log back with the checkpoint, or Spark's file sink skips every re-run batch id its log "
+                     "already holds.",
     "sink-partitioning": "Changes in the parameters of output sink: a file sink's output keeps one partitioning "
                          "(its readers infer the partition columns from the directories of all its files); Spark "
                          "does not check it at a restart.",
@@ -190,6 +193,8 @@ class CompatReport:
                 lines.append(f"      now: {d.now if d.now is not None else '?'}")
             lines.append(f"      {'Spark' if d.found_by == 'spark' else 'effect'}: {d.effect}")
             lines.append(f"      rule: {d.rule}")
+            if d.fix and d.fix not in d.effect:
+                lines.append(f"      fix: {d.fix}")
         if self.judge is not None:
             verdict = (f"restarted and ran batch {self.judge.batch} (stateful operators: "
                        f"{', '.join(self.judge.operators) or 'none'})" if self.judge.restarted
@@ -574,8 +579,8 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
                            f"it, and its log holds batches {batch + 1}..{latest}: Spark re-runs them and its file sink "
                            "skips each without running it, so their rows never reach the output and a stateful "
                            "query commits them without their state (its next batch fails: CANNOT_LOAD_STATE_STORE)",
-                           RULES["sink-path"], fix=f"roll the sink back with the checkpoint: pass it with --sink "
-                           f"{sink.path} (a Dagster asset: declare it in the asset's sinks)")]
+                           RULES["sink-rollback"], fix=f"roll the sink back with the checkpoint: declare it in the "
+                           f"asset's sinks (Dagster), or pass --sink {sink.path} (the command line)")]
     if latest is not None and latest > batch:
         return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
                            "skips them without writing (a rollback that left the sink ahead?)", RULES["sink-path"])]

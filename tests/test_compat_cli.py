@@ -200,6 +200,8 @@ def test_as_of_batch_judges_the_query_where_a_rollback_would_leave_the_checkpoin
     code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged", "--as-of-batch", "1")
     assert code == 1 and [(d["aspect"], d["verdict"]) for d in doc["differences"]] == [("sink", "fails-at-restart")]
     assert f"--sink {base.output}" in doc["differences"][0]["fix"], doc["differences"]
+    code, out, _ = cli("compat", base.checkpoint, "--query", f"{module}:unchanged", "--as-of-batch", "1")
+    assert code == 1 and "FAILS AT RESTART  sink" in out and "fix: roll the sink back" in out, out
     code, out, _ = cli("compat", base.checkpoint, "--query", f"{module}:unchanged", "--as-of-batch", "1", "--sink",
                        base.output)
     assert code == 0 and "as of batch 1, where a rollback to it leaves the checkpoint" in out, out
