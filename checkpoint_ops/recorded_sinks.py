@@ -188,6 +188,20 @@ def _recorded_sink(ckpt: Checkpoint):
     return record.profile.sink if record is not None else None
 
 
+def recorded_sink_left_ahead(ckpt: Checkpoint, sinks: list[str], target: int, *, storage_options: dict | None = None,
+                             compact_interval: int = SPARK_DEFAULT_COMPACT_INTERVAL) -> tuple[str, int] | None:
+    """The file sink the recorded query profile says the checkpoint's query writes, when a rollback to ``target``
+    with ``sinks`` (URLs) leaves its log ahead of ``target``: (its path, its log's newest batch); else None (none
+    recorded, another kind of sink, among ``sinks``, no log there, or not ahead). Spark's file sink then skips the
+    re-run batches without running them. Read-only."""
+    sink = _recorded_sink(ckpt)
+    if sink is None or sink.kind != "file" or not sink.path or any(same_location(sink.path, url) for url in sinks):
+        return None
+    fm, root = open_file_manager(sink.path, storage_options)
+    latest = SinkOutput(fm, root, compact_interval, data=False).log.latest  # None: no sink log there
+    return (sink.path, latest) if latest is not None and latest > target else None
+
+
 def _which_sink(sink) -> str:
     """What to pass for the file sink the recorded query profile knows (``sink``, None if none is recorded)."""
     sink_opt = param("sink") or "the sink"

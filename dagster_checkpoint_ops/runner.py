@@ -25,6 +25,7 @@ from checkpoint_ops.pairing import PAIRING_FILE, same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
 from checkpoint_ops.query_owner import Claim, claim
 from checkpoint_ops.query_profile import describe_query
+from checkpoint_ops.recorded_sinks import recorded_sink_left_ahead
 from checkpoint_ops.rollback import RollbackOperation
 from checkpoint_ops.session_settings import session_settings
 from checkpoint_ops.storage.paths import join
@@ -83,6 +84,29 @@ def planned_rollback(context, query, config, files, leases: LeaseSet) -> Rollbac
     plan = _run_rollback(context, query, config, files, leases, dry_run=True).plan
     return RollbackTarget(plan.target_batch, tuple(url for rid, url in plan.roots.items() if rid.startswith("sink")),
                           plan.hash)
+
+
+def refuse_recorded_sink_left_ahead(query, target: RollbackTarget, files) -> None:
+    """The file sink the recorded query profile says this asset's query writes, left out of the rollback (the asset
+    does not declare it) with its log ahead of the target: Spark's file sink would skip the re-run batches without
+    running them (their rows never reach it, and a stateful query's state for them is never written). The asset
+    runs that query, so this is refused, not warned of as a command-line rollback does (which may be of a checkpoint
+    whose query writes elsewhere now). Nothing changed."""
+    try:
+        ahead = recorded_sink_left_ahead(files.checkpoint(query.checkpoint), list(target.sinks), target.batch,
+                                         storage_options=files.options())
+    except CheckpointOpsError as e:
+        raise failure(e, "rollback refused") from None
+    if ahead is None:
+        return
+    path, latest = ahead
+    raise dg.Failure(
+        description=f"rollback refused: asset {query.name}'s query writes the file sink {path} (its recorded profile "
+        f"says so), which the asset does not declare, so the rollback to batch {target.batch} would leave its log at "
+        f"batch {latest}: Spark's file sink would skip batches {target.batch + 1}..{latest} without running them "
+        f"(their rows never reach it, and the state of a stateful query is missing from then on). Nothing ran, "
+        f"nothing changed. Fix: declare it in the asset's {SINKS_FIELD}, then materialize again with the same run "
+        "config.", metadata={"undeclared_sink": path, "sink_log_latest_batch": latest})
 
 
 def rollback(context, query, config, files, leases: LeaseSet, judged: Optional[RollbackTarget] = None) -> dict:
@@ -439,6 +463,7 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
             if not config.dry_run:  # judged where the rollback leaves the checkpoint, before it is applied: a query
                 # Spark refuses there is refused with nothing changed (not after the rollback, which then stood)
                 target = planned_rollback(context, query, config, files, leases)
+                refuse_recorded_sink_left_ahead(query, target, files)  # also with skip_compat_check
                 with query_spark_conf(spark, query), fewer_collections():
                     compat = check_before_run(context, query, config, spark, files, as_of=target)
             md.update(rollback(context, query, config, files, leases, target))

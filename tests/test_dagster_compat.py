@@ -12,7 +12,7 @@ from checkpoint_ops.model.checkpoint import Checkpoint
 from checkpoint_ops.query_profile import read_profile
 from pipelines.event_counts import read_events, windowed_counts, write_bad_event_file, write_event_files
 from dagster_checkpoint_ops.streaming import StreamingQuery, streaming_definitions
-from tests.helpers import tree_snapshot
+from tests.helpers import cli_json, tree_snapshot
 from tests.spark_runs import FLAVOURS, SESSION_CONF, unload_state_stores
 
 VARIANT = {"key_changed": False, "partitions": None, "scale": 1}
@@ -158,10 +158,11 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
 def test_a_rollback_that_leaves_an_undeclared_file_sink_ahead_is_refused_before_it_is_applied(spark, tmp_path,
                                                                                                instance):
     """The asset declares no sink, its query writes a file sink: a rollback would leave the sink's log ahead of the
-    checkpoint. Judged before it is applied, the run is refused with nothing changed (it used to be a warning, and
-    the rollback went ahead). With the check skipped, Spark shows why: its file sink skips the batches its log
-    holds without running them, so the stateful query commits them without their state (the health check's
-    state-missing: Spark's next restart fails to load it, CANNOT_LOAD_STATE_STORE, as fsck's tests prove)."""
+    checkpoint. The run is refused before the rollback, nothing changed, also with skip_compat_check (both used to
+    warn and apply it). A command-line rollback without the sink (a warning there) shows why: Spark's file sink
+    skips the batches its log holds without running them, so the stateful query commits them without their state
+    (the next run's health check: state-missing; Spark fails to load it, CANNOT_LOAD_STATE_STORE, as fsck's tests
+    prove)."""
     query, _, inp = fresh_guarded(tmp_path)
     undeclared = StreamingQuery(name="guarded", build=query.build, checkpoint=query.checkpoint, sinks=[])
     defs = streaming_definitions([undeclared], home=str(tmp_path / "home"), spark_config=SESSION_CONF)
@@ -171,20 +172,26 @@ def test_a_rollback_that_leaves_an_undeclared_file_sink_ahead_is_refused_before_
             assert materialize(defs, instance).success
         last = Checkpoint.open(query.checkpoint).latest_commit
         target = last - 2
-        before = tree_snapshot(query.checkpoint, *query.sinks)
-        refused = materialize(defs, instance, rollback_to_batch=target)
-        assert not refused.success
-        fail = failure(refused)
-        assert f"rolled back to batch {target}" in fail.description and "not applied" in fail.description
-        assert f"--sink {query.sinks[0]}" in fail.description and "declare it in the asset's sinks" in fail.description
-        assert ".." not in fail.description.replace(f"{target + 1}..{last}", ""), fail.description
-        assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the rollback was applied"
+        before = tree_snapshot(os.path.dirname(query.checkpoint))  # checkpoint, output and our files beside them
+        for config in ({}, {"skip_compat_check": True}):
+            refused = materialize(defs, instance, rollback_to_batch=target, **config)
+            assert not refused.success
+            fail = failure(refused)
+            assert fail.description.startswith("rollback refused: asset guarded's query writes the file sink "
+                                               f"{query.sinks[0]}"), fail.description
+            assert f"batches {target + 1}..{last}" in fail.description and "nothing changed" in fail.description
+            assert "declare it in the asset's sinks" in fail.description and ".." not in \
+                fail.description.replace(f"{target + 1}..{last}", "")
+            assert fail.metadata["sink_log_latest_batch"].value == last
+            assert tree_snapshot(os.path.dirname(query.checkpoint)) == before, config
 
+        code, doc = cli_json("rollback", query.checkpoint, "--to-batch", str(target), "--yes")
+        assert code == 0 and any("no file sink given" in w for w in doc["plan"]["warnings"]), doc
         unload_state_stores(spark)
-        skipped = materialize(defs, instance, rollback_to_batch=target, skip_compat_check=True)
-        assert not skipped.success  # the run's health check: the state of the batches Spark skipped is missing
-        assert metadata(skipped)["batch_ids"].startswith(f"{target + 1}..")
-        health = [e for e in skipped.get_asset_check_evaluations() if e.check_name == "checkpoint_health_check"]
+        rerun = materialize(defs, instance)
+        assert not rerun.success  # the run's health check: the state of the batches Spark skipped is missing
+        assert metadata(rerun)["batch_ids"].startswith(f"{target + 1}..")
+        health = [e for e in rerun.get_asset_check_evaluations() if e.check_name == "checkpoint_health_check"]
         assert [e.passed for e in health] == [False] and "state-missing" in str(health[0].metadata), health
     finally:
         unload_state_stores(spark)
