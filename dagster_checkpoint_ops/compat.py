@@ -168,6 +168,10 @@ def _way_out(query, report: CompatReport, fails) -> str:
                 f"{targets.pop()})")
     if any(d.fix for d in fails):
         return ""  # the reasons name the fix; skipping the check would fail the same way
+    if any(d.found_by == "spark" for d in fails):  # skipping the check runs into the same refusal, in Spark itself
+        return (" Spark itself refused this restart on a copy of the checkpoint, so skipping the check would only run "
+                "into the same error. Fix: change the query back to what the state was written with, or run the new "
+                "query on a new checkpoint (and a new output directory).")
     return " (run config skip_compat_check: true runs it anyway)"
 
 

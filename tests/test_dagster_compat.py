@@ -109,6 +109,8 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert not refused.success
         fail = failure(refused)
         assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in fail.description and "Rule:" in fail.description
+        # Spark itself refused it on the copy: skipping the check is no way out (it runs into the same refusal)
+        assert "skip_compat_check" not in fail.description and "new checkpoint" in fail.description, fail.description
         assert fail.metadata["compat_error_classes"].value == "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE"
         assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the refused query started"
 
@@ -291,3 +293,5 @@ def test_what_a_refused_run_offers_depends_on_whether_a_rollback_covers_the_sink
     assert _way_out(declared, report, [first_batch]) == ""
     changed_key = Difference("stateful-operators", FAILS, "a", "b", "effect", "rule")
     assert "skip_compat_check" in _way_out(declared, report, [changed_key])
+    by_spark = Difference("state-schema", FAILS, "a", "b", "effect", "rule", found_by="spark")
+    assert "skip_compat_check" not in _way_out(declared, report, [by_spark])
