@@ -460,14 +460,15 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         owner = refuse_checkpoint_of_another_query(context, query, files)  # judged; recorded before the query starts
         compat = target = None
         if config.rollback_to_batch is not None or config.rollback_to_time:
-            if not config.dry_run:  # judged where the rollback leaves the checkpoint, before it is applied: a query
-                # Spark refuses there is refused with nothing changed (not after the rollback, which then stood)
-                target = planned_rollback(context, query, config, files, leases)
-                refuse_recorded_sink_left_ahead(query, target, files)  # also with skip_compat_check
-                with query_spark_conf(spark, query), fewer_collections():
-                    compat = check_before_run(context, query, config, spark, files, as_of=target)
+            # judged where the rollback leaves the checkpoint, before it is applied: a query Spark refuses there is
+            # refused with nothing changed (not after the rollback, which then stood); a dry run says the same
+            target = planned_rollback(context, query, config, files, leases)
+            refuse_recorded_sink_left_ahead(query, target, files)  # also with skip_compat_check
+            with query_spark_conf(spark, query), fewer_collections():
+                compat = check_before_run(context, query, config, spark, files, as_of=target)  # records nothing
             md.update(rollback(context, query, config, files, leases, target))
             if config.dry_run:
+                md.update(compat.metadata)
                 md["dry_run"] = dg.MetadataValue.bool(True)
                 return StreamRun(md)
         elif config.dry_run:

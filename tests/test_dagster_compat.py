@@ -122,6 +122,10 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert f"rolled back to batch {ran - 1}" in fail.description, fail.description
         assert "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in fail.description and "not applied" in fail.description
         assert tree_snapshot(query.checkpoint, *query.sinks) == before, "the rollback was applied"
+        dry = materialize(defs, instance, rollback_to_batch=ran - 1, dry_run=True)  # a dry run says the same
+        assert not dry.success and "STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE" in failure(dry).description
+        assert f"rolled back to batch {ran - 1}" in failure(dry).description
+        assert tree_snapshot(query.checkpoint, *query.sinks) == before
 
         skipped = materialize(defs, instance, skip_compat_check=True)  # the user insists: Spark itself refuses
         assert not skipped.success
@@ -137,8 +141,8 @@ def test_compat_step_before_every_run(spark, tmp_path, instance):
         assert diff["aspect"] == "conf" and diff["now"] == "spark.sql.shuffle.partitions=4"
         # the plan is the one Spark already accepted: the pinned setting is checked without restarting Spark
         assert md["compat_spark_restart"] == "not needed (unchanged)"
-        assert len(BUILDS) == 8, "refused, and refused with a rollback: built once each; skipped: built by the run; " \
-            "warned: built once"
+        assert len(BUILDS) == 9, "refused, refused with a rollback, and its dry run: built once each; skipped: " \
+            "built by the run; warned: built once"
         logs = [e.user_message for e in instance.all_logs(warned.run_id)]
         assert any("silently different after the restart" in m and "shuffle.partitions" in m for m in logs)
 

@@ -126,6 +126,9 @@ def test_rollback_to_time_dry_run_and_refusals(spark, tmp_path, instance):
     r = materialize(defs, "timed", instance, rollback_to_time=when, dry_run=True)
     (observation,) = r.asset_observations_for_node("timed")
     assert r.success and observation.metadata["rollback_target_batch"].value == good_until
+    # the query judged where the rollback would leave the checkpoint, as the real run does first
+    assert observation.metadata["compat"].value == "compatible"
+    assert observation.metadata["compat_batch"].value == good_until
 
     # refused: the run fails with the tool's reason, and nothing changes
     for config, reason in [({"rollback_to_batch": 999}, "999"),
