@@ -20,6 +20,7 @@ from checkpoint_ops.fence import is_fence, parse_fence, recovery_advice
 from checkpoint_ops.fsck import Finding
 from checkpoint_ops.ledger import Ledger, PairingRecord
 from checkpoint_ops.lease import LeaseLost, LeaseSet, acquire_all, lease_root
+from checkpoint_ops.model.checkpoint import Checkpoint
 from checkpoint_ops.operation import RunOptions, run
 from checkpoint_ops.pairing import PAIRING_FILE, same_location
 from checkpoint_ops.plan import SIDECAR_PREFIX, Plan
@@ -78,10 +79,9 @@ def _run_rollback(context, query, config, files, leases: LeaseSet, dry_run: bool
             raise failure(e, "rollback refused") from None
 
 
-def planned_rollback(context, query, config, files, leases: LeaseSet) -> RollbackTarget:
-    """Where the rollback the run config asks for leaves the checkpoint, planned (nothing changed) under the run's
-    leases, which the run holds until it applies the same plan: the compat step judges the query there first."""
-    plan = _run_rollback(context, query, config, files, leases, dry_run=True).plan
+def rollback_target(plan: Plan) -> RollbackTarget:
+    """Where a rollback ``plan`` leaves the checkpoint (planned under the run's leases, which the run holds until it
+    applies the same plan): the compat step judges the query there first."""
     return RollbackTarget(plan.target_batch, tuple(url for rid, url in plan.roots.items() if rid.startswith("sink")),
                           plan.hash)
 
@@ -93,8 +93,9 @@ def refuse_recorded_sink_left_ahead(query, target: RollbackTarget, files) -> Non
     runs that query, so this is refused, not warned of as a command-line rollback does (which may be of a checkpoint
     whose query writes elsewhere now). Nothing changed."""
     try:
-        ahead = recorded_sink_left_ahead(files.checkpoint(query.checkpoint), list(target.sinks), target.batch,
-                                         storage_options=files.options())
+        # the model unlisted (only the profile beside it is read): the plan has just listed the checkpoint
+        ahead = recorded_sink_left_ahead(Checkpoint(*files.file_manager(query.checkpoint)), list(target.sinks),
+                                         target.batch, storage_options=files.options())
     except CheckpointOpsError as e:
         raise failure(e, "rollback refused") from None
     if ahead is None:
@@ -112,9 +113,14 @@ def refuse_recorded_sink_left_ahead(query, target: RollbackTarget, files) -> Non
 def rollback(context, query, config, files, leases: LeaseSet, judged: Optional[RollbackTarget] = None) -> dict:
     """Plan (and unless a dry run, apply) the rollback the run config asks for, through the operation
     runner under the run's leases; metadata for the UI. ``judged``: the plan the compat step judged the query
-    against (``planned_rollback``): a plan that is not that one any more is refused, nothing changed."""
-    result = _run_rollback(context, query, config, files, leases, dry_run=config.dry_run,
-                           plan_hash=judged.plan_hash if judged is not None else None)
+    against (``rollback_target``): a plan that is not that one any more is refused, nothing changed."""
+    return rollback_metadata(context, query, _run_rollback(context, query, config, files, leases,
+                                                           dry_run=config.dry_run,
+                                                           plan_hash=judged.plan_hash if judged is not None else None))
+
+
+def rollback_metadata(context, query, result) -> dict:
+    """The UI's metadata of a rollback the operation runner planned (and maybe applied): ``result``."""
     plan = result.plan
     md = {
         "rollback_target_batch": dg.MetadataValue.int(plan.target_batch),
@@ -462,15 +468,17 @@ def run_stream(context, query, config, spark, files) -> StreamRun:
         if config.rollback_to_batch is not None or config.rollback_to_time:
             # judged where the rollback leaves the checkpoint, before it is applied: a query Spark refuses there is
             # refused with nothing changed (not after the rollback, which then stood); a dry run says the same
-            target = planned_rollback(context, query, config, files, leases)
+            planned = _run_rollback(context, query, config, files, leases, dry_run=True)
+            target = rollback_target(planned.plan)
             refuse_recorded_sink_left_ahead(query, target, files)  # also with skip_compat_check
             with query_spark_conf(spark, query), fewer_collections():
                 compat = check_before_run(context, query, config, spark, files, as_of=target)  # records nothing
-            md.update(rollback(context, query, config, files, leases, target))
-            if config.dry_run:
+            if config.dry_run:  # the plan judged is the dry run's: not planned again
+                md.update(rollback_metadata(context, query, planned))
                 md.update(compat.metadata)
                 md["dry_run"] = dg.MetadataValue.bool(True)
                 return StreamRun(md)
+            md.update(rollback(context, query, config, files, leases, target))
         elif config.dry_run:
             return StreamRun({"dry_run": dg.MetadataValue.bool(True),
                               "rollback_plan": dg.MetadataValue.md("no rollback asked for")})
