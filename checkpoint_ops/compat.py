@@ -35,6 +35,7 @@ import fnmatch
 import importlib
 import os
 import re
+import shlex
 import sys
 import tempfile
 import traceback
@@ -582,8 +583,7 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
                            RULES["sink-rollback"], fix=f"roll the sink back with the checkpoint: declare it in the "
                            f"asset's sinks (Dagster), or pass --sink {sink.path} (the command line)")]
     if latest is not None and latest > batch:
-        return [Difference("sink", SILENT, was, now, f"the sink log already holds batches {batch + 1}..{latest}: Spark "
-                           "skips them without writing (a rollback that left the sink ahead?)", RULES["sink-path"])]
+        return [_sink_left_ahead(ckpt, sink, was, now, batch, latest)]
     interval = output.log.interval if latest is not None else _sink_interval(spark)
     first = batch + 1
     compaction = next(b for b in range(first, first + interval + 1) if is_compaction_batch(b, interval))
@@ -597,6 +597,44 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
                        f"Spark restarts and writes batch {first} into a log that starts there: readers of "
                        f"{sink.path} fail ({missing} doesn't exist), and {fails} (compact interval {interval})",
                        RULES["sink-path"], "BATCH_METADATA_NOT_FOUND")]
+
+
+def _sink_left_ahead(ckpt: Checkpoint | None, sink: SinkProfile, was: str, now: str, batch: int,
+                     latest: int) -> Difference:
+    """The file sink's log holds batches beyond the checkpoint's last commit (a rollback or a restore that did not
+    take the sink with it): Spark's file sink skips each re-run batch id its log holds without running the batch.
+    A stateful query then commits those batches without their state, so its next batch fails; the output of any
+    query keeps only what the sink log lists. A rollback of the checkpoint to its own batch with the sink
+    cuts the sink's log and files back to it."""
+    held = f"batches {batch + 1}..{latest}" if latest > batch + 1 else f"batch {latest}"
+    effect = (f"the sink log holds {held}, beyond the checkpoint's last committed batch {batch} (a rollback or a "
+              f"restore that did not take the sink with it): Spark re-runs them and its file sink skips each batch id its "
+              f"log holds without running it: the re-run's rows never reach the output, which keeps only what the "
+              f"sink log already lists")
+    verdict, error_class = SILENT, None
+    stateful = ckpt is not None and bool(ckpt.state.stores())
+    if stateful and ckpt.checkpoint_format_version == 2:
+        verdict = FAILS
+        effect += (f"; with RocksDB checkpoint format V2 the first batch it skips ({batch + 1}) commits no state and "
+                   "stops the query: 'assertion failed: CheckpointInfo length: 0'")
+    elif stateful and _state_ends_at(ckpt, batch):
+        verdict, error_class = FAILS, "CANNOT_LOAD_STATE_STORE"
+        effect += (f"; the stateful query commits them without their state (its state ends at batch {batch}), so "
+                   f"its first new batch fails: CANNOT_LOAD_STATE_STORE")
+    where = shlex.quote(ckpt.url) if ckpt is not None else "CHECKPOINT"
+    fix = (f"roll the sink back to the checkpoint's batch {batch}: `checkpoint-ops rollback {where} --to-batch "
+           f"{batch} --sink {shlex.quote(sink.path)}` (Dagster: declare the sink in the asset's sinks and materialize "
+           f"with run config rollback_to_batch: {batch})")
+    return Difference("sink", verdict, was, now, effect, RULES["sink-rollback"], error_class, fix=fix,
+                      rollback_to=batch)
+
+
+def _state_ends_at(ckpt: Checkpoint, batch: int) -> bool:
+    """No store of the checkpoint's state holds a version beyond the one ``batch`` committed (``batch + 1``): a
+    batch after it that Spark's file sink skips is committed without its state. (A hand-made rollback that kept the
+    later versions lets Spark load them: the output then silently lacks rows, as ``test_naive_rollback_loses_data``
+    shows.)"""
+    return all((store.versions or [0])[-1] <= batch + 1 for store in ckpt.state.stores())
 
 
 def _uncommitted_sink_differences(spark, ckpt: Checkpoint, profile: QueryProfile,

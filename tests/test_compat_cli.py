@@ -216,3 +216,35 @@ def test_as_of_batch_judges_the_query_where_a_rollback_would_leave_the_checkpoin
         code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged", *args)
         assert code == 2 and problem in doc["problem"], doc
     assert tree_snapshot(base.root) == before, "compat changed files"
+
+
+
+def test_a_sink_log_left_ahead_by_a_rollback_fails_with_the_rollback_that_cuts_it(agg):
+    """A command-line rollback without ``--sink`` (a warning) leaves the file sink's log ahead of the checkpoint.
+    ``compat`` used to call that "silently different" with no fix. For this stateful query (its state ends at the
+    checkpoint's batch) it fails at restart, with the fix, in the text and in ``--json``; once the fix, as
+    printed, is applied, the query is compatible again. Spark's side of both (the failure, and the exact output
+    after the fix) on every state store: ``test_rollback_spark.py``."""
+    base, module = agg
+    latest = base.batch
+    target = latest - 2
+    code, doc = cli_json("rollback", base.checkpoint, "--to-batch", str(target), "--yes")
+    assert code == 0 and any("no file sink given" in w for w in doc["plan"]["warnings"]), doc
+    left_ahead = tree_snapshot(base.root)
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 1 and doc["batch"] == target, doc
+    [sink] = doc["differences"]
+    assert (sink["aspect"], sink["verdict"], sink["error_class"], sink["rollback_to"]) == \
+        ("sink", "fails-at-restart", "CANNOT_LOAD_STATE_STORE", target), sink
+    assert f"batches {target + 1}..{latest}" in sink["effect"] and "skips each" in sink["effect"], sink
+    command = sink["fix"].split("`")[1]
+    assert command == f"checkpoint-ops rollback {base.checkpoint} --to-batch {target} --sink {base.output}", sink
+    code, out, _ = cli("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 1 and "FAILS AT RESTART  sink" in out and f"fix: roll the sink back to the checkpoint's batch " \
+        f"{target}" in out, out
+    assert tree_snapshot(base.root) == left_ahead, "compat changed files"
+
+    code, doc = cli_json(*command.split()[1:], "--yes")
+    assert code == 0, doc
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 0 and doc["compatible"] is True and doc["differences"] == [], doc

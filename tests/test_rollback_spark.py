@@ -23,6 +23,17 @@ from tests.spark_runs import COMPACT_INTERVAL
 INTERVALS = ("--source-compact-interval", str(COMPACT_INTERVAL), "--sink-compact-interval", str(COMPACT_INTERVAL))
 
 
+def counts_module(run, directory, monkeypatch) -> str:
+    """A query module for ``checkpoint-ops compat --query MODULE:counts``: the run's query, in the current
+    directory."""
+    module = f"streams_{os.getpid()}_{run.flavour}"
+    (directory / f"{module}.py").write_text(
+        "from pipelines.event_counts import counts_writer\n\n"
+        f"def counts(spark):\n    return counts_writer(spark, {run.input!r}, {run.output!r})\n")
+    monkeypatch.chdir(directory)
+    return module
+
+
 def target_before_last_compaction(run) -> int:
     """Two batches before the newest compaction, so the rollback crosses it (sink and source logs)."""
     c = (run.last_batch + 1) // COMPACT_INTERVAL * COMPACT_INTERVAL - 1
@@ -97,16 +108,23 @@ def test_rollback_then_changed_logic_applies_to_later_batches(spark, run):
     assert got == exact(run, scale_for=lambda i: 100 if i > k else 1)
 
 
-def test_naive_rollback_loses_data(spark, run):
+def test_naive_rollback_loses_data(spark, run, tmp_path, monkeypatch):
     """Deleting only offsets/ and commits/ above N (what people do by hand) breaks the query: the
     file sink skips the batch ids it already logged. With HDFS and RocksDB state the rows of those
     batches silently vanish; with checkpoint format V2 the skipped batch commits no state ids and
-    Spark stops with an assertion. Keep this test: it is why the rollback does what it does."""
+    Spark stops with an assertion. Keep this test: it is why the rollback does what it does.
+    ``compat`` says so before Spark runs, with the rollback that cuts the sink as the fix: silently different (the
+    state of those batches is still there, so nothing fails), and on V2 fails at restart."""
     n = target_before_last_compaction(run)
     for sub in ("offsets", "commits"):
         for b in range(n + 1, run.last_batch + 1):
             for name in (str(b), f".{b}.crc"):
                 os.remove(os.path.join(run.checkpoint, sub, name))
+    code, doc = cli_json("compat", run.checkpoint, "--query", f"{counts_module(run, tmp_path, monkeypatch)}:counts")
+    [sink] = [d for d in doc["differences"] if d["aspect"] == "sink"]
+    verdict = "fails-at-restart" if run.flavour == "rocksdb_v2" else "silently-different"
+    assert code == 1 and (sink["verdict"], sink["rollback_to"]) == (verdict, n), sink
+    assert f"--to-batch {n} --sink {run.output}" in sink["fix"] and "never reach the output" in sink["effect"], sink
     if run.flavour == "rocksdb_v2":
         with pytest.raises(Exception, match="CheckpointInfo length: 0"):
             finish_and_read(spark, run)
@@ -487,3 +505,41 @@ def test_a_torn_offsets_file_of_a_committed_batch_is_repaired_as_fsck_says(spark
         assert finish_and_read(spark, run) == exact(run)
     finally:
         run.reset()
+
+
+def test_a_rollback_without_the_sink_is_a_compat_failure_whose_fix_spark_resumes_from(spark, run, tmp_path,
+                                                                                      monkeypatch):
+    """A rollback without ``--sink`` (a warning) leaves the file sink's log ahead of the checkpoint. Spark's file
+    sink then skips the re-run batches its log holds, and the stateful query commits them without their state: on
+    HDFS and RocksDB its first new batch cannot load the state, on checkpoint format V2 the skipped batch itself
+    stops (CheckpointInfo length: 0). ``compat`` says so (fails at restart) and names the rollback to the
+    checkpoint's own batch with the sink, after which Spark resumes with exactly the expected output."""
+    n = target_before_last_compaction(run)
+    module = counts_module(run, tmp_path, monkeypatch)
+
+    def roll_back_without_the_sink():
+        code, r = cli_json("rollback", run.checkpoint, "--to-batch", n, *INTERVALS, "--yes")
+        assert code == 0 and any("no file sink given" in w for w in r["plan"]["warnings"]), r
+
+    roll_back_without_the_sink()
+    code, doc = cli_json("compat", run.checkpoint, "--query", f"{module}:counts")
+    assert code == 1 and doc["batch"] == n, doc
+    # no profile is recorded beside these checkpoints: the stateful operators are "check by hand" as well
+    [sink] = [d for d in doc["differences"] if d["aspect"] == "sink"]
+    assert (sink["aspect"], sink["verdict"], sink["rollback_to"]) == ("sink", "fails-at-restart", n), sink
+    v2 = run.flavour == "rocksdb_v2"
+    refusal = "CheckpointInfo length: 0" if v2 else "CANNOT_LOAD_STATE_STORE"
+    assert refusal in sink["effect"] and sink["error_class"] == (None if v2 else refusal), sink
+    command = sink["fix"].split("`")[1]
+    assert command == f"checkpoint-ops rollback {run.checkpoint} --to-batch {n} --sink {run.output}", sink
+    with pytest.raises(Exception, match=refusal):  # what the verdict claims, from Spark itself
+        finish_and_read(spark, run)
+
+    run.reset()
+    roll_back_without_the_sink()
+    code, r = cli_json(*command.split()[1:], *INTERVALS, "--yes")
+    assert code == 0, r
+    code, doc = cli_json("compat", run.checkpoint, "--query", f"{module}:counts")
+    assert code == 1 and [(d["aspect"], d["verdict"]) for d in doc["differences"]] == \
+        [("stateful-operators", "check-by-hand")], doc
+    assert finish_and_read(spark, run) == exact(run)
