@@ -34,8 +34,8 @@ from .errors import (EXIT_BAD_INPUT, EXIT_OK, BadInputError, CheckpointOpsError,
 from .fence import recovery_advice, resume_command, revert_command
 from .model.checkpoint import Checkpoint, open_sink
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL
-from .operation import (LEASE_LEFT_BEHIND, Operation, OperationResult, RunOptions, StoppedAfterApplying,
-                        StoppedBeforeChanges, StoppedPartWay, StoppedWhileApplying, run)
+from .operation import (LEASE_LEFT_BEHIND, InterruptedAfterPublishing, Operation, OperationResult, RunOptions,
+                        StoppedAfterApplying, StoppedBeforeChanges, StoppedPartWay, StoppedWhileApplying, run)
 
 EXIT_INTERNAL = 3
 
@@ -404,12 +404,24 @@ def _main(argv: list[str] | None) -> int:
         print(f"  fix: `{resume_command(e.operation, where)}` finishes it, or `{revert_command(e.operation, where)}` "
               f"{reverts} (a checkpoint it fenced names both)", file=sys.stderr)
         return 130
+    except InterruptedAfterPublishing as e:
+        print(f"checkpoint-ops: interrupted after backup {e.backup_id} was published: it is complete, and its output "
+              "may not have been shown", file=sys.stderr)
+        print(f"  fix: nothing to run again (`checkpoint-ops backup list {e.dest_url}` shows it)", file=sys.stderr)
+        return 130
     except KeyboardInterrupt:
         if getattr(args, "command", None) == "backup" and getattr(args, "backup_command", None) == "create":
             print("checkpoint-ops: interrupted: the backup stopped before it was published (a backup exists only once "
                   "its manifest is stored); the checkpoint was only read", file=sys.stderr)
             print("  fix: run the same command again to take the backup (nothing this one stored is visible as a "
                   "backup; `backup prune` removes what no backup uses)", file=sys.stderr)
+            return 130
+        if getattr(args, "command", None) == "prune" or (getattr(args, "command", None) == "backup" and getattr(
+                args, "backup_command", None) == "prune"):
+            what = "backup prune" if args.command == "backup" else "prune"
+            print(f"checkpoint-ops: interrupted: the {what} stopped (it journals nothing to resume or undo)",
+                  file=sys.stderr)
+            print(f"  fix: run the {what} again: it finishes what this one began", file=sys.stderr)
             return 130
         print("checkpoint-ops: interrupted", file=sys.stderr)
         print("  fix: if it was changing something, `checkpoint-ops resume PATH` finishes the operation and "

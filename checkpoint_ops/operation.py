@@ -261,6 +261,15 @@ class StoppedWhileApplying(KeyboardInterrupt):
         self.operation, self.where = operation, where
 
 
+class InterruptedAfterPublishing(KeyboardInterrupt):
+    """An interrupt (Ctrl-C) that came once backup ``backup_id`` was published (its manifest stored at ``dest_url``):
+    the backup is complete, and nothing is to be run again (``backup/create.py``)."""
+
+    def __init__(self, backup_id: str, dest_url: str):
+        super().__init__(backup_id)
+        self.backup_id, self.dest_url = backup_id, dest_url
+
+
 class StoppedAfterApplying(KeyboardInterrupt):
     """An interrupt (Ctrl-C) that came once an operation had finished (``result``: what it did; a dry run changed
     nothing): while its leases were released or its output was shown, or (``result`` None) once its journal said

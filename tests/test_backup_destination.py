@@ -781,3 +781,36 @@ def test_a_restore_refused_for_a_bad_object_names_the_newest_backup_without_it(t
     damage(fresh[0])
     code, _, err = cli("backup", "restore", dest, other["backup_id"], tmp_path / "r3", "--yes")
     assert code == 2 and "no other backup of" in err and "00000000-0000-4000-8000-000000000001" in err, err
+
+
+@HDFS
+def test_a_destination_inside_or_around_what_it_backs_up_is_refused_before_anything_is_written(run, tmp_path):
+    """A destination inside the checkpoint or a file sink (or the same place, or around one) used to be accepted
+    (review H): each backup then copied the earlier ones into itself, growing every time, and a restore put them
+    inside the restored checkpoint. Now exit 2, naming both places, before anything is read or written."""
+    from tests.helpers import tree_snapshot
+
+    parent = os.path.dirname(run.checkpoint)
+    before = tree_snapshot(parent)
+    link = str(tmp_path / "link")
+    os.symlink(run.checkpoint, link)
+    for dest, how, what in [(os.path.join(run.checkpoint, "bk"), "lies inside", "checkpoint"),
+                            (os.path.join(link, "bk"), "lies inside", "checkpoint"),  # another spelling of it
+                            (os.path.join(run.output, "bk"), "lies inside", "file sink"),
+                            (run.output, "is the same place as", "file sink"),
+                            (parent, "contains", "checkpoint")]:
+        code, doc = cli_json("backup", "create", run.checkpoint, dest, "--sink", run.output, *INTERVALS)
+        assert code == 2, (dest, doc)
+        assert f"the backup destination {dest} {how} the {what}" in doc["problem"], doc
+        assert "outside the checkpoint and its file sinks" in doc["fix"], doc
+        assert tree_snapshot(parent) == before, dest
+
+
+def test_places_overlap_by_place_on_object_stores_too():
+    from checkpoint_ops.storage.paths import how_places_overlap
+
+    assert how_places_overlap("s3://b/ckpt/bk", "s3a://b/ckpt") == "lies inside"
+    assert how_places_overlap("s3://b/ckpt/", "s3://b/ckpt") == "is the same place as"
+    assert how_places_overlap("s3://b", "s3://b/ckpt") == "contains"
+    assert how_places_overlap("s3://b/ckpt-backups", "s3://b/ckpt") is None
+    assert how_places_overlap("s3://other/ckpt/bk", "s3://b/ckpt") is None

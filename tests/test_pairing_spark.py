@@ -213,6 +213,11 @@ def test_another_querys_output_is_refused_before_anything_changes(spark, pairs, 
         assert sorted(s["pairing"][0]["recorded"]) == ["ledger", "sink"]
     code, out, err = cli("rollback", a.checkpoint, "--to-batch", 5, "--sink", b.output, *INTERVALS, "--dry-run")
     assert code == 1 and f"output of checkpoint {b.checkpoint}" in err, err
+    # a backup with the other's output instead of its own: that is said first (it said a's own output was left out,
+    # and its fix was to add it beside b's, which was then refused)
+    code, out, err = cli("backup", "create", a.checkpoint, dest, "--sink", b.output, *INTERVALS)
+    assert code == 1 and f"output of checkpoint {b.checkpoint}" in err and "not part of this backup" not in err, err
+    assert not dest.exists()
     code, out, err = cli("ledger", "sync", a.checkpoint, "--sink", b.output, *INTERVALS, "--assume-paired")
     assert code == 1 and f"output of checkpoint {b.checkpoint}" in err, err  # never over the other's record
     for name in (PAIRING_FILE, f".{PAIRING_FILE}.crc"):  # the output's record lost: the ledger still tells

@@ -666,3 +666,49 @@ def test_a_restore_with_the_wrong_number_of_sink_targets_says_what_to_give(tmp_p
     code, r = cli_json("backup", "restore", tmp_path / "dest2", no_sink, tmp_path / "t", "--sink-target", tmp_path / "o",
                        "--yes")
     assert code == 2 and r["fix"] == "drop --sink-target: the backup holds no file sink", r
+
+
+def test_a_backup_interrupted_once_its_manifest_is_stored_says_it_is_complete(tmp_path, monkeypatch, capsys):
+    """Ctrl-C that lands once the manifest is stored (in the store's sync after it, as a hostile review saw) said
+    "the backup stopped before it was published ... run the same command again", though `backup list` showed the
+    backup. It now says the backup is complete and that nothing is to be run again (exit 130: its output was not
+    shown). The interrupt is injected right after the manifest's write returns."""
+    from checkpoint_ops import cli
+    from checkpoint_ops.backup.repository import Repository
+
+    dest = str(tmp_path / "dest")
+    s = Stream(str(tmp_path / "q"), retain=100)
+    for _ in range(3):
+        s.batch()
+    publish = Repository.publish
+
+    def published_then_interrupted(self, backup_id, doc):
+        publish(self, backup_id, doc)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Repository, "publish", published_then_interrupted)
+    code = cli.main(["backup", "create", s.ckpt, dest, "--sink", s.out, *I])
+    err = capsys.readouterr().err
+    monkeypatch.undo()
+    code_listed, listed = cli_json("backup", "list", dest)
+    [backup] = listed["backups"]
+    assert code == 130 and f"interrupted after backup {backup['id']} was published: it is complete" in err, err
+    assert "nothing to run again" in err and "stopped before it was published" not in err, err
+    assert cli_json("backup", "verify", dest)[0] == 0
+
+
+def test_a_backup_prune_interrupted_before_its_operation_says_to_run_it_again(tmp_path, monkeypatch, capsys):
+    """Ctrl-C while `backup prune` was setting up (before the operation runner, whose interrupts say what to do)
+    printed the generic "resume PATH / undo PATH" advice (a hostile review), though a prune journals nothing. It says
+    to run it again. The interrupt is injected where the command builds its operation."""
+    from checkpoint_ops import cli
+    from checkpoint_ops.backup import retention
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(retention.BackupPruneOperation, "__init__", interrupted)
+    code = cli.main(["backup", "prune", str(tmp_path / "dest"), "--keep-last", "1", "--yes"])
+    err = capsys.readouterr().err
+    assert code == 130 and "the backup prune stopped (it journals nothing to resume or undo)" in err, err
+    assert "run the backup prune again" in err and "resume" not in err.replace("to resume or undo", ""), err

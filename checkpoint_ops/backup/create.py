@@ -68,11 +68,13 @@ from ..model.listing import Listing
 from ..model.logfile import batch_id_from_name
 from ..model.sink import SINK_LOG_DIR, SinkOutput
 from ..model.state import SCHEMA_V3_FILE, STATE_FILE
-from ..pairing import PairingRefused, record_pairing, refuse_repeated
+from ..operation import InterruptedAfterPublishing
+from ..pairing import (CHECKPOINT_ELSEWHERE, NOT_LINED_UP, SINK_ELSEWHERE, PairingRefused, check_pairing,
+                       record_pairing, refuse_repeated)
 from ..recorded_sinks import backup_without_sink, left_out
 from ..restart import RestartSets, state_bytes_problem
 from ..rollback import no_data_next, no_data_note
-from ..storage.paths import spark_url_to_location
+from ..storage.paths import how_places_overlap, spark_url_to_location
 from .claims import HeldClaim
 from .repository import TIME_FORMAT, Manifest, Repository, new_backup_id, rel_problems
 from .verify import bad_hashes
@@ -232,6 +234,7 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
     ``without_recorded_sinks`` (an output abandoned on purpose)."""
     sink_urls = list(sink_urls)
     refuse_repeated(sink_urls)
+    refuse_destination_overlapping(dest_url, checkpoint_url, sink_urls)
     cut = _prepare(checkpoint_url, sink_urls, storage_options, source_compact_interval, sink_compact_interval,
                    without_recorded_sinks)
     repo = Repository.locate(dest_url, storage_options)  # a foreign location is refused here, unwritten
@@ -253,7 +256,12 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
                                          sink_compact_interval, without_recorded_sinks))
                 return _copy(repo, backup_id, cuts[-1], intent, progress)
 
-            published = _while_vanishing(copy, checkpoint_url)
+            try:
+                published = _while_vanishing(copy, checkpoint_url)
+            except KeyboardInterrupt:
+                if _manifest_stored(repo, backup_id):  # interrupted as or after it was published: it is complete
+                    raise InterruptedAfterPublishing(backup_id, dest_url) from None
+                raise
         finally:
             # the store may be down, or refuse deletes: the error that stopped the backup (or the backup it
             # published) matters, not this cleanup (an intent left behind goes stale without its heartbeat and is
@@ -274,6 +282,32 @@ def create_backup(checkpoint_url: str, dest_url: str, sink_urls: list[str] = (),
         raise e.finish_with(f"backup {backup_id} was not completed: a backup exists only once its manifest is stored "
                             "(`backup list` shows it), so nothing half-made is visible; once the store answers, run "
                             "the same command again (what was already uploaded is reused)") from e.__cause__
+
+
+def _manifest_stored(repo: Repository, backup_id: str) -> bool:
+    """Whether backup ``backup_id``'s manifest is stored (asked once an interrupt came: False when the store cannot
+    say, so the interrupt reads as a backup not published, which is what a manifest not yet stored means)."""
+    try:
+        return repo.fm.exists(repo.path(f"manifests/{backup_id}.json"))
+    except Exception:  # noqa: BLE001 - the interrupt is what is reported
+        return False
+
+
+def refuse_destination_overlapping(dest_url: str, checkpoint_url: str, sink_urls: list[str]) -> None:
+    """BadInputError (exit 2), before anything is read or written, when the destination is the checkpoint or a
+    file sink being backed up, lies inside one, or holds one: each backup would copy the destination's earlier
+    backups into itself (growing every time), a restore would put them inside the restored checkpoint or output
+    (where a raw reader of the output reads them as data), and the destination's own clean-up would list the
+    source."""
+    for what, url in [("the checkpoint", checkpoint_url)] + [("the file sink", url) for url in sink_urls]:
+        how = how_places_overlap(dest_url, url)
+        if how is None:
+            continue
+        raise BadInputError(f"the backup destination {dest_url} {how} {what} {url}: each backup would copy the "
+                            "destination's earlier backups into itself, and a restore would put them inside what it "
+                            "restores", path=dest_url,
+                            fix="back up to a location outside the checkpoint and its file sinks, and not around "
+                                "them; nothing was written")
 
 
 def _require_named_as_logged(sink) -> None:
@@ -322,6 +356,14 @@ def _require_recorded_sinks(ckpt: Checkpoint, sinks: list, ledger, storage_optio
         f"missing from it)", path=ckpt.url,
         fix=f"back the sink up with the checkpoint: `checkpoint-ops backup create {ckpt.url} DEST {given}`; if the "
             f"query no longer writes {them} (an output abandoned on purpose), add --without-recorded-sinks")
+
+
+def _refuse_another_querys_output(ckpt: Checkpoint, sinks: list, ledger) -> None:
+    """``PairingRefused`` for a ``--sink`` that is not this checkpoint's query's output, as ``record_pairing`` refuses
+    it later (a review: the refusal of a recorded sink left out came first, and its fix repeated the wrong one)."""
+    for verdict in check_pairing(ckpt, sinks, ledger) if sinks else ():
+        if verdict.status in (SINK_ELSEWHERE, NOT_LINED_UP, CHECKPOINT_ELSEWHERE):
+            raise PairingRefused(verdict)
 
 
 def wait_for_prune(repo: Repository, warn: Callable[[str], None] | None = None, waiting: str = "this backup") -> None:
@@ -417,7 +459,11 @@ def _prepare_once(checkpoint_url: str, sink_urls: list[str], storage_options, so
         # a restore puts it back as it is, and the query fails there as it does here
         ckpt.refuse_misnamed(sinks, "nothing was backed up")
         if not without_recorded_sinks:
-            _require_recorded_sinks(ckpt, sinks, ledger, storage_options, sink_interval)
+            try:
+                _require_recorded_sinks(ckpt, sinks, ledger, storage_options, sink_interval)
+            except RefusedError:
+                _refuse_another_querys_output(ckpt, sinks, ledger)  # said first: its fix is not to add the other
+                raise
         warnings = backup_without_sink(ckpt, sinks, ledger)
         rs = RestartSets(ckpt, sinks).of(batch)
         gone = _vanished(ckpt, sinks, rs.damage)

@@ -58,9 +58,9 @@ from ..storage.paths import (
     Location,
     hadoop_path,
     hadoop_path_to_location,
+    how_places_overlap,
     join,
     parse_url,
-    place_key,
     spark_url_to_location,
     uri_path,
 )
@@ -448,14 +448,8 @@ def refuse_overlapping(targets: list[tuple[str, object, str]]) -> None:
                 continue
             a, b = root_a.rstrip("/"), root_b.rstrip("/")
             # by place: two spellings of one directory (a symbolic link, ``//``) are one place
-            place_a, place_b = place_key(fm_a.url(a)).rstrip("/"), place_key(fm_b.url(b)).rstrip("/")
-            if place_a == place_b:
-                how = "is the same place as"
-            elif place_b.startswith(place_a + "/"):
-                how = "contains"
-            elif place_a.startswith(place_b + "/"):
-                how = "lies inside"
-            else:
+            how = how_places_overlap(fm_a.url(a), fm_b.url(b))
+            if how is None:
                 continue
             raise BadInputError(f"{what_a} ({fm_a.url(a)}) {how} {what_b} ({fm_b.url(b)}): the restored files would mix",
                                 path=fm_b.url(b), fix="restore the checkpoint and each file sink into separate "

@@ -16,12 +16,21 @@ def _warn(note: str) -> None:
 
 def cmd_backup_create(args) -> int:
     from ..backup import create_backup
+    from ..operation import InterruptedAfterPublishing
 
     r = create_backup(args.checkpoint, args.dest, args.sink, storage_options(args), progress=not args.json,
                       source_compact_interval=args.source_compact_interval,
                       sink_compact_interval=args.sink_compact_interval,
                       without_recorded_sinks=args.without_recorded_sinks,
                       warn=_warn)
+    try:
+        _emit_backup(args, r)
+    except KeyboardInterrupt:  # while the result was shown: the backup is published all the same
+        raise InterruptedAfterPublishing(r["backup_id"], args.dest) from None
+    return EXIT_OK
+
+
+def _emit_backup(args, r: dict) -> None:
     at = f" at batch {r['batch']}" if r["batch"] is not None else ""
     emit(args, r, f"Backup {r['backup_id']} of {r['checkpoint']}{at}: {r['files']} files, {r['bytes']} bytes; new "
                   f"{r['new_objects']} objects, {r['new_bytes']} bytes (read {r['read_files']} changed files)"
@@ -30,7 +39,6 @@ def cmd_backup_create(args) -> int:
                   + (f"; incremental to {r['parent']}" if r["parent"] else "") + f"\n  {r['manifest']}"
                   + (f"\n  also took {r['kept']}" if r.get("kept") else "")
                   + "".join(f"\n  WARNING: left out {s['url']!r}: {s['problem']}" for s in r["skipped_names"]))
-    return EXIT_OK
 
 
 def cmd_backup_list(args) -> int:

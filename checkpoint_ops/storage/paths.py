@@ -59,6 +59,20 @@ def place_key(url: str) -> str:
     return f"{loc.scheme}://{loc.path.rstrip('/')}"
 
 
+def how_places_overlap(url_a: str, url_b: str) -> str | None:
+    """How the place at ``url_a`` stands to the one at ``url_b``, by place (``place_key``: two spellings of one
+    directory are one place): "is the same place as", "contains", "lies inside", or None when neither holds the
+    other."""
+    place_a, place_b = place_key(url_a).rstrip("/"), place_key(url_b).rstrip("/")
+    if place_a == place_b:
+        return "is the same place as"
+    if place_b.startswith(place_a + "/"):
+        return "contains"
+    if place_a.startswith(place_b + "/"):
+        return "lies inside"
+    return None
+
+
 def normalize_local(path: str) -> str:
     return os.path.normpath(os.path.abspath(os.path.expanduser(path)))
 
