@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
 from .journal import restore_stopped_at
-from .lag import SinkAheadOfCommits, sink_ahead_of_commits
+from .lag import SinkAheadOfCommits, sink_ahead_of_commits, state_ends_at
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.listing import new_query_blocked
@@ -353,7 +353,14 @@ def check_compat(ckpt: Checkpoint, spark, build: Callable, *, old_sinks: Sequenc
         diffs += source_differences(ckpt, offsets, profile, record, batch)
         diffs += operator_differences(profile, record, batch)
     diffs.sort(key=lambda d: (VERDICTS.index(d.verdict), _ASPECT_ORDER.index(d.aspect)))
-    if record is None:
+    later = read_profile(ckpt.fm, ckpt.root, query_id=ckpt.query_id) if record is None and recorded is _READ \
+        else None
+    if later is not None:  # only records of batches after this one (a rollback below them): none of them wrote it
+        notes.append(f"the query profiles recorded for this checkpoint are all of batches after batch {batch} (the "
+                     f"newest recorded at batch {later.batch}; a rollback below them removed those batches), so "
+                     "none is the query that wrote it: the sink, the output mode and source options of that query "
+                     "are unknown (`compat --record` records the query that runs from here)")
+    elif record is None:
         notes.append("no query profile recorded for this checkpoint: the sink, the output mode and source options "
                      "of the query that wrote it are unknown (`compat --record` or a Dagster run records them)")
     else:
@@ -572,9 +579,15 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
     now = sink.describe() + (f" (its log ends at batch {latest})" if latest is not None else " (no sink log there)")
     if ckpt is not None and latest is not None and latest == batch + 1 == ckpt.latest_offset:
         # stopped between the sink's commit of a planned batch and its commits/ file: Spark re-runs the batch and
-        # the file sink skips it, as its rows are there; only format V2's state commit fails on the skip
+        # the file sink skips it, as its rows are there (and its state: the tasks committed it before the sink);
+        # only format V2's state commit fails on the skip
         ahead = sink_ahead_of_commits(ckpt, sink.path, latest)
-        return [] if ahead is None else [_ahead_difference(ahead, was, now)]
+        if ahead is not None:
+            return [_ahead_difference(ahead, was, now)]
+        if not (ckpt.state.stores() and state_ends_at(ckpt, batch)):
+            return []
+        # the state of the planned batch is not there: not that stop, but a rollback without the sink that kept a
+        # no-data batch planned (review G); the skipped batch would be committed without its state
     if latest is not None and latest > batch and cut_sinks is not None:  # as of a rollback that leaves it ahead
         return [Difference("sink", FAILS, was, now, f"the rollback to batch {batch} does not take this file sink with "
                            f"it, and its log holds batches {batch + 1}..{latest}: Spark re-runs them and its file sink "
@@ -617,7 +630,7 @@ def _sink_left_ahead(ckpt: Checkpoint | None, sink: SinkProfile, was: str, now: 
         verdict = FAILS
         effect += (f"; with RocksDB checkpoint format V2 the first batch it skips ({batch + 1}) commits no state and "
                    "stops the query: 'assertion failed: CheckpointInfo length: 0'")
-    elif stateful and _state_ends_at(ckpt, batch):
+    elif stateful and state_ends_at(ckpt, batch):
         verdict, error_class = FAILS, "CANNOT_LOAD_STATE_STORE"
         effect += (f"; the stateful query commits them without their state (its state ends at batch {batch}), so "
                    f"its first new batch fails: CANNOT_LOAD_STATE_STORE")
@@ -627,14 +640,6 @@ def _sink_left_ahead(ckpt: Checkpoint | None, sink: SinkProfile, was: str, now: 
            f"with run config rollback_to_batch: {batch})")
     return Difference("sink", verdict, was, now, effect, RULES["sink-rollback"], error_class, fix=fix,
                       rollback_to=batch)
-
-
-def _state_ends_at(ckpt: Checkpoint, batch: int) -> bool:
-    """No store of the checkpoint's state holds a version beyond the one ``batch`` committed (``batch + 1``): a
-    batch after it that Spark's file sink skips is committed without its state. (A hand-made rollback that kept the
-    later versions lets Spark load them: the output then silently lacks rows, as ``test_naive_rollback_loses_data``
-    shows.)"""
-    return all((store.versions or [0])[-1] <= batch + 1 for store in ckpt.state.stores())
 
 
 def _uncommitted_sink_differences(spark, ckpt: Checkpoint, profile: QueryProfile,
@@ -800,7 +805,8 @@ def operator_differences(profile: QueryProfile, record: ProfileRecord | None, ba
         return [Difference(
             "stateful-operators", CHECK, "unknown (no query profile recorded)",
             "; ".join(op.describe() for op in profile.operators),
-            "no query profile is recorded for this checkpoint, so what its stateful operators computed is unknown; "
+            f"no query profile is recorded for the query that wrote batch {batch} of this checkpoint, so what its "
+            "stateful operators computed is unknown; "
             "Spark's restart checks only the state's schema (keys and values), not a join's type, condition or "
             "time range, a watermark's delay or a grouping expression of the same type: if any of those changed, "
             f"the rows from batch {batch + 1} on come out differently, with no error. Compare them with the query "

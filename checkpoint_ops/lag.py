@@ -138,3 +138,14 @@ def sink_ahead_of_commits(ckpt: Checkpoint, sink_url: str, last_logged: int | No
     if ckpt.checkpoint_format_version != 2:
         return None
     return SinkAheadOfCommits(ckpt.url, sink_url, committed, last_logged)
+
+
+def state_ends_at(ckpt: Checkpoint, batch: int) -> bool:
+    """No store of the checkpoint's state holds a version beyond the one ``batch`` committed (``batch + 1``): a
+    batch after it that Spark's file sink skips (its log holds it) is committed without its state, and the next
+    batch fails to load it (CANNOT_LOAD_STATE_STORE). A query stopped between the sink's commit of batch N+1 and
+    ``commits/N+1`` has version N+2 (the tasks commit the state before the sink commits), and a hand-made rollback
+    that kept the later versions lets Spark load them (the output then silently lacks rows, as
+    ``test_naive_rollback_loses_data`` shows). True for a checkpoint without state."""
+    return all((store.versions or [0])[-1] <= batch + 1 for store in ckpt.state.stores())
+

@@ -248,3 +248,75 @@ def test_a_sink_log_left_ahead_by_a_rollback_fails_with_the_rollback_that_cuts_i
     assert code == 0, doc
     code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
     assert code == 0 and doc["compatible"] is True and doc["differences"] == [], doc
+
+
+def test_a_planned_no_data_batch_the_sink_logged_without_its_state_fails_with_the_rollback_that_cuts_it(spark, agg):
+    """The same, where the sink log is ahead by one batch only: the newest batch is a no-data batch (the watermark
+    moved on: it evicted windows into the sink), and a rollback to the batch before it without ``--sink`` keeps it
+    planned (as a rollback does) and removes its state. That looked like a query stopped between the sink's commit
+    and ``commits/`` (the sink's skip is right there: the tasks committed the state first), so ``compat`` said
+    compatible and ``fsck`` healthy, and Spark committed the batch without its state and failed at the next one
+    (review G). Now both say so, with the rollback that cuts the sink; after it Spark resumes exactly."""
+    from pipelines.event_counts import counts_writer, expected_windows, flush_files, read_output, write_event_files
+    from tests.compat_queries import restart_for_real
+
+    base, module = agg
+    inp, latest = base.dir("input"), base.batch
+    target = latest - 1
+    assert json.loads(open(os.path.join(base.checkpoint, "offsets", str(latest))).read().split("\n")[2])[
+        "logOffset"] == json.loads(open(os.path.join(base.checkpoint, "offsets", str(target))).read().split("\n")[2])[
+        "logOffset"], "the newest batch must be a no-data batch"
+
+    def roll_back_without_the_sink():
+        code, doc = cli_json("rollback", base.checkpoint, "--to-batch", str(target), "--yes")
+        assert code == 0 and doc["plan"]["summary"]["kept_planned"] == [f"offsets/{latest}"], doc
+
+    roll_back_without_the_sink()
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 1 and doc["batch"] == target, doc
+    [sink] = doc["differences"]
+    assert (sink["aspect"], sink["verdict"], sink["error_class"], sink["rollback_to"]) == \
+        ("sink", "fails-at-restart", "CANNOT_LOAD_STATE_STORE", target), sink
+    command = sink["fix"].split("`")[1]
+    assert command == f"checkpoint-ops rollback {base.checkpoint} --to-batch {target} --sink {base.output}", sink
+    code, doc = cli_json("fsck", base.checkpoint, "--sink", base.output)
+    assert code == 1 and [(f["code"], f["severity"]) for f in doc["findings"]] == [("sink-ahead", "error")], doc
+    assert command in doc["findings"][0]["fix"], doc
+
+    write_event_files(inp, 3, 5)
+    flush_files(inp, 4)
+    skipped = restart_for_real(spark, counts_writer(spark, inp, base.output), base.checkpoint)
+    assert not skipped.ok and "CANNOT_LOAD_STATE_STORE" in skipped.error, skipped.error
+
+    base.reset()
+    roll_back_without_the_sink()
+    code, doc = cli_json(*command.split()[1:], "--yes")
+    assert code == 0, doc
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 0 and doc["differences"] == [], doc
+    assert cli_json("fsck", base.checkpoint, "--sink", base.output)[0] == 0
+    write_event_files(inp, 3, 5)
+    flush_files(inp, 4)
+    resumed = restart_for_real(spark, counts_writer(spark, inp, base.output), base.checkpoint)
+    assert resumed.ok, resumed.error
+    assert read_output(spark, base.output) == {k: [v] for k, v in expected_windows(range(5)).items()}
+
+
+def test_profiles_recorded_only_after_the_checkpoints_batch_are_named_as_such(agg):
+    """After a rollback below every recorded profile, none is the query that wrote the checkpoint's batch. ``compat``
+    said "no query profile is recorded for this checkpoint" although one was (review G); it says which batches the
+    records are of."""
+    base, module = agg
+    fm, root = open_file_manager(base.checkpoint)
+    os.remove(profile_path(fm, root))  # the base's record (of no known batch) gone: the only one is made now
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged", "--record")
+    assert code == 1 and read_profile(fm, root).batch == base.batch, doc  # recorded (stateful: check by hand)
+    latest = base.batch
+    code, doc = cli_json("rollback", base.checkpoint, "--to-batch", "0", "--sink", base.output, "--yes")
+    assert code == 0, doc
+    code, doc = cli_json("compat", base.checkpoint, "--query", f"{module}:unchanged")
+    assert code == 1 and doc["recorded_profile"] is None, doc
+    assert any(f"all of batches after batch 0 (the newest recorded at batch {latest}" in n for n in doc["notes"]), doc
+    assert not any(n.startswith("no query profile recorded") for n in doc["notes"]), doc["notes"]
+    [check] = doc["differences"]
+    assert check["verdict"] == "check-by-hand" and "the query that wrote batch 0" in check["effect"], check
