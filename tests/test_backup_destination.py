@@ -814,3 +814,16 @@ def test_places_overlap_by_place_on_object_stores_too():
     assert how_places_overlap("s3://b", "s3://b/ckpt") == "contains"
     assert how_places_overlap("s3://b/ckpt-backups", "s3://b/ckpt") is None
     assert how_places_overlap("s3://other/ckpt/bk", "s3://b/ckpt") is None
+
+
+def test_a_destination_that_is_a_file_is_named_as_such(tmp_path):
+    """A regular file as the destination was "storage error: [Errno 20] Not a directory", with a fix about
+    credentials and a backup stopped part-way (review H)."""
+    from checkpoint_ops.errors import BadInputError
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(BadInputError) as refused:
+        Repository.locate(str(afile))
+    assert refused.value.path == str(afile) and "not a directory (a file is there)" in refused.value.problem
+    assert afile.read_text() == "x"

@@ -284,6 +284,10 @@ class Repository:
             marker = fm.read_bytes(repo.path(MARKER))
         except FileNotFoundError:
             marker = None
+        except NotADirectoryError:
+            raise BadInputError("not a directory (a file is there): a backup destination is a directory or an "
+                                "object-store prefix", path=url,
+                                fix="point at the URL backups were created with, or use an empty location") from None
         if marker is None:
             # hidden names are temp files of an interrupted write (ours): they do not make it foreign
             names = [f for f in fm.list(root) if not f.name.startswith(".")]
