@@ -20,7 +20,7 @@ import boto3
 import pytest
 
 from benchmarks.check_pass import INTERVAL, Stream
-from tests.helpers import cli_json, sigint_as_ctrl_c
+from tests.helpers import cli, cli_json, sigint_as_ctrl_c
 
 I = ("--source-compact-interval", str(INTERVAL), "--sink-compact-interval", str(INTERVAL))
 
@@ -712,3 +712,34 @@ def test_a_backup_prune_interrupted_before_its_operation_says_to_run_it_again(tm
     err = capsys.readouterr().err
     assert code == 130 and "the backup prune stopped (it journals nothing to resume or undo)" in err, err
     assert "run the backup prune again" in err and "resume" not in err.replace("to resume or undo", ""), err
+
+
+def test_a_restore_into_a_target_another_restore_is_filling_says_it_is_in_progress(tmp_path):
+    """A second restore into the target a running restore is filling said the first "was interrupted", with resume
+    and undo as the fix (a hostile review; both were then refused by the lease). While the target's lease is held
+    (here: taken in this process for the stopped restore, as the running one holds it), it says the restore is in
+    progress and names the holder; once the lease is free, it is the interrupted one again, with resume or undo."""
+    from checkpoint_ops.lease import acquire
+    from checkpoint_ops.storage import open_file_manager
+
+    dest, target = str(tmp_path / "dest"), str(tmp_path / "target")
+    backup_id = _checkpoint_backup(str(tmp_path / "q"), dest)
+    trace = str(tmp_path / "trace.txt")
+    done = _restore_in_a_process(dest, backup_id, str(tmp_path / "traced"),
+                                 {"CHECKPOINT_OPS_KILL_AT": "1000000", "CHECKPOINT_OPS_KILL_TRACE": trace})
+    assert done.returncode == 0, done.stderr
+    steps = [line.split("\t", 1) for line in open(trace).read().splitlines()]
+    fenced = [int(k) for k, what in steps if what.rstrip().endswith("/traced/metadata")][0]
+    killed = _restore_in_a_process(dest, backup_id, target, {"CHECKPOINT_OPS_KILL_AT": str(fenced + 3)})
+    assert killed.returncode == -9, killed.stderr
+
+    fm, root = open_file_manager(target)
+    lease = acquire(fm, root, "a restore still running", heartbeat=False)
+    try:
+        code, out, err = cli("backup", "restore", dest, backup_id, target, "--yes")
+    finally:
+        lease.release()
+    assert code == 1 and "in progress (its lease is held by" in err and "a restore still running" in err, err
+    assert "wait for it to finish" in err and "was interrupted" not in err, err
+    code, out, err = cli("backup", "restore", dest, backup_id, target, "--yes")
+    assert code == 1 and "was interrupted" in err and "checkpoint-ops resume" in err, err

@@ -44,7 +44,7 @@ from ..errors import BadInputError, CheckpointOpsError, RefusedError, StoreUnava
 from ..executor import Anchor, AppliedOperation, JournalHooks, apply_plan
 from ..fence import is_fence, parse_fence, recovery_advice
 from ..journal import ops_dir, utc_stamp
-from ..lease import is_lease_file
+from ..lease import is_lease_file, read_lease
 from ..ledger import PAIRING_DIR, Ledger, PairingRecord
 from ..model.checkpoint import Checkpoint
 from ..model.sink import SINK_LOG_DIR, SinkOutput
@@ -472,6 +472,14 @@ def _require_empty(fm, root: str, url: str) -> None:
                 data = fm.read_bytes(f"{root}/metadata")
                 if is_fence(data):
                     fence = parse_fence(data)
+                    lease = read_lease(fm, root)
+                    if lease.present and lease.holder is not None and not lease.stale_reason:  # not interrupted
+                        raise RefusedError(f"the target holds a checkpoint-ops {fence.operation} ({fence.op_id}) in "
+                                           f"progress (its lease is {lease.describe()}): a new restore would not "
+                                           "finish that one", path=url,
+                                           fix=f"wait for it to finish (`checkpoint-ops lease show {url}` shows its "
+                                               "holder), or restore into a new, empty location; if it stops, what it "
+                                               "says (or `checkpoint-ops history` there) names how to finish it")
                     raise RefusedError(f"the target holds a checkpoint-ops {fence.operation} ({fence.op_id}) that "
                                        "was interrupted: it is not empty, and a new restore would not finish that one",
                                        path=url, fix=recovery_advice(fence, url))
