@@ -45,7 +45,7 @@ from typing import Callable, Sequence
 
 from .errors import EXIT_FINDINGS, EXIT_OK, BadInputError, store_kept_failing
 from .journal import restore_stopped_at
-from .lag import SinkAheadOfCommits, sink_ahead_of_commits, state_ends_at
+from .lag import SinkAheadOfCommits, planned_batch_logged_without_state, sink_ahead_of_commits, state_ends_at
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, is_compaction_batch
 from .model.listing import new_query_blocked
@@ -584,7 +584,7 @@ def _file_sink_differences(spark, sink: SinkProfile, old_sink: SinkProfile | Non
         ahead = sink_ahead_of_commits(ckpt, sink.path, latest)
         if ahead is not None:
             return [_ahead_difference(ahead, was, now)]
-        if not (ckpt.state.stores() and state_ends_at(ckpt, batch)):
+        if not planned_batch_logged_without_state(ckpt, latest):
             return []
         # the state of the planned batch is not there: not that stop, but a rollback without the sink that kept a
         # no-data batch planned (review G); the skipped batch would be committed without its state

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from .fence import recovery_advice
 from .lease import LeaseState, lease_of
-from .lag import sink_ahead_of_commits, sink_lag, state_ends_at
+from .lag import planned_batch_logged_without_state, sink_ahead_of_commits, sink_lag
 from .model.checkpoint import Checkpoint
 from .model.compactible import SPARK_DEFAULT_COMPACT_INTERVAL, CompactibleLog
 from .model.listing import is_hidden_temp, is_unfinished_write, new_query_blocked, spark_batch_id
@@ -755,7 +755,7 @@ class Fsck:
                      f"{log.latest} will be dropped when they re-run (what a rollback of offsets/commits alone leaves)",
                      f"roll back the sink with the checkpoint: {self.cmd} --to-batch {self.ckpt.latest_commit} "
                      f"--sink {shlex.quote(sink.url)}")
-        elif paired and self._planned_batch_logged_without_state(log.latest):
+        elif paired and planned_batch_logged_without_state(self.ckpt, log.latest):
             committed = self.ckpt.latest_commit
             self.add(ERROR, "sink-ahead", L.url(log.rel(log.latest)),
                      f"the sink log holds batch {log.latest}, which the checkpoint planned and did not commit, and "
@@ -815,19 +815,6 @@ class Fsck:
                      f"while the query is stopped, `checkpoint-ops sink orphans {shlex.quote(sink.url)} --delete` "
                      "moves it into an undo record (pass --checkpoint so the query's lease is checked)")
         self._checksums(L)
-
-    def _planned_batch_logged_without_state(self, logged: int) -> bool:
-        """The sink log's latest batch ``logged`` is the checkpoint's planned, uncommitted batch after a commit, the
-        query has state, and no store holds the state version that batch writes (format V2 is
-        ``sink-ahead-of-commit``): not a query stopped between the sink's commit and ``commits/`` (its tasks
-        committed the state first), but a rollback without the sink that kept a no-data batch planned."""
-        ck = self.ckpt
-        committed = ck.latest_commit
-        if committed is None or ck.latest_offset != logged or logged != committed + 1:
-            return False
-        if ck.checkpoint_format_version == 2 or not ck.state.stores():
-            return False
-        return state_ends_at(ck, committed)
 
     def _sink_behind(self, sink: SinkOutput, lag) -> None:
         target = lag.rollback_target

@@ -149,3 +149,17 @@ def state_ends_at(ckpt: Checkpoint, batch: int) -> bool:
     ``test_naive_rollback_loses_data`` shows). True for a checkpoint without state."""
     return all((store.versions or [0])[-1] <= batch + 1 for store in ckpt.state.stores())
 
+
+def planned_batch_logged_without_state(ckpt: Checkpoint, last_logged: int | None) -> bool:
+    """The sink log's latest batch ``last_logged`` is the checkpoint's planned, uncommitted batch after a commit, the
+    query has state, and no store holds the version that batch writes (format V2 is ``sink_ahead_of_commits``): not a
+    query stopped between the sink's commit and ``commits/`` (its tasks committed the state first, and the sink's skip
+    is right), but a rollback without the sink that kept a no-data batch planned. Spark's file sink skips the batch,
+    Spark commits it without its state, and the next batch fails (CANNOT_LOAD_STATE_STORE)."""
+    committed = ckpt.latest_commit
+    if committed is None or last_logged is None or ckpt.latest_offset != last_logged or last_logged != committed + 1:
+        return False
+    if ckpt.checkpoint_format_version == 2 or not ckpt.state.stores():
+        return False
+    return state_ends_at(ckpt, committed)
+
