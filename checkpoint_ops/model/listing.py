@@ -25,6 +25,14 @@ def spark_batch_id(name: str) -> int | None:
     """The batch id Spark's ``isBatchFile`` reads in ``name`` (Java's ``toLong``: decimal digits, Unicode ones
     too but only those of one UTF-16 unit, an optional ``-``, within 64 bits), or None. A leading ``+``, which
     Java also accepts, is not read (``listed_batch_id`` reads it)."""
+    if name.isascii():  # the names Spark writes: no per-character test (a listing holds one per batch file)
+        if not name.isdigit():
+            if not (name[:1] == "-" and name[1:].isdigit()):
+                return None
+        elif len(name) < 19:  # under 10**18: within a long
+            return int(name)
+        value = int(name)
+        return value if value in _LONG_RANGE else None
     digits = name[1:] if name[:1] == "-" else name
     if not digits.isdecimal():  # not isdigit(): "²" is a digit that int() refuses
         return None

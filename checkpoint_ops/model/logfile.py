@@ -93,15 +93,20 @@ def misnamed_log_files(listing: Listing, rel_dir: str, compactible: bool = False
     names = set(listing.files_in(rel_dir)) | set(listing.subdirs(rel_dir))
     names |= {rel[len(prefix):].partition("/")[0] for rel in listing.empty_dirs if rel.startswith(prefix)}
     found, kept = [], []
-    for name in sorted(names):
+    for name in names:
         stem = name[: -len(COMPACT_SUFFIX)] if compactible and name.endswith(COMPACT_SUFFIX) else name
-        bid = misnamed_batch_id(stem) if stem else None
+        if not stem:
+            continue
+        bid = spark_batch_id(stem)
+        if bid is not None and str(bid) == stem:  # the name Spark writes (every name but a stray's)
+            kept.append(bid)
+            continue
+        bid = misnamed_batch_id(stem)
         if bid is not None:
             found.append((f"{prefix}{name}", bid))
-        elif stem and spark_batch_id(stem) is not None:
-            kept.append(spark_batch_id(stem))
     oldest = min(kept) if kept else None
-    return [MisnamedEntry(rel, bid, oldest if oldest is not None and bid < oldest else None) for rel, bid in found]
+    return [MisnamedEntry(rel, bid, oldest if oldest is not None and bid < oldest else None)
+            for rel, bid in sorted(found)]
 
 
 def misnamed_batch_file(listing: Listing, entry: MisnamedEntry) -> tuple[str, str]:
