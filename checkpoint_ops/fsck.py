@@ -38,6 +38,9 @@ ERROR = "error"
 WARNING = "warning"
 
 
+_OFFSETS_DETAIL = re.compile(r"\d+:\d+")  # what the verdict cache records of a sound offsets file
+
+
 @dataclass
 class Finding:
     severity: str
@@ -172,7 +175,7 @@ class Fsck:
             detail = self.cache.sound_detail(kind, "checkpoint", f.rel, file_stamp(listing, f.rel))
             # what this tool records ("version:sources" of an offsets file, nothing of a commit); anything
             # else is a damaged entry: the file is judged again
-            if detail is not None and (re.fullmatch(r"\d+:\d+", detail) if kind == "offsets" else detail == ""):
+            if detail is not None and (_OFFSETS_DETAIL.fullmatch(detail) if kind == "offsets" else detail == ""):
                 sound[b] = detail
         return sound
 

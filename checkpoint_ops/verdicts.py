@@ -104,16 +104,12 @@ class DataSeal:
 
     @classmethod
     def of(cls, listing: Listing, horizon: float | None = None) -> "DataSeal":
-        names = []
-        top = 0.0
-        for rel, info in listing.files.items():
-            if rel.startswith("_spark_metadata/") or rel in _NOT_DATA:
-                continue
-            mtime = info.mtime or 0.0
-            if horizon is None or mtime <= horizon:
-                names.append(rel)
-                top = max(top, mtime)
-        names.sort()
+        files = _data_files(listing)
+        if horizon is None:
+            names = [rel for rel, _ in files]
+            top = max((mtime for _, mtime in files), default=0.0)
+        else:
+            names = [rel for rel, mtime in files if mtime <= horizon]
         digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
         return cls(top if horizon is None else horizon, len(names), digest)
 
@@ -122,6 +118,20 @@ class DataSeal:
 
     def to_dict(self) -> dict:
         return {"horizon": self.horizon, "count": self.count, "digest": self.digest}
+
+
+_DATA_FILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # listing -> [(rel, mtime)], by rel
+
+
+def _data_files(listing: Listing) -> list[tuple[str, float]]:
+    """A sink listing's files outside its log with their mtimes, sorted by name: found once per listing (a snapshot
+    of one walk, never changed), which a pass seals and checks its seal against more than once."""
+    got = _DATA_FILES.get(listing)
+    if got is None:
+        got = sorted((rel, info.mtime or 0.0) for rel, info in listing.files.items()
+                     if not rel.startswith("_spark_metadata/") and rel not in _NOT_DATA)
+        _DATA_FILES[listing] = got
+    return got
 
 
 def file_stamp(listing: Listing, rel: str) -> str | None:

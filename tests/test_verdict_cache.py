@@ -514,3 +514,40 @@ def test_window_memo_ranges_moved_by_their_edges_are_the_ranges_summed_afresh(tm
         asked.append((first, first + rnd.randint(-3, 25)))
     for first, last in asked:
         assert ids.range(first, last) == afresh(first, last), (first, last, ids._last_range)
+
+
+def test_a_sinks_data_seal_is_of_its_own_listing_however_often_it_is_asked(tmp_path):
+    """``DataSeal.of`` finds a listing's data files once (a pass seals and checks the seal more than once): every
+    seal is the one its definition gives (names of the files outside the log and the pairing record, sorted, up to
+    the horizon), and a later listing of the same output, a file gone, is sealed by what it holds."""
+    import hashlib
+
+    from checkpoint_ops.model.listing import Listing
+    from checkpoint_ops.pairing import PAIRING_FILE
+    from checkpoint_ops.verdicts import DataSeal
+
+    out = tmp_path / "out"
+    (out / "_spark_metadata").mkdir(parents=True)
+    (out / "_spark_metadata" / "0").write_text("v1\n")
+    (out / PAIRING_FILE).write_text("{}")
+    for i, name in enumerate(["part-b.parquet", "part-a.parquet", "k=1/part-c.parquet", ".part-a.parquet.crc"]):
+        path = out / name
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(b"x")
+        os.utime(path, (1000 + i, 1000 + i))
+    fm, root = open_file_manager(str(out))
+
+    def defined(names: list[str], horizon: float) -> DataSeal:
+        return DataSeal(horizon, len(names), hashlib.sha256("\n".join(sorted(names)).encode()).hexdigest())
+
+    first = Listing.scan(fm, root)
+    everything = [".part-a.parquet.crc", "k=1/part-c.parquet", "part-a.parquet", "part-b.parquet"]
+    for _ in range(2):
+        assert DataSeal.of(first) == defined(everything, 1003.0)
+        assert DataSeal.of(first, 1001.0) == defined(["part-a.parquet", "part-b.parquet"], 1001.0)
+        assert DataSeal.of(first, 999.0) == defined([], 999.0)
+        assert DataSeal.of(first).holds(first)
+    (out / "part-b.parquet").unlink()
+    second = Listing.scan(fm, root)
+    assert DataSeal.of(second) == defined([n for n in everything if n != "part-b.parquet"], 1003.0)
+    assert not DataSeal.of(first).holds(second) and DataSeal.of(first) == defined(everything, 1003.0)
