@@ -15,6 +15,7 @@ session; the scratch copy goes to a local temporary directory. The query is buil
 did not run on a copy, the run starts the writer the check judged (``CompatStep.writer``).
 """
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -59,9 +60,17 @@ def check_before_run(context, query, config, spark, files, as_of: Optional[Rollb
                             "restart or silently behave differently")
         return CompatStep({"compat": dg.MetadataValue.text("skipped (skip_compat_check)")})
     fm, root = files.file_manager(query.checkpoint)
-    ckpt = Checkpoint(fm, root)
+    ahead = ListedAhead(fm, root)
     try:
         writer = build_writer(query.build, spark)
+    except (QueryBuildError, CheckpointOpsError) as e:
+        built = e
+    else:
+        built = None
+    ckpt = ahead.result()  # a listing that fails says so first, as before the build ran beside it
+    try:
+        if built is not None:
+            raise built
         report = check_compat(ckpt, spark, query.build, storage_options=files.options(), reuse_judged=True,
                               writer=writer, as_of=as_of.batch if as_of is not None else None,
                               cut_sinks=as_of.sinks if as_of is not None else ())
@@ -101,6 +110,35 @@ def check_before_run(context, query, config, spark, files, as_of: Optional[Rollb
     # a judged writer was changed (noop sink); its sink is read before the judge, as built
     return CompatStep(md, writer if report.judge is None else None,
                       report.query.sink if report.query is not None else None, pending)
+
+
+class ListedAhead:
+    """The checkpoint's model, made on a thread while the user's ``build(spark)`` runs (which mostly waits on the
+    JVM): its listing, and what the compat check reads of it first (offsets and commits logs, the metadata file),
+    in the same requests it would make after the build. ``result()`` waits for it. An error is not kept: what
+    failed there is asked again in the step's thread, which raises it there (the model's properties cache only
+    values), so a listing that fails still fails the step before the build's own error is reported."""
+
+    def __init__(self, fm, root: str):
+        self._fm, self._root = fm, root
+        self._model: Optional[Checkpoint] = None
+        self._thread = threading.Thread(target=self._make, name=f"list {root}", daemon=True)
+        self._thread.start()
+
+    def _make(self) -> None:
+        try:
+            ckpt = Checkpoint(self._fm, self._root)
+        except BaseException:  # noqa: BLE001 - made again in result(), where it raises
+            return
+        self._model = ckpt
+        try:
+            ckpt.kind, ckpt.offset_files, ckpt.commit_files, ckpt.fence
+        except BaseException:  # noqa: BLE001 - asked again by the check, where it raises
+            pass
+
+    def result(self) -> Checkpoint:
+        self._thread.join()
+        return self._model if self._model is not None else Checkpoint(self._fm, self._root)
 
 
 def accept_after_run(context, query, step: CompatStep, last_committed: Optional[int]) -> None:

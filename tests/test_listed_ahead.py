@@ -1,0 +1,48 @@
+"""The Dagster compat step lists the checkpoint on a thread while the user's ``build(spark)`` runs
+(``dagster_checkpoint_ops.compat.ListedAhead``): the model it gives is the one the step would have made, the reads
+compat makes first are done, and a store that fails the listing fails it in the step's thread, as before (no Spark:
+synthetic checkpoints)."""
+
+from __future__ import annotations
+
+import pytest
+import s3fs
+
+from benchmarks import synthetic
+from checkpoint_ops.errors import StoreUnavailableError
+from checkpoint_ops.model.checkpoint import Checkpoint
+from checkpoint_ops.storage import open_file_manager
+from dagster_checkpoint_ops.compat import ListedAhead
+
+
+def test_the_model_made_ahead_is_the_one_made_in_the_step(tmp_path):
+    root = str(tmp_path / "ck")
+    synthetic.write_local(root, batches=30, partitions=2, retain_state=5)
+    fm, at = open_file_manager(root)
+    ahead = ListedAhead(fm, at)
+    got = ahead.result()
+    assert not ahead._thread.is_alive()
+    made = Checkpoint(fm, at)
+    assert {rel: (f.size, f.mtime) for rel, f in got.listing.files.items()} == \
+        {rel: (f.size, f.mtime) for rel, f in made.listing.files.items()}
+    # the reads compat makes first were made on the thread (cached on the model)
+    assert {"kind", "offset_files", "commit_files", "fence"} <= set(vars(got))
+    assert (got.kind, got.latest_offset, got.latest_commit, got.fence) == \
+        (made.kind, made.latest_offset, made.latest_commit, made.fence) == ("structured", 29, 29, None)
+
+
+def test_a_store_that_fails_the_listing_fails_it_in_the_callers_thread(faulty_s3, s3_server, bucket, tmp_path):
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=5, partitions=1, retain_state=2)
+    s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True).put(local + "/", f"{bucket}/ck", recursive=True)
+    fm, at = open_file_manager(f"s3://{bucket}/ck", {"endpoint_url": faulty_s3.endpoint})
+    faulty_s3.outage(120)
+    try:
+        ahead = ListedAhead(fm, at)
+        ahead._thread.join()
+        assert ahead._model is None  # the thread kept no error and no half-made model
+        with pytest.raises(StoreUnavailableError):  # made again by result(), in this thread, where it raises
+            ahead.result()
+    finally:
+        faulty_s3.calm()
+    assert ListedAhead(fm, at).result().latest_commit == 4  # the store back: listed
