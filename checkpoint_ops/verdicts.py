@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import weakref
+from array import array
 from dataclasses import dataclass
 
 from . import __version__
@@ -104,12 +105,11 @@ class DataSeal:
 
     @classmethod
     def of(cls, listing: Listing, horizon: float | None = None) -> "DataSeal":
-        files = _data_files(listing)
+        names, mtimes = _data_files(listing)
         if horizon is None:
-            names = [rel for rel, _ in files]
-            top = max((mtime for _, mtime in files), default=0.0)
+            top = max((mtime for mtime in mtimes if mtime > 0.0), default=0.0)  # never below 0 (files dated 1970)
         else:
-            names = [rel for rel, mtime in files if mtime <= horizon]
+            names = [rel for rel, mtime in zip(names, mtimes) if mtime <= horizon]
         digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
         return cls(top if horizon is None else horizon, len(names), digest)
 
@@ -120,17 +120,18 @@ class DataSeal:
         return {"horizon": self.horizon, "count": self.count, "digest": self.digest}
 
 
-_DATA_FILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # listing -> [(rel, mtime)], by rel
+_DATA_FILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # listing -> (names, their mtimes)
 
 
-def _data_files(listing: Listing) -> list[tuple[str, float]]:
-    """A sink listing's files outside its log with their mtimes, sorted by name: found once per listing (a snapshot
-    of one walk, never changed), which a pass seals and checks its seal against more than once."""
+def _data_files(listing: Listing) -> tuple[list[str], array]:
+    """A sink listing's files outside its log, sorted by name, and their mtimes (0 where unknown): found once per
+    listing (a snapshot of one walk, never changed), which a pass seals and checks its seal against up to three
+    times. Kept while the listing lives, compactly: the names are the listing's own strings, the mtimes 8 bytes each."""
     got = _DATA_FILES.get(listing)
     if got is None:
-        got = sorted((rel, info.mtime or 0.0) for rel, info in listing.files.items()
-                     if not rel.startswith("_spark_metadata/") and rel not in _NOT_DATA)
-        _DATA_FILES[listing] = got
+        files = listing.files
+        names = sorted(rel for rel in files if not rel.startswith("_spark_metadata/") and rel not in _NOT_DATA)
+        got = _DATA_FILES[listing] = (names, array("d", [files[rel].mtime or 0.0 for rel in names]))
     return got
 
 

@@ -551,3 +551,15 @@ def test_a_sinks_data_seal_is_of_its_own_listing_however_often_it_is_asked(tmp_p
     second = Listing.scan(fm, root)
     assert DataSeal.of(second) == defined([n for n in everything if n != "part-b.parquet"], 1003.0)
     assert not DataSeal.of(first).holds(second) and DataSeal.of(first) == defined(everything, 1003.0)
+    # files dated before 1970: the horizon is never below 0, so one restored there later breaks the seal
+    old = tmp_path / "old"
+    old.mkdir()
+    for name, mtime in (("part-a", -5), ("part-b", -3)):
+        (old / name).write_bytes(b"x")
+        os.utime(old / name, (mtime, mtime))
+    fm, root = open_file_manager(str(old))
+    seal = DataSeal.of(Listing.scan(fm, root))
+    assert seal == defined(["part-a", "part-b"], 0.0)
+    (old / "part-c").write_bytes(b"x")
+    os.utime(old / "part-c", (-1, -1))
+    assert not seal.holds(Listing.scan(fm, root))
