@@ -63,11 +63,11 @@ def check_before_run(context, query, config, spark, files, as_of: Optional[Rollb
     ahead = ListedAhead(fm, root)
     try:
         writer = build_writer(query.build, spark)
-    except (QueryBuildError, CheckpointOpsError) as e:
+    except Exception as e:  # noqa: BLE001 - raised below, after the listing's own error (an interrupt: at once)
         built = e
     else:
         built = None
-    ckpt = ahead.result()  # a listing that fails says so first, as before the build ran beside it
+    ckpt = ahead.result()  # a listing that failed says so first, as before the build ran beside it
     try:
         if built is not None:
             raise built
@@ -114,30 +114,31 @@ def check_before_run(context, query, config, spark, files, as_of: Optional[Rollb
 
 class ListedAhead:
     """The checkpoint's model, made on a thread while the user's ``build(spark)`` runs (which mostly waits on the
-    JVM): its listing, and what the compat check reads of it first (offsets and commits logs, the metadata file),
-    in the same requests it would make after the build. ``result()`` waits for it. An error is not kept: what
-    failed there is asked again in the step's thread, which raises it there (the model's properties cache only
-    values), so a listing that fails still fails the step before the build's own error is reported."""
+    JVM): its listing and what the compat check derives from it first (its kind, the offsets and commits logs), the
+    same requests it would make after the build, and no others. ``result()`` waits for it; a listing that failed
+    raises there, in the caller's thread, the error it met (the store is not asked again)."""
 
     def __init__(self, fm, root: str):
         self._fm, self._root = fm, root
         self._model: Optional[Checkpoint] = None
+        self._error: Optional[Exception] = None
         self._thread = threading.Thread(target=self._make, name=f"list {root}", daemon=True)
         self._thread.start()
 
     def _make(self) -> None:
         try:
             ckpt = Checkpoint(self._fm, self._root)
-        except BaseException:  # noqa: BLE001 - made again in result(), where it raises
+            ckpt.kind, ckpt.offset_files, ckpt.commit_files  # from the listing: no request
+        except Exception as e:  # noqa: BLE001 - raised by result(), in the caller's thread
+            self._error = e
             return
         self._model = ckpt
-        try:
-            ckpt.kind, ckpt.offset_files, ckpt.commit_files, ckpt.fence
-        except BaseException:  # noqa: BLE001 - asked again by the check, where it raises
-            pass
 
     def result(self) -> Checkpoint:
         self._thread.join()
+        if self._error is not None:
+            raise self._error
+        # the thread ended without either (no Exception: it cannot happen in a listing): made here
         return self._model if self._model is not None else Checkpoint(self._fm, self._root)
 
 

@@ -25,8 +25,8 @@ def test_the_model_made_ahead_is_the_one_made_in_the_step(tmp_path):
     made = Checkpoint(fm, at)
     assert {rel: (f.size, f.mtime) for rel, f in got.listing.files.items()} == \
         {rel: (f.size, f.mtime) for rel, f in made.listing.files.items()}
-    # the reads compat makes first were made on the thread (cached on the model)
-    assert {"kind", "offset_files", "commit_files", "fence"} <= set(vars(got))
+    # what compat derives from the listing first was made on the thread (cached on the model); no file was read there
+    assert {"kind", "offset_files", "commit_files"} <= set(vars(got)) and "metadata_raw" not in vars(got)
     assert (got.kind, got.latest_offset, got.latest_commit, got.fence) == \
         (made.kind, made.latest_offset, made.latest_commit, made.fence) == ("structured", 29, 29, None)
 
@@ -40,9 +40,38 @@ def test_a_store_that_fails_the_listing_fails_it_in_the_callers_thread(faulty_s3
     try:
         ahead = ListedAhead(fm, at)
         ahead._thread.join()
-        assert ahead._model is None  # the thread kept no error and no half-made model
-        with pytest.raises(StoreUnavailableError):  # made again by result(), in this thread, where it raises
-            ahead.result()
     finally:
         faulty_s3.calm()
-    assert ListedAhead(fm, at).result().latest_commit == 4  # the store back: listed
+    # the store answers again: the error the listing met is raised all the same, in this thread, and the store is
+    # not listed a second time (which would double the time an outage takes to fail the step)
+    with pytest.raises(StoreUnavailableError):
+        ahead.result()
+    assert ListedAhead(fm, at).result().latest_commit == 4  # a new step lists it
+
+
+def test_a_listing_that_fails_is_reported_before_the_builds_own_error(faulty_s3, s3_server, bucket, tmp_path):
+    """As before the listing ran beside the build: the checkpoint's store failing is what the step says, not an
+    error of the user's code (or of what it returned) that ran meanwhile."""
+    from types import SimpleNamespace
+
+    from dagster_checkpoint_ops.compat import check_before_run
+
+    local = str(tmp_path / "ck")
+    synthetic.write_local(local, batches=5, partitions=1, retain_state=2)
+    url = f"s3://{bucket}/ck"
+    s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True).put(local + "/", f"{bucket}/ck", recursive=True)
+    files = SimpleNamespace(file_manager=lambda u: open_file_manager(u, {"endpoint_url": faulty_s3.endpoint}),
+                            options=lambda: {"endpoint_url": faulty_s3.endpoint})
+
+    class Odd:  # what a build may return: asking it for an attribute raises (hasattr lets only AttributeError by)
+        def __getattr__(self, name):
+            raise RuntimeError("not a writer")
+
+    for build in (lambda spark: Odd(), lambda spark: 1 / 0):
+        query = SimpleNamespace(name="q", checkpoint=url, build=build, sinks=[])
+        faulty_s3.outage(120)
+        try:
+            with pytest.raises(StoreUnavailableError):
+                check_before_run(None, query, SimpleNamespace(skip_compat_check=False), None, files)
+        finally:
+            faulty_s3.calm()
