@@ -128,11 +128,14 @@ class ListedAhead:
     def _make(self) -> None:
         try:
             ckpt = Checkpoint(self._fm, self._root)
-            ckpt.kind, ckpt.offset_files, ckpt.commit_files  # from the listing: no request
         except Exception as e:  # noqa: BLE001 - raised by result(), in the caller's thread
             self._error = e
             return
         self._model = ckpt
+        try:
+            ckpt.kind, ckpt.offset_files, ckpt.commit_files  # from the listing: no request
+        except Exception:  # noqa: BLE001 - not kept: asked again by the check, which raises it where it did before
+            pass
 
     def result(self) -> Checkpoint:
         self._thread.join()
