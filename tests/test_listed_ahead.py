@@ -1,7 +1,7 @@
 """The Dagster compat step lists the checkpoint on a thread while the user's ``build(spark)`` runs
-(``dagster_checkpoint_ops.compat.ListedAhead``): the model it gives is the one the step would have made, the reads
-compat makes first are done, and a store that fails the listing fails it in the step's thread, as before (no Spark:
-synthetic checkpoints)."""
+(``dagster_checkpoint_ops.compat.ListedAhead``): the model it gives is the one the step would have made, what compat
+derives from the listing first is made there, and a store that fails the listing fails the step with its own error,
+raised in the step's thread, before any error of the build, as before (no Spark: synthetic checkpoints)."""
 
 from __future__ import annotations
 
@@ -55,20 +55,21 @@ def test_a_listing_that_fails_is_reported_before_the_builds_own_error(faulty_s3,
     from types import SimpleNamespace
 
     from dagster_checkpoint_ops.compat import check_before_run
+    from dagster_checkpoint_ops.query import StreamingQuery
+    from dagster_checkpoint_ops.resources.checkpoint_files import CheckpointFileManagerResource
 
     local = str(tmp_path / "ck")
     synthetic.write_local(local, batches=5, partitions=1, retain_state=2)
     url = f"s3://{bucket}/ck"
     s3fs.S3FileSystem(endpoint_url=s3_server, skip_instance_cache=True).put(local + "/", f"{bucket}/ck", recursive=True)
-    files = SimpleNamespace(file_manager=lambda u: open_file_manager(u, {"endpoint_url": faulty_s3.endpoint}),
-                            options=lambda: {"endpoint_url": faulty_s3.endpoint})
+    files = CheckpointFileManagerResource(endpoint_url=faulty_s3.endpoint)
 
     class Odd:  # what a build may return: asking it for an attribute raises (hasattr lets only AttributeError by)
         def __getattr__(self, name):
             raise RuntimeError("not a writer")
 
     for build in (lambda spark: Odd(), lambda spark: 1 / 0):
-        query = SimpleNamespace(name="q", checkpoint=url, build=build, sinks=[])
+        query = StreamingQuery(name="q", checkpoint=url, build=build)
         faulty_s3.outage(120)
         try:
             with pytest.raises(StoreUnavailableError):
